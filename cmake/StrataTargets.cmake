@@ -1,0 +1,60 @@
+# Helpers that keep the per-area targets uniform.
+
+set(STRATA_PCH_HEADER ${PROJECT_SOURCE_DIR}/cmake/strata_pch.h)
+set(STRATA_AREAS "")
+
+# strata_use_pch(target): compile `target` with the shared precompiled header
+# (built once, by strata_core).
+function(strata_use_pch target)
+  if(STRATA_USE_PCH)
+    if(target STREQUAL "strata_core")
+      target_precompile_headers(${target} PRIVATE ${STRATA_PCH_HEADER})
+    else()
+      target_precompile_headers(${target} REUSE_FROM strata_core)
+    endif()
+  endif()
+endfunction()
+
+# strata_add_area(name): the object library strata_<name> from
+# src/<name>/**/*.cpp (backend sources under src/comm/nccl/ are added by hand).
+function(strata_add_area name)
+  file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*.cpp)
+  list(FILTER sources EXCLUDE REGEX "/src/comm/nccl/")
+  if(NOT sources)
+    # An area without sources yet still gets a (header-only) target.
+    set(sources ${PROJECT_SOURCE_DIR}/cmake/empty.cpp)
+  endif()
+  add_library(strata_${name} OBJECT ${sources})
+  target_include_directories(strata_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
+  target_link_libraries(strata_${name} PUBLIC ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json Threads::Threads)
+  strata_use_pch(strata_${name})
+  set(STRATA_AREAS ${STRATA_AREAS} ${name} PARENT_SCOPE)
+endfunction()
+
+# strata_add_test_suite(name AREAS a b c): the GoogleTest executable
+# strata_<name>_tests from tests/<name>/*_test.cpp plus the shared test
+# support, linked against the objects of the listed areas only (so one
+# area's tests build while another area is being changed).
+function(strata_add_test_suite name)
+  cmake_parse_arguments(ARG "" "" "AREAS;LIBS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/${name}/*_test.cpp)
+  if(NOT sources)
+    return()
+  endif()
+  set(target strata_${name}_tests)
+  set(support ${PROJECT_SOURCE_DIR}/tests/support/test_main.cpp)
+  if("runtime" IN_LIST ARG_AREAS)
+    # Multi-process tests start workers through the launcher.
+    list(APPEND support ${PROJECT_SOURCE_DIR}/tests/support/multiprocess.cpp)
+  endif()
+  add_executable(${target} ${sources} ${support})
+  foreach(area IN LISTS ARG_AREAS)
+    target_link_libraries(${target} PRIVATE strata_${area})
+  endforeach()
+  target_link_libraries(${target} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock Threads::Threads)
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  strata_use_pch(${target})
+  # Tests find the tool and the source tree through these variables.
+  set(env "STRATA_BINARY_DIR=${PROJECT_BINARY_DIR};STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  gtest_discover_tests(${target} DISCOVERY_TIMEOUT 60 PROPERTIES ENVIRONMENT "${env}" TIMEOUT 300)
+endfunction()

@@ -1,0 +1,1 @@
+// Placeholder source for an area that has only headers so far.

@@ -1,0 +1,68 @@
+// The launcher: starts one worker process per device, hands each its place
+// through environment variables (runtime/env.h) and supervises them. When a
+// worker fails it stops the others and reports which rank failed, how, and
+// that rank's last error line. Used by `strata launch` and by
+// Fabric::launch (which starts copies of the current program).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace strata::runtime {
+
+/// How to start and supervise the workers. Fluent setters return *this.
+struct LaunchOptions {
+  int nproc_per_node = 1;          ///< workers on this host
+  int nnodes = 1;                  ///< hosts in the job
+  int node_rank = 0;               ///< this host's index
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;             ///< 0: a free port (single node only)
+  /// Rendezvous timeout passed to the workers (STRATA_TIMEOUT), seconds.
+  int timeout_s = 300;
+  /// Between SIGTERM and SIGKILL when stopping workers.
+  std::chrono::milliseconds grace_period = std::chrono::seconds(5);
+  /// Prefix each line of a worker's output with "[rank R] ".
+  bool prefix_output = true;
+  /// Extra environment variables for every worker.
+  std::map<std::string, std::string> extra_env;
+
+  LaunchOptions& with_nproc_per_node(int n) { nproc_per_node = n; return *this; }
+  LaunchOptions& with_nnodes(int n) { nnodes = n; return *this; }
+  LaunchOptions& with_node_rank(int r) { node_rank = r; return *this; }
+  LaunchOptions& with_master_addr(std::string a) { master_addr = std::move(a); return *this; }
+  LaunchOptions& with_master_port(int p) { master_port = p; return *this; }
+  LaunchOptions& with_timeout_s(int s) { timeout_s = s; return *this; }
+  LaunchOptions& with_grace_period(std::chrono::milliseconds g) { grace_period = g; return *this; }
+  LaunchOptions& with_prefix_output(bool p) { prefix_output = p; return *this; }
+
+  /// Throws ConfigError naming the first invalid field.
+  void validate() const;
+};
+
+/// What happened to the workers.
+struct LaunchResult {
+  int exit_code = 0;       ///< 0 when every worker succeeded
+  int failed_rank = -1;    ///< global rank of the first worker that failed
+  int failed_exit_code = 0;  ///< its exit code (when it exited)
+  int failed_signal = 0;     ///< the signal that killed it (when it was killed)
+  std::string last_error;    ///< its last line on stderr
+  /// One-line description for the user, "" on success, e.g.
+  /// "rank 1 exited with code 3; last error: ...".
+  std::string summary;
+};
+
+/// Starts `argv` (argv[0] is the program, looked up on PATH when it has no
+/// slash; arguments are passed as given, never through a shell) as
+/// options.nproc_per_node workers of this node and supervises them until
+/// all exit, one fails, or the launcher gets SIGINT/SIGTERM (which are
+/// forwarded to every worker). Never leaves a worker running. Throws
+/// LaunchError when a worker cannot be started at all.
+LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOptions& options);
+
+/// The command line of the current process (from /proc/self/cmdline), with
+/// argv[0] replaced by the path of the running executable.
+std::vector<std::string> current_command_line();
+
+}  // namespace strata::runtime

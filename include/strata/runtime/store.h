@@ -1,0 +1,67 @@
+// The rendezvous key-value store: a TCP store hosted by global rank 0 that
+// every worker connects to (c10d's TCPStore underneath). Collectives
+// backends use it to exchange addresses; the launcher and strategies use
+// it for small control messages.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace strata::runtime {
+
+struct Environment;
+
+/// A key-value store shared by every rank of a job. Thread-safe.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  /// Sets `key` to `value` (overwrites).
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  /// Returns the value of `key`, waiting up to the store's timeout for it
+  /// to be set. Throws TimeoutError naming the key when it never is.
+  virtual std::string get(const std::string& key) = 0;
+  /// Atomically adds `delta` to the integer at `key` (0 if unset) and
+  /// returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  /// True when every key in `keys` is set; never blocks.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  /// Blocks until every key in `keys` is set, or throws TimeoutError after
+  /// `timeout` naming the keys still missing.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  /// Removes `key`; returns whether it existed.
+  virtual bool remove(const std::string& key) = 0;
+  /// The default timeout of get().
+  virtual std::chrono::milliseconds timeout() const = 0;
+};
+
+/// Options of the TCP store.
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";  ///< address of the hosting rank
+  int port = 0;                    ///< port; the server with 0 picks a free one
+  bool is_server = false;          ///< this process hosts the store
+  int world_size = 1;              ///< number of clients expected (incl. server)
+  /// Connect timeout and default get() timeout.
+  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+};
+
+/// Hosts or connects to a TCP store. Throws CommError when the port is
+/// already in use (server) and TimeoutError when the master cannot be
+/// reached within the timeout (client); both messages name host:port.
+std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options);
+
+/// The rendezvous store for `env`: global rank 0 hosts it on
+/// env.master_addr:env.master_port, the other ranks connect. Throws
+/// ConfigError when env.master_port is 0 on a multi-process job.
+std::shared_ptr<Store> make_store(const Environment& env, std::chrono::milliseconds timeout);
+
+/// A view of `store` whose keys are prefixed with `prefix` + "/".
+std::shared_ptr<Store> prefix_store(std::shared_ptr<Store> store, const std::string& prefix);
+
+/// Returns a TCP port on `host` that was free a moment ago (bind to port 0).
+int find_free_port(const std::string& host = "127.0.0.1");
+
+}  // namespace strata::runtime

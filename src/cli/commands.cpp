@@ -1,0 +1,11 @@
+#include "cli/commands.h"
+
+namespace strata::cli {
+
+std::vector<Command> all_commands() {
+  std::vector<Command> commands;
+  commands.push_back(make_launch_command());
+  return commands;
+}
+
+}  // namespace strata::cli
