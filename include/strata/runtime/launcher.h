@@ -6,11 +6,21 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace strata::runtime {
+
+/// Which of a worker's streams a line of output came from.
+enum class OutputStream { kStdout, kStderr };
+
+/// Receives one line of a worker's output: its global rank, the stream, and
+/// the line as the launcher would print it (with the "[rank R] " prefix
+/// when prefix_output, and the trailing newline). Called on the thread that
+/// runs launch_workers, one line at a time.
+using OutputSink = std::function<void(int rank, OutputStream stream, const std::string& line)>;
 
 /// How to start and supervise the workers. Fluent setters return *this.
 struct LaunchOptions {
@@ -27,6 +37,13 @@ struct LaunchOptions {
   bool prefix_output = true;
   /// Extra environment variables for every worker.
   std::map<std::string, std::string> extra_env;
+  /// When set, worker output goes here instead of the launcher's
+  /// stdout/stderr (tests capture it this way).
+  OutputSink on_output;
+  /// Stop every worker (SIGTERM, then SIGKILL after grace_period) when the
+  /// job is still running after this long; 0 means no limit. A job stopped
+  /// this way returns exit code 124.
+  std::chrono::milliseconds max_time{0};
 
   LaunchOptions& with_nproc_per_node(int n) { nproc_per_node = n; return *this; }
   LaunchOptions& with_nnodes(int n) { nnodes = n; return *this; }
@@ -36,6 +53,9 @@ struct LaunchOptions {
   LaunchOptions& with_timeout_s(int s) { timeout_s = s; return *this; }
   LaunchOptions& with_grace_period(std::chrono::milliseconds g) { grace_period = g; return *this; }
   LaunchOptions& with_prefix_output(bool p) { prefix_output = p; return *this; }
+  LaunchOptions& with_env(const std::string& name, std::string value) { extra_env[name] = std::move(value); return *this; }
+  LaunchOptions& with_on_output(OutputSink sink) { on_output = std::move(sink); return *this; }
+  LaunchOptions& with_max_time(std::chrono::milliseconds t) { max_time = t; return *this; }
 
   /// Throws ConfigError naming the first invalid field.
   void validate() const;
@@ -51,6 +71,8 @@ struct LaunchResult {
   /// One-line description for the user, "" on success, e.g.
   /// "rank 1 exited with code 3; last error: ...".
   std::string summary;
+  /// Process ids of the workers, by local rank (all reaped on return).
+  std::vector<int> pids;
 };
 
 /// Starts `argv` (argv[0] is the program, looked up on PATH when it has no
