@@ -1,0 +1,186 @@
+// strata::Fabric: the user's entry point, as Lightning Fabric is in Python.
+// Configure it with FabricOptions, call launch(fn), and write the training
+// loop against it: setup_module, setup_optimizer, setup_dataloader,
+// backward, clip_gradients, save/load, collectives. Every method routes
+// through the strategy (DDP, single device, ...).
+//
+//   strata::Fabric fabric(strata::FabricOptions().with_devices(2).with_strategy("ddp"));
+//   double loss = fabric.launch([](strata::Fabric& f) { ...; return loss; });
+//
+// Process model: with several devices launch() starts copies of the
+// current program as workers (through strata's launcher). In the workers
+// launch() runs fn and then ends the worker process; the launching process
+// waits and returns rank 0's result. A program started by an outside
+// launcher (strata launch, torchrun-style variables, MPI, SLURM) joins
+// instead: launch() runs fn in place and returns its result.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "strata/strategies/strategy.h"
+
+namespace strata {
+
+/// How a Fabric runs. Fluent setters; validated by the Fabric constructor.
+struct FabricOptions {
+  std::string accelerator = "cpu";  ///< "cpu", "cuda", "auto"
+  int devices = 1;                  ///< workers on this host (-1: one per device)
+  int num_nodes = 1;                ///< hosts
+  std::string strategy = "auto";    ///< "auto", "ddp", "single_device" (and "fsdp")
+  /// A strategy object; overrides `strategy` when set.
+  std::shared_ptr<strategies::Strategy> strategy_object;
+  std::string precision = "32-true";  ///< "32-true", "bf16-mixed"
+  std::optional<uint64_t> seed;       ///< seed_everything(seed) in every worker
+  /// Timeout of each collective (PyTorch's default: 30 minutes).
+  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
+
+  FabricOptions& with_accelerator(std::string a) { accelerator = std::move(a); return *this; }
+  FabricOptions& with_devices(int d) { devices = d; return *this; }
+  FabricOptions& with_num_nodes(int n) { num_nodes = n; return *this; }
+  FabricOptions& with_strategy(std::string s) { strategy = std::move(s); return *this; }
+  FabricOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy_object = std::move(s); return *this; }
+  FabricOptions& with_precision(std::string p) { precision = std::move(p); return *this; }
+  FabricOptions& with_seed(uint64_t s) { seed = s; return *this; }
+  FabricOptions& with_collective_timeout(std::chrono::milliseconds t) { collective_timeout = t; return *this; }
+};
+
+/// The training entry point. One per process.
+class Fabric {
+ public:
+  /// Validates `options` (ConfigError names the bad field) and builds the
+  /// accelerator, precision and strategy. Starts nothing.
+  explicit Fabric(FabricOptions options = {});
+  ~Fabric();
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  /// Runs `fn(*this)` on every worker and returns rank 0's result (see the
+  /// process model above). The result type must be void or convertible to
+  /// and from nlohmann::json. A worker's failure stops the others and
+  /// throws LaunchError naming the rank, how it failed and its last error.
+  /// Throws ConfigError when called twice on one Fabric.
+  template <class Fn>
+  auto launch(Fn&& fn) -> std::invoke_result_t<Fn, Fabric&> {
+    using Result = std::invoke_result_t<Fn, Fabric&>;
+    if (needs_spawn()) {
+      nlohmann::json result = spawn_workers();
+      if constexpr (!std::is_void_v<Result>) return result.get<Result>();
+      else return;
+    } else {
+      enter_worker();
+      try {
+        if constexpr (std::is_void_v<Result>) {
+          fn(*this);
+          leave_worker(nullptr);
+        } else {
+          Result result = fn(*this);
+          leave_worker(nlohmann::json(result));
+          return result;
+        }
+      } catch (const std::exception& e) {
+        fail_worker(e);
+        throw;
+      }
+    }
+  }
+
+  // ---- set-up ----------------------------------------------------------------
+  /// Prepares a module for the strategy and returns the module to train
+  /// (for DDP the same object, with gradient hooks registered).
+  strategies::ModulePtr setup_module(strategies::ModulePtr module);
+  /// Typed form for LibTorch module holders (`GPT model(...)`).
+  template <class Holder, class = decltype(std::declval<Holder&>().ptr())>
+  Holder setup_module(Holder module) {
+    setup_module(strategies::ModulePtr(module.ptr()));
+    return module;
+  }
+  /// Registers an optimizer of a module returned by setup_module.
+  void setup_optimizer(torch::optim::Optimizer& optimizer);
+  void setup_optimizers(const std::vector<torch::optim::Optimizer*>& optimizers);
+  /// Wraps a loader so that batches arrive on device(), prefetched in the
+  /// background. Build the loader with make_distributed_loader (or give it
+  /// a DistributedSampler) so each rank reads its own slice.
+  std::shared_ptr<data::Loader> setup_dataloader(std::shared_ptr<data::Loader> loader);
+  std::vector<std::shared_ptr<data::Loader>> setup_dataloaders(
+      const std::vector<std::shared_ptr<data::Loader>>& loaders);
+
+  // ---- training step -----------------------------------------------------------
+  /// Backpropagates and synchronises gradients as the strategy does.
+  void backward(const at::Tensor& loss);
+  /// Clips the gradients of `module` by global norm (max_norm) or by value
+  /// (clip_val): exactly one must be given. Returns the norm before clipping
+  /// (by norm), or an undefined tensor (by value).
+  at::Tensor clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            std::optional<double> max_norm, std::optional<double> clip_val = std::nullopt,
+                            double norm_type = 2.0, bool error_if_nonfinite = true);
+  /// Skips gradient synchronisation while the scope is alive (gradient
+  /// accumulation); the next synchronised backward reduces the sum.
+  strategies::InitContext no_backward_sync(torch::nn::Module& module, bool enabled = true);
+  /// Scope for forward: autocast to the precision's compute dtype
+  /// (bf16-mixed), nothing for 32-true.
+  strategies::Precision::ForwardContext autocast() const;
+
+  // ---- collectives -----------------------------------------------------------------
+  at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false);
+  at::Tensor all_reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean);
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op);
+  at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
+  template <class T>
+  T broadcast(const T& value, int src = 0) {
+    return strategy_->broadcast(value, src);
+  }
+  void barrier(const std::string& name = "");
+
+  // ---- checkpoints -------------------------------------------------------------------
+  /// Saves `state` (modules, optimizers, tensors, values) to the checkpoint
+  /// directory `path`, atomically. Every rank must call it.
+  void save(const std::string& path, const strategies::State& state, const strategies::StateFilter& filter = {});
+  /// Restores `state` in place from `path`; returns what the checkpoint
+  /// held that `state` did not ask for. Every rank must call it.
+  nlohmann::json load(const std::string& path, strategies::State& state, bool strict = true);
+
+  // ---- utilities ----------------------------------------------------------------------
+  /// Prints the arguments followed by a newline, on global rank 0 only.
+  template <class... Args>
+  void print(const Args&... args) const {
+    if (!is_global_zero()) return;
+    std::ostringstream out;
+    (out << ... << args);
+    std::cout << out.str() << std::endl;
+  }
+  /// Seeds LibTorch's generator (the same seed on every rank).
+  static void seed_everything(uint64_t seed);
+
+  int global_rank() const { return strategy_->global_rank(); }
+  int local_rank() const { return strategy_->local_rank(); }
+  int node_rank() const { return strategy_->node_rank(); }
+  int world_size() const { return strategy_->world_size(); }
+  bool is_global_zero() const { return strategy_->is_global_zero(); }
+  /// This worker's device (only known inside launch()).
+  c10::Device device() const { return strategy_->root_device(); }
+  strategies::Strategy& strategy() { return *strategy_; }
+  const FabricOptions& options() const { return options_; }
+
+ private:
+  bool needs_spawn() const;
+  nlohmann::json spawn_workers();
+  void enter_worker();
+  void leave_worker(const nlohmann::json& result);
+  void fail_worker(const std::exception& error);
+
+  FabricOptions options_;
+  std::shared_ptr<strategies::Strategy> strategy_;
+  bool launch_called_ = false;
+};
+
+}  // namespace strata

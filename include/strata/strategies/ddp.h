@@ -1,0 +1,66 @@
+// Data-parallel training (the seeds' XLAStrategy): every rank holds the
+// whole model; gradients are averaged across ranks by bucketed all-reduces
+// started from per-parameter hooks while backward is still running.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "strata/strategies/strategy.h"
+
+namespace strata::strategies {
+
+/// Options of DDPStrategy, with the seed page's defaults.
+struct DDPOptions {
+  /// Check every collective across ranks and print a per-step
+  /// communication report on rank 0.
+  bool debug = false;
+  /// Broadcast parameters and buffers from rank 0 in setup_module.
+  bool sync_module_states = true;
+  /// Gradient bucket size (PyTorch's DDP default: 25 MB).
+  int64_t bucket_cap_mb = 25;
+  /// Accepted for the seed signature; strata lists its own devices from the
+  /// environment. When set, its size must equal the local world size.
+  std::optional<std::vector<c10::Device>> parallel_devices;
+  /// Accepted for the seed signature; must be empty (no CheckpointIO plugins).
+  nlohmann::json checkpoint_io = nullptr;
+
+  DDPOptions& with_debug(bool d) { debug = d; return *this; }
+  DDPOptions& with_sync_module_states(bool s) { sync_module_states = s; return *this; }
+  DDPOptions& with_bucket_cap_mb(int64_t mb) { bucket_cap_mb = mb; return *this; }
+  DDPOptions& with_parallel_devices(std::vector<c10::Device> d) { parallel_devices = std::move(d); return *this; }
+};
+
+/// The data-parallel strategy.
+class DDPStrategy : public Strategy {
+ public:
+  explicit DDPStrategy(std::shared_ptr<Accelerator> accelerator = cpu_accelerator(),
+                       std::optional<Precision> precision = std::nullopt, DDPOptions options = {});
+  ~DDPStrategy() override;
+
+  std::string name() const override { return "ddp"; }
+  const DDPOptions& options() const { return options_; }
+  bool debug() const { return options_.debug; }
+  bool sync_module_states() const { return options_.sync_module_states; }
+
+  void setup_environment() override;
+  /// Moves the module to the device, broadcasts its parameters and buffers
+  /// from rank 0 (sync_module_states) and registers the gradient hooks.
+  ModulePtr setup_module(ModulePtr module) override;
+  /// The Trainer's name for module_to_device.
+  void model_to_device(torch::nn::Module& module) { module_to_device(module); }
+  void backward(const at::Tensor& loss) override;
+  InitContext no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
+  void teardown() override;
+
+  /// Number of gradient buckets of the module set up (for tests and reports).
+  size_t num_buckets() const;
+
+ private:
+  struct Reducer;
+  DDPOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+  int64_t step_ = 0;
+};
+
+}  // namespace strata::strategies

@@ -1,0 +1,184 @@
+// The strategy contract (DESIGN.md "Strategy contract"): how a model is
+// placed, how gradients are synchronised, how collectives, data and
+// checkpoints work across the workers of one job. Fabric calls a strategy;
+// users may call it directly too. Every method of the seed pages exists,
+// with the seeds' defaults, adapted to C++ types.
+//
+// Before setup_environment() (that is, before launch) every rank query
+// answers rank 0 of world size 1 and root_device() throws.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/comm/group.h"
+#include "strata/runtime/env.h"
+#include "strata/strategies/accelerator.h"
+#include "strata/strategies/precision.h"
+#include "strata/strategies/state.h"
+
+namespace strata::data {
+class Loader;
+}
+
+namespace strata::strategies {
+
+/// RAII scope returned by module_init_context(): while alive, modules are
+/// created as the strategy wants (for example without initialising
+/// parameters when empty_init is true).
+class InitContext {
+ public:
+  InitContext() = default;
+  explicit InitContext(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}
+  InitContext(InitContext&& other) noexcept : on_exit_(std::move(other.on_exit_)) { other.on_exit_ = nullptr; }
+  InitContext& operator=(InitContext&&) = delete;
+  ~InitContext() {
+    if (on_exit_) on_exit_();
+  }
+
+ private:
+  std::function<void()> on_exit_;
+};
+
+/// Base of every strategy. Holds the accelerator, the precision, this
+/// process's environment and the process group.
+class Strategy {
+ public:
+  Strategy(std::shared_ptr<Accelerator> accelerator, std::optional<Precision> precision);
+  virtual ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  /// "single_device", "ddp", "fsdp".
+  virtual std::string name() const = 0;
+
+  // ---- environment ---------------------------------------------------------
+  /// Reads this process's place from the environment, creates the process
+  /// group and marks the strategy launched. Call once per process before
+  /// any collective.
+  virtual void setup_environment();
+  /// True after setup_environment().
+  bool launched() const { return launched_; }
+  int global_rank() const { return env_.rank; }
+  int local_rank() const { return env_.local_rank; }
+  int node_rank() const { return env_.node_rank; }
+  int world_size() const { return env_.world_size; }
+  int num_nodes() const { return env_.num_nodes; }
+  bool is_global_zero() const { return env_.rank == 0; }
+  const runtime::Environment& environment() const { return env_; }
+  /// This process's device. Throws ConfigError before setup_environment().
+  c10::Device root_device() const;
+  const Accelerator& accelerator() const { return *accelerator_; }
+  const Precision& precision() const { return precision_; }
+  /// The process group; a one-rank group before setup_environment().
+  comm::Group& group() { return group_; }
+  /// Collective timeout used by setup_environment() (default 30 min).
+  void set_collective_timeout(std::chrono::milliseconds timeout) { collective_timeout_ = timeout; }
+
+  // ---- model and optimizers ------------------------------------------------
+  /// Prepares `module` for training (moves it, synchronises it, registers
+  /// the gradient hooks) and returns the module to train with.
+  virtual ModulePtr setup_module(ModulePtr module);
+  /// Checks and prepares an optimizer of the module returned by setup_module.
+  virtual void setup_optimizer(torch::optim::Optimizer& optimizer);
+  /// setup_module, then setup_optimizer for each optimizer.
+  virtual ModulePtr setup_module_and_optimizers(ModulePtr module,
+                                                const std::vector<torch::optim::Optimizer*>& optimizers);
+  /// Moves `module` to root_device().
+  virtual void module_to_device(torch::nn::Module& module);
+  /// Scope for creating the model. `empty_init`: true skips initialising
+  /// parameters (they will be loaded); nullopt lets the strategy decide.
+  virtual InitContext module_init_context(std::optional<bool> empty_init = std::nullopt);
+  /// Wraps a loader so batches arrive on root_device(), prefetched in the
+  /// background; a loader that is already a device loader is returned as is.
+  virtual std::shared_ptr<data::Loader> process_dataloader(std::shared_ptr<data::Loader> loader);
+
+  // ---- training step -------------------------------------------------------
+  /// Backpropagates `loss` and synchronises gradients as the strategy does.
+  virtual void backward(const at::Tensor& loss);
+  /// Steps `optimizer` (gradients are already synchronised).
+  virtual void optimizer_step(torch::optim::Optimizer& optimizer);
+  /// Scales the gradients of `module`'s parameters so their global p-norm
+  /// is at most `max_norm`; returns the norm before clipping. Throws
+  /// strata::Error when the norm is NaN or infinite and error_if_nonfinite.
+  virtual at::Tensor clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                         double max_norm, double norm_type = 2.0,
+                                         bool error_if_nonfinite = true);
+  /// Clamps every gradient of `module` to [-clip_val, clip_val].
+  virtual void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                    double clip_val);
+  /// While the returned scope is alive (and `enabled`), backward() does not
+  /// synchronise gradients: they accumulate locally, and the next
+  /// synchronised backward reduces the sum (gradient accumulation).
+  virtual InitContext no_backward_sync(torch::nn::Module& module, bool enabled = true);
+
+  // ---- collectives (the `group` argument of the seeds is implied) ----------
+  /// Gathers `tensor` from every rank: shape (world_size, *tensor.shape).
+  /// With sync_grads the gather is differentiable (each rank receives the
+  /// gradient of its own slice). Before launch returns tensor.unsqueeze(0).
+  at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false);
+  /// Reduces a copy of `tensor` across ranks (default mean, as the seed
+  /// pages say); the result keeps the input's device and dtype.
+  at::Tensor all_reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean);
+  /// all_reduce with the op given by name ("sum", "mean"/"avg", "max", "min").
+  at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op);
+  /// The Trainer's name for all_reduce.
+  at::Tensor reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean) {
+    return all_reduce(tensor, op);
+  }
+  at::Tensor reduce(const at::Tensor& tensor, const std::string& op) { return all_reduce(tensor, op); }
+  /// Broadcasts a tensor from `src` (a new tensor on every rank).
+  at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
+  /// Broadcasts any JSON-convertible value from `src`.
+  template <class T>
+  T broadcast(const T& value, int src = 0) {
+    return group_.broadcast_object(value, src);
+  }
+  /// All ranks meet; `name` appears in timeout and debug messages.
+  void barrier(const std::string& name = "");
+
+  // ---- checkpoints ---------------------------------------------------------
+  /// Saves `state` to `path` (a checkpoint directory, written atomically).
+  /// `storage_options` must be empty (no CheckpointIO plugins yet).
+  virtual void save_checkpoint(const std::string& path, const State& state,
+                               const nlohmann::json& storage_options = nullptr,
+                               const StateFilter& filter = {});
+  /// Restores `state` from `path` in place; returns the entries the
+  /// checkpoint had that `state` did not ask for. strict: every key of
+  /// state must be in the checkpoint and every module tensor must match.
+  virtual nlohmann::json load_checkpoint(const std::string& path, State& state, bool strict = true);
+  /// Deletes a checkpoint (local rank 0 of every host, since hosts may not
+  /// share a file system).
+  virtual void remove_checkpoint(const std::string& path);
+
+  /// Releases the process group and loader threads; moves modules back to
+  /// the CPU.
+  virtual void teardown();
+
+ protected:
+  /// Stops the background threads of the device loaders made by
+  /// process_dataloader.
+  void close_loaders();
+
+  std::shared_ptr<Accelerator> accelerator_;
+  Precision precision_;
+  runtime::Environment env_;
+  comm::Group group_;
+  bool launched_ = false;
+  std::chrono::milliseconds collective_timeout_ = std::chrono::minutes(30);
+  std::vector<ModulePtr> modules_;  ///< modules set up, for teardown
+  std::vector<std::weak_ptr<data::Loader>> loaders_;  ///< device loaders to close at teardown
+};
+
+/// Builds a strategy from its name: "ddp", "fsdp", "single_device", "auto"
+/// (ddp for several devices, single_device for one); "xla" and "xla_fsdp"
+/// are refused until the XLA accelerator exists.
+std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr<Accelerator> accelerator,
+                                        const Precision& precision, int world_size);
+
+}  // namespace strata::strategies

@@ -1,0 +1,197 @@
+// Fabric: option checks, the launch protocol, and thin forwarding to the
+// strategy.
+//
+// Note [Fabric launch protocol]
+// The launching process re-executes the current program through the
+// launcher with STRATA_FABRIC_RESULT set to a file path. A worker that sees
+// that variable runs fn, and rank 0 writes fn's result there as JSON; then
+// the worker tears down and exits, so code after launch() runs only in the
+// launching process, which reads the file and returns the result. Workers
+// started by an outside launcher (no such variable) run fn in place and
+// return normally.
+#include "strata/fabric/fabric.h"
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <unistd.h>
+
+#include "strata/core/error.h"
+#include "strata/runtime/env.h"
+#include "strata/runtime/launcher.h"
+
+namespace strata {
+namespace {
+
+constexpr const char* kResultVar = "STRATA_FABRIC_RESULT";
+
+bool spawned_by_fabric() { return std::getenv(kResultVar) != nullptr; }
+
+}  // namespace
+
+Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
+  STRATA_CHECK(options_.devices == -1 || options_.devices >= 1, ConfigError,
+               "[fabric] devices must be >= 1 (or -1 for one per device), got ", options_.devices);
+  STRATA_CHECK(options_.num_nodes >= 1, ConfigError, "[fabric] num_nodes must be >= 1, got ", options_.num_nodes);
+  STRATA_CHECK(options_.collective_timeout.count() > 0, ConfigError,
+               "[fabric] collective_timeout must be positive");
+  std::shared_ptr<strategies::Accelerator> accelerator = strategies::make_accelerator(options_.accelerator);
+  if (options_.devices == -1) options_.devices = accelerator->auto_device_count();
+  strategies::Precision precision = strategies::Precision::parse(options_.precision, accelerator->name());
+  runtime::Environment env = runtime::Environment::from_env();
+  int world_size = env.launched() ? env.world_size : options_.devices * options_.num_nodes;
+  if (env.launched()) {
+    STRATA_CHECK(env.local_world_size == options_.devices || options_.devices == 1, ConfigError,
+                 "[fabric] this worker was started as one of ", env.local_world_size,
+                 " per host, but devices=", options_.devices,
+                 "; start as many workers as devices (or leave devices at 1 when an outside launcher decides)");
+  }
+  strategy_ = options_.strategy_object
+                  ? options_.strategy_object
+                  : strategies::make_strategy(options_.strategy, accelerator, precision, world_size);
+  strategy_->set_collective_timeout(options_.collective_timeout);
+}
+
+Fabric::~Fabric() = default;
+
+bool Fabric::needs_spawn() const {
+  if (runtime::Environment::from_env().launched()) return false;
+  return options_.devices * options_.num_nodes > 1;
+}
+
+nlohmann::json Fabric::spawn_workers() {
+  STRATA_CHECK(!launch_called_, ConfigError,
+               "[fabric] launch() was already called on this Fabric; state from the first run would be lost. "
+               "Create a new Fabric for a second run");
+  launch_called_ = true;
+  STRATA_CHECK(options_.num_nodes == 1, ConfigError, "[fabric] num_nodes=", options_.num_nodes,
+               ": a multi-node job is started by a launcher on every host, e.g. `strata launch --nnodes ",
+               options_.num_nodes, " --node-rank R --master-addr HOST --master-port PORT -n ", options_.devices,
+               " -- PROGRAM`");
+  std::filesystem::path result_file = std::filesystem::temp_directory_path() /
+                                      ("strata-fabric-result-" + std::to_string(::getpid()) + ".json");
+  std::filesystem::remove(result_file);
+  runtime::LaunchOptions launch_options;
+  launch_options.nproc_per_node = options_.devices;
+  launch_options.extra_env[kResultVar] = result_file.string();
+  runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), launch_options);
+  if (result.exit_code != 0) {
+    std::filesystem::remove(result_file);
+    throw LaunchError("[fabric] the workers failed: " + result.summary);
+  }
+  nlohmann::json value = nullptr;
+  std::ifstream in(result_file);
+  if (in) {
+    value = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    STRATA_CHECK(!value.is_discarded(), LaunchError, "[fabric] rank 0's result file ", result_file.string(),
+                 " is not valid JSON");
+  }
+  std::filesystem::remove(result_file);
+  return value;
+}
+
+void Fabric::enter_worker() {
+  STRATA_CHECK(!launch_called_, ConfigError,
+               "[fabric] launch() was already called on this Fabric; create a new Fabric for a second run");
+  launch_called_ = true;
+  strategy_->setup_environment();
+  if (options_.seed) seed_everything(*options_.seed);
+}
+
+void Fabric::leave_worker(const nlohmann::json& result) {
+  if (!spawned_by_fabric()) return;
+  if (is_global_zero()) {
+    std::string path = std::getenv(kResultVar);
+    std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << result.dump();
+      STRATA_CHECK(out.good(), LaunchError, "[fabric] cannot write the result to ", tmp);
+    }
+    std::filesystem::rename(tmp, path);
+  }
+  strategy_->teardown();
+  std::cout.flush();
+  std::cerr.flush();
+  std::exit(0);
+}
+
+void Fabric::fail_worker(const std::exception& error) {
+  if (!spawned_by_fabric()) return;
+  std::cerr << "error: " << error.what() << std::endl;
+  std::_Exit(1);
+}
+
+strategies::ModulePtr Fabric::setup_module(strategies::ModulePtr module) {
+  return strategy_->setup_module(std::move(module));
+}
+
+void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) { strategy_->setup_optimizer(optimizer); }
+
+void Fabric::setup_optimizers(const std::vector<torch::optim::Optimizer*>& optimizers) {
+  for (torch::optim::Optimizer* optimizer : optimizers) strategy_->setup_optimizer(*optimizer);
+}
+
+std::shared_ptr<data::Loader> Fabric::setup_dataloader(std::shared_ptr<data::Loader> loader) {
+  return strategy_->process_dataloader(std::move(loader));
+}
+
+std::vector<std::shared_ptr<data::Loader>> Fabric::setup_dataloaders(
+    const std::vector<std::shared_ptr<data::Loader>>& loaders) {
+  std::vector<std::shared_ptr<data::Loader>> out;
+  for (const auto& loader : loaders) out.push_back(setup_dataloader(loader));
+  return out;
+}
+
+void Fabric::backward(const at::Tensor& loss) { strategy_->backward(loss); }
+
+at::Tensor Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  std::optional<double> max_norm, std::optional<double> clip_val, double norm_type,
+                                  bool error_if_nonfinite) {
+  STRATA_CHECK(max_norm.has_value() != clip_val.has_value(), ConfigError,
+               "[fabric] clip_gradients needs exactly one of max_norm and clip_val");
+  if (clip_val) {
+    strategy_->clip_gradients_value(module, optimizer, *clip_val);
+    return at::Tensor();
+  }
+  return strategy_->clip_gradients_norm(module, optimizer, *max_norm, norm_type, error_if_nonfinite);
+}
+
+strategies::InitContext Fabric::no_backward_sync(torch::nn::Module& module, bool enabled) {
+  return strategy_->no_backward_sync(module, enabled);
+}
+
+strategies::Precision::ForwardContext Fabric::autocast() const {
+  return strategies::Precision::ForwardContext(strategy_->precision());
+}
+
+at::Tensor Fabric::all_gather(const at::Tensor& tensor, bool sync_grads) {
+  return strategy_->all_gather(tensor, sync_grads);
+}
+at::Tensor Fabric::all_reduce(const at::Tensor& tensor, comm::ReduceOp op) { return strategy_->all_reduce(tensor, op); }
+at::Tensor Fabric::all_reduce(const at::Tensor& tensor, const std::string& op) {
+  return strategy_->all_reduce(tensor, op);
+}
+at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) { return strategy_->broadcast(tensor, src); }
+void Fabric::barrier(const std::string& name) { strategy_->barrier(name); }
+
+void Fabric::save(const std::string& path, const strategies::State& state, const strategies::StateFilter& filter) {
+  strategy_->save_checkpoint(path, state, nullptr, filter);
+}
+
+nlohmann::json Fabric::load(const std::string& path, strategies::State& state, bool strict) {
+  return strategy_->load_checkpoint(path, state, strict);
+}
+
+void Fabric::seed_everything(uint64_t seed) {
+  at::manual_seed(seed);
+  std::srand(static_cast<unsigned>(seed));
+}
+
+}  // namespace strata

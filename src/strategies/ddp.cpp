@@ -1,0 +1,249 @@
+// DDPStrategy: bucketed gradient all-reduce overlapped with backward.
+//
+// Note [Gradient buckets]
+// Parameters are grouped, in reverse registration order (roughly the order
+// backward produces their gradients), into buckets of at most
+// bucket_cap_mb. A post hook on each parameter's gradient accumulator
+// copies the accumulated gradient into its bucket's flat buffer; when a
+// bucket is full and every earlier bucket has been started, its sum
+// all-reduce starts on the group's communication thread while autograd
+// goes on computing. Buckets start strictly in index order on every rank,
+// so ranks never disagree on the order of collectives, even when some
+// parameter gets no gradient on some rank: backward() ends by starting
+// whatever is left (unused parameters count as zero), waits for all
+// buckets and writes the averages back into the gradients.
+#include "strata/strategies/ddp.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+
+#include <iostream>
+#include <mutex>
+
+#include "strata/core/error.h"
+
+namespace strata::strategies {
+
+struct DDPStrategy::Reducer {
+  struct Bucket {
+    std::vector<size_t> params;   // indices into Reducer::params
+    std::vector<int64_t> offsets; // element offset of each param in buffer
+    at::Tensor buffer;
+    size_t pending = 0;
+    comm::WorkPtr work;
+  };
+
+  comm::Group group;
+  std::vector<at::Tensor> params;
+  std::vector<std::pair<size_t, size_t>> location;  // param -> (bucket, slot)
+  std::vector<Bucket> buckets;
+  std::vector<bool> ready;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive: hooks live on them
+  std::vector<uintptr_t> hook_keys;
+  size_t next_to_launch = 0;
+  bool sync_enabled = true;
+  bool in_backward = false;
+  std::mutex mutex;
+
+  Reducer(comm::Group g, std::vector<at::Tensor> ps, int64_t bucket_cap_bytes)
+      : group(std::move(g)), params(std::move(ps)) {
+    location.resize(params.size());
+    ready.assign(params.size(), false);
+    Bucket current;
+    int64_t current_bytes = 0;
+    auto flush = [&] {
+      if (current.params.empty()) return;
+      int64_t numel = 0;
+      for (size_t i : current.params) {
+        current.offsets.push_back(numel);
+        numel += params[i].numel();
+      }
+      current.buffer = at::zeros({numel}, params[current.params.front()].options().requires_grad(false));
+      current.pending = current.params.size();
+      buckets.push_back(std::move(current));
+      current = Bucket();
+      current_bytes = 0;
+    };
+    for (size_t k = params.size(); k-- > 0;) {
+      const at::Tensor& p = params[k];
+      int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+      bool other_kind = !current.params.empty() &&
+                        (params[current.params.front()].scalar_type() != p.scalar_type() ||
+                         params[current.params.front()].device() != p.device());
+      if (other_kind || (current_bytes > 0 && current_bytes + bytes > bucket_cap_bytes)) flush();
+      location[k] = {buckets.size(), current.params.size()};
+      current.params.push_back(k);
+      current_bytes += bytes;
+    }
+    flush();
+  }
+
+  at::Tensor slot(size_t index) {
+    auto [b, s] = location[index];
+    return buckets[b].buffer.narrow(0, buckets[b].offsets[s], params[index].numel());
+  }
+
+  // Called by the accumulator hook of params[index] during backward.
+  void on_grad_ready(size_t index) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!sync_enabled || ready[index]) return;
+    in_backward = true;
+    const at::Tensor& grad = params[index].grad();
+    if (grad.defined()) {
+      slot(index).copy_(grad.reshape({-1}));
+    } else {
+      slot(index).zero_();
+    }
+    ready[index] = true;
+    --buckets[location[index].first].pending;
+    launch_ready_buckets();
+  }
+
+  void launch_ready_buckets() {
+    while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
+      Bucket& bucket = buckets[next_to_launch];
+      bucket.work = group.all_reduce_async(bucket.buffer, comm::ReduceOp::kSum);
+      ++next_to_launch;
+    }
+  }
+
+  // After loss.backward(): start what is left, wait, write the averages back.
+  void finish() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!sync_enabled) return;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (ready[i]) continue;
+      const at::Tensor& grad = params[i].grad();
+      if (grad.defined()) {
+        slot(i).copy_(grad.reshape({-1}));
+      } else {
+        slot(i).zero_();
+      }
+      ready[i] = true;
+      --buckets[location[i].first].pending;
+    }
+    launch_ready_buckets();
+    double scale = 1.0 / group.size();
+    for (Bucket& bucket : buckets) {
+      bucket.work->wait();
+      bucket.work.reset();
+      if (group.size() > 1) bucket.buffer.mul_(scale);
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor& p = params[i];
+      at::Tensor averaged = slot(i).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(averaged);
+      } else if (averaged.abs().max().item<double>() != 0.0) {
+        p.mutable_grad() = averaged.clone();
+      }
+    }
+    reset();
+  }
+
+  // Runs after the accumulator of params[index] added a gradient.
+  class Hook : public torch::autograd::FunctionPostHook {
+   public:
+    Hook(Reducer* reducer, size_t index) : reducer_(reducer), index_(index) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      reducer_->on_grad_ready(index_);
+      return outputs;
+    }
+
+   private:
+    Reducer* reducer_;
+    size_t index_;
+  };
+
+  void reset() {
+    std::fill(ready.begin(), ready.end(), false);
+    for (Bucket& bucket : buckets) bucket.pending = bucket.params.size();
+    next_to_launch = 0;
+    in_backward = false;
+  }
+};
+
+DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::optional<Precision> precision,
+                         DDPOptions options)
+    : Strategy(std::move(accelerator), std::move(precision)), options_(std::move(options)) {
+  STRATA_CHECK(options_.bucket_cap_mb > 0, ConfigError, "[ddp] bucket_cap_mb must be > 0, got ",
+               options_.bucket_cap_mb);
+  STRATA_CHECK(options_.checkpoint_io.is_null() || options_.checkpoint_io.empty(), ConfigError,
+               "[ddp] checkpoint_io plugins are not supported; leave checkpoint_io empty");
+}
+
+DDPStrategy::~DDPStrategy() = default;
+
+void DDPStrategy::setup_environment() {
+  Strategy::setup_environment();
+  if (options_.parallel_devices) {
+    STRATA_CHECK(static_cast<int>(options_.parallel_devices->size()) == env_.local_world_size, ConfigError,
+                 "[ddp] parallel_devices lists ", options_.parallel_devices->size(),
+                 " devices but this host runs ", env_.local_world_size,
+                 " workers; pass one device per local worker or leave parallel_devices unset");
+  }
+  group_.set_debug(options_.debug);
+}
+
+ModulePtr DDPStrategy::setup_module(ModulePtr module) {
+  STRATA_CHECK(reducer_ == nullptr, ConfigError,
+               "[ddp] setup_module was already called on this strategy; DDP trains one module per strategy");
+  module = Strategy::setup_module(std::move(module));
+  if (options_.sync_module_states && world_size() > 1) {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor p : module->parameters()) group_.broadcast(p, 0);
+    for (at::Tensor b : module->buffers()) group_.broadcast(b, 0);
+  }
+  // Tied parameters appear once in parameters(): one hook each.
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : module->parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  reducer_ = std::make_unique<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
+  for (size_t i = 0; i < params.size(); ++i) {
+    // Note: the accumulator must be kept alive, or the hook dies with it.
+    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(params[i]);
+    reducer_->hook_keys.push_back(accumulator->add_post_hook(std::make_unique<Reducer::Hook>(reducer_.get(), i)));
+    reducer_->accumulators.push_back(std::move(accumulator));
+  }
+  return module;
+}
+
+void DDPStrategy::backward(const at::Tensor& loss) {
+  Strategy::backward(loss);
+  if (!reducer_) return;
+  reducer_->finish();
+  ++step_;
+  if (options_.debug) {
+    comm::CommStats stats = group_.stats();
+    if (is_global_zero()) std::cerr << "[ddp] step " << step_ << " communication: " << stats.summary() << "\n";
+    group_.reset_stats();
+  }
+}
+
+InitContext DDPStrategy::no_backward_sync(torch::nn::Module&, bool enabled) {
+  if (!enabled || !reducer_) return InitContext();
+  Reducer* reducer = reducer_.get();
+  bool previous = reducer->sync_enabled;
+  reducer->sync_enabled = false;
+  return InitContext([reducer, previous] { reducer->sync_enabled = previous; });
+}
+
+void DDPStrategy::teardown() {
+  if (reducer_) {
+    // Drop the hooks before the module outlives the strategy.
+    for (size_t i = 0; i < reducer_->accumulators.size(); ++i) {
+      reducer_->accumulators[i]->del_post_hook(reducer_->hook_keys[i]);
+    }
+    reducer_.reset();
+  }
+  Strategy::teardown();
+}
+
+size_t DDPStrategy::num_buckets() const { return reducer_ ? reducer_->buckets.size() : 0; }
+
+}  // namespace strata::strategies

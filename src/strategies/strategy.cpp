@@ -1,0 +1,216 @@
+// The Strategy base: environment, placement, the plain training step,
+// gradient clipping and the collectives every strategy shares.
+#include "strata/strategies/strategy.h"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "strata/core/error.h"
+#include "strata/strategies/ddp.h"
+#include "strata/strategies/single_device.h"
+
+namespace strata::strategies {
+namespace {
+
+// Note [Differentiable all_gather]
+// Every rank's loss may depend on every rank's slice; the total loss is
+// the sum over ranks, so the gradient of rank r's input is the sum over
+// ranks of their output gradients at index r: all-reduce(sum) the output
+// gradient, then keep row r.
+struct AllGatherFunction : public torch::autograd::Function<AllGatherFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, comm::Group* group) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    return group->all_gather(input);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
+    at::Tensor grad = grads[0].contiguous().clone();
+    group->all_reduce(grad, comm::ReduceOp::kSum);
+    return {grad.select(0, group->rank()), at::Tensor()};
+  }
+};
+
+std::vector<at::Tensor> grads_of(torch::nn::Module& module) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : module.parameters()) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+}  // namespace
+
+Strategy::Strategy(std::shared_ptr<Accelerator> accelerator, std::optional<Precision> precision)
+    : accelerator_(accelerator ? std::move(accelerator) : cpu_accelerator()),
+      precision_(precision ? *precision : Precision::parse("32-true", accelerator_->name())) {}
+
+Strategy::~Strategy() = default;
+
+void Strategy::setup_environment() {
+  if (launched_) return;
+  env_ = runtime::Environment::from_env();
+  // Note [Threads per worker]
+  // N CPU workers on one host each default to all cores, oversubscribing
+  // the machine N times over. Split the cores unless the user chose.
+  if (accelerator_->name() == "cpu" && env_.local_world_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    at::set_num_threads(std::max(1, cores / env_.local_world_size));
+  }
+  comm::ProcessGroupOptions options;
+  options.device_type = accelerator_->name();
+  options.group.timeout = collective_timeout_;
+  group_ = comm::init_process_group(env_, options);
+  launched_ = true;
+}
+
+c10::Device Strategy::root_device() const {
+  STRATA_CHECK(launched_, ConfigError, "[", name(),
+               "] root_device is only known after launch: call fabric.launch() (or "
+               "strategy.setup_environment()) first");
+  return accelerator_->device(env_.local_rank);
+}
+
+ModulePtr Strategy::setup_module(ModulePtr module) {
+  STRATA_CHECK(module != nullptr, ConfigError, "[", name(), "] setup_module got a null module");
+  module_to_device(*module);
+  modules_.push_back(module);
+  return module;
+}
+
+void Strategy::setup_optimizer(torch::optim::Optimizer&) {}
+
+ModulePtr Strategy::setup_module_and_optimizers(ModulePtr module,
+                                                const std::vector<torch::optim::Optimizer*>& optimizers) {
+  ModulePtr result = setup_module(std::move(module));
+  for (torch::optim::Optimizer* optimizer : optimizers) setup_optimizer(*optimizer);
+  return result;
+}
+
+void Strategy::module_to_device(torch::nn::Module& module) { module.to(root_device()); }
+
+InitContext Strategy::module_init_context(std::optional<bool>) { return InitContext(); }
+
+void Strategy::backward(const at::Tensor& loss) {
+  STRATA_CHECK(loss.defined(), ConfigError, "[", name(), "] backward got an undefined loss tensor");
+  loss.backward();
+}
+
+void Strategy::optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+
+at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer&, double max_norm,
+                                         double norm_type, bool error_if_nonfinite) {
+  std::vector<at::Tensor> grads = grads_of(module);
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  at::Tensor total;
+  if (std::isinf(norm_type)) {
+    std::vector<at::Tensor> maxes;
+    for (const at::Tensor& g : grads) maxes.push_back(g.detach().abs().max().to(at::kFloat));
+    total = at::stack(maxes).max();
+  } else {
+    std::vector<at::Tensor> norms;
+    for (const at::Tensor& g : grads) norms.push_back(g.detach().norm(norm_type).to(at::kFloat));
+    total = at::stack(norms).norm(norm_type);
+  }
+  if (error_if_nonfinite && !std::isfinite(total.item<double>())) {
+    throw Error("[" + name() + "] the total norm of order " + std::to_string(norm_type) +
+                " of the gradients is non-finite, so it cannot be clipped; pass error_if_nonfinite=false "
+                "to clip anyway");
+  }
+  at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (at::Tensor& g : grads) g.detach().mul_(coef.to(g.device(), g.scalar_type()));
+  return total;
+}
+
+void Strategy::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer&, double clip_val) {
+  STRATA_CHECK(clip_val >= 0, ConfigError, "[", name(), "] clip_val must be >= 0, got ", clip_val);
+  for (at::Tensor& g : grads_of(module)) g.detach().clamp_(-clip_val, clip_val);
+}
+
+InitContext Strategy::no_backward_sync(torch::nn::Module&, bool) { return InitContext(); }
+
+at::Tensor Strategy::all_gather(const at::Tensor& tensor, bool sync_grads) {
+  at::Tensor input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
+  if (sync_grads) return AllGatherFunction::apply(input, &group_);
+  return group_.all_gather(input.detach());
+}
+
+at::Tensor Strategy::all_reduce(const at::Tensor& tensor, comm::ReduceOp op) {
+  at::Tensor result = tensor.detach().clone();
+  group_.all_reduce(result, op);
+  return result;
+}
+
+at::Tensor Strategy::all_reduce(const at::Tensor& tensor, const std::string& op) {
+  return all_reduce(tensor, comm::parse_reduce_op(op));
+}
+
+at::Tensor Strategy::broadcast(const at::Tensor& tensor, int src) {
+  STRATA_CHECK(src >= 0 && src < world_size(), ConfigError, "[", name(), "] broadcast src ", src,
+               " is not a rank of this job (world size ", world_size(), ")");
+  // Ranks may hold tensors of other shapes (or none): send shape and dtype first.
+  nlohmann::json meta;
+  if (global_rank() == src) {
+    meta = {{"shape", tensor.sizes().vec()}, {"dtype", static_cast<int>(tensor.scalar_type())}};
+  }
+  meta = group_.broadcast_object(meta, src);
+  at::Tensor result;
+  auto options = at::TensorOptions()
+                     .dtype(static_cast<c10::ScalarType>(meta["dtype"].get<int>()))
+                     .device(tensor.defined() ? tensor.device() : c10::Device(c10::kCPU));
+  if (global_rank() == src) {
+    result = tensor.detach().clone().contiguous();
+  } else {
+    result = at::empty(meta["shape"].get<std::vector<int64_t>>(), options);
+  }
+  group_.broadcast(result, src);
+  return result;
+}
+
+void Strategy::barrier(const std::string& name) { group_.barrier(name); }
+
+void Strategy::remove_checkpoint(const std::string& path) {
+  if (local_rank() == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    STRATA_CHECK(!ec, CheckpointError, "[checkpoint] cannot remove ", path, ": ", ec.message());
+  }
+  barrier("remove_checkpoint");
+}
+
+void Strategy::teardown() {
+  for (const ModulePtr& module : modules_) module->to(c10::Device(c10::kCPU));
+  modules_.clear();
+  close_loaders();
+  if (launched_) group_.synchronize();
+  group_ = comm::Group();
+  launched_ = false;
+}
+
+std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr<Accelerator> accelerator,
+                                        const Precision& precision, int world_size) {
+  if (name == "ddp" || (name == "auto" && world_size > 1)) {
+    return std::make_shared<DDPStrategy>(std::move(accelerator), precision);
+  }
+  if (name == "single_device" || name == "auto") {
+    return std::make_shared<SingleDeviceStrategy>(std::move(accelerator), precision);
+  }
+  if (name == "xla" || name == "xla_fsdp") {
+    throw ConfigError("[strategy] '" + name +
+                      "' needs the XLA accelerator, which strata does not support yet; use '" +
+                      (name == "xla" ? "ddp" : "fsdp") + "' for the same strategy on cpu or cuda");
+  }
+  if (name == "fsdp") {
+    throw ConfigError("[strategy] 'fsdp' is not available in this build yet; use 'ddp'");
+  }
+  throw ConfigError("[strategy] unknown strategy '" + name + "'; choose one of: auto, ddp, fsdp, single_device");
+}
+
+}  // namespace strata::strategies
