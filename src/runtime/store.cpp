@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/exception.h>
 
 #include "strata/core/error.h"
 #include "strata/runtime/env.h"
@@ -53,6 +54,22 @@ bool port_in_use(int port) {
 // any timeout we stop using that connection and open a fresh client one
 // (the server-side TCPStore object is kept alive for as long as this store
 // lives, because it owns the listening socket and the data).
+// Note [Whole-second connect timeout]
+// LibTorch 1.13's client connect loop counts its deadline in whole seconds
+// and stops retrying about one second early (measured: a 3 s timeout gives
+// up after 2 s, a 1 s timeout at once, before rank 0 had a chance to
+// listen). c10d therefore gets the timeout rounded up to whole seconds plus
+// one, which makes the connect wait about as long as asked; our own waits
+// (get, wait) keep the exact timeout.
+std::chrono::milliseconds connect_timeout(std::chrono::milliseconds timeout) {
+  return std::chrono::ceil<std::chrono::seconds>(timeout) + std::chrono::seconds(1);
+}
+
+bool is_timeout(const std::exception& e) {
+  return dynamic_cast<const c10d::TimeoutError*>(&e) != nullptr ||
+         std::string(e.what()).find("timed out") != std::string::npos;
+}
+
 class TcpStore final : public Store {
  public:
   TcpStore(const TcpStoreOptions& options) : options_(options) {
@@ -61,7 +78,7 @@ class TcpStore final : public Store {
     opts.isServer = options.is_server;
     opts.numWorkers = c10::nullopt;  // do not block the constructor on the others
     opts.waitWorkers = false;
-    opts.timeout = options.timeout;
+    opts.timeout = connect_timeout(options.timeout);  // Note [Whole-second connect timeout]
     auto start = Clock::now();
     try {
       server_or_client_ = c10::make_intrusive<c10d::TCPStore>(options.host, opts);
@@ -77,7 +94,7 @@ class TcpStore final : public Store {
         throw CommError(detail::cat("[store] cannot host the rendezvous store on ",
                                     address(options.host, options.port), ": ", e.what()));
       }
-      if (waited >= options.timeout) {
+      if (waited >= options.timeout || is_timeout(e)) {
         throw TimeoutError(detail::cat("[store] could not reach the rendezvous store at ",
                                        address(options.host, options.port), " within ", options.timeout.count(),
                                        " ms; check MASTER_ADDR and MASTER_PORT, and that rank 0 has started"));
@@ -176,7 +193,7 @@ class TcpStore final : public Store {
     opts.isServer = false;
     opts.numWorkers = c10::nullopt;
     opts.waitWorkers = false;
-    opts.timeout = options_.timeout;
+    opts.timeout = connect_timeout(options_.timeout);
     try {
       ops_ = c10::make_intrusive<c10d::TCPStore>(options_.is_server ? std::string("127.0.0.1") : options_.host, opts);
     } catch (const std::exception& e) {
