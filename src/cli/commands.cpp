@@ -5,6 +5,7 @@ namespace strata::cli {
 std::vector<Command> all_commands() {
   std::vector<Command> commands;
   commands.push_back(make_launch_command());
+  commands.push_back(make_train_command());
   return commands;
 }
 

@@ -25,6 +25,9 @@ struct Command {
 /// `strata launch`: start a program as N supervised workers.
 Command make_launch_command();
 
+/// `strata train`: train the example GPT.
+Command make_train_command();
+
 /// Every subcommand of the tool, in help order.
 std::vector<Command> all_commands();
 

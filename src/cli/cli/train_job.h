@@ -1,0 +1,50 @@
+// The main job: train the example GPT on byte-level text with a Fabric.
+// TrainConfig is filled by `strata train`'s parser (train_command.cpp) and
+// is independent of it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace strata::cli {
+
+/// Every knob of `strata train`. Defaults make the README's demo.
+struct TrainConfig {
+  // placement
+  std::string accelerator = "cpu";
+  std::string strategy = "ddp";
+  int devices = 2;
+  int num_nodes = 1;
+  std::string precision = "32-true";
+  bool debug = false;
+  // model and data
+  std::string model_size = "small";
+  std::string data;  ///< file or folder; empty: the default text
+  int64_t seq_len = 0;  ///< 0: the model's block size
+  // optimisation
+  int64_t max_steps = 300;
+  int64_t batch_size = 32;  ///< global: over all ranks and accumulation steps
+  int64_t grad_accum = 1;
+  double lr = 3e-3;
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;  ///< max global gradient norm; 0 disables
+  uint64_t seed = 1337;
+  // checkpoints and logs
+  std::string ckpt_dir;
+  int64_t ckpt_every = 0;  ///< 0: only at the end (when ckpt_dir is set)
+  std::string resume;      ///< a checkpoint path, or "latest"
+  std::string metrics_file;
+  int64_t log_every = 10;
+  int64_t sample_tokens = 200;  ///< text sampled at the end (0: none)
+
+  /// Throws ConfigError naming the first bad value.
+  void validate() const;
+};
+
+/// Runs the job (launching the workers) and returns the process exit code.
+int run_train(const TrainConfig& config);
+
+/// The newest complete checkpoint "step-NNNNNNNN" in `dir`, or "" when none.
+std::string latest_checkpoint(const std::string& dir);
+
+}  // namespace strata::cli

@@ -1,0 +1,269 @@
+// The training loop behind `strata train`.
+//
+// Note [Same batches at every world size]
+// The dataset is a fixed list of token windows; the distributed sampler
+// deals a shuffled order round-robin to the ranks, and each rank takes
+// batch_size / (world_size * grad_accum) windows per micro-batch. So the
+// union of the ranks' k-th micro-batches is the k-th micro-batch a single
+// process would take with batch_size / grad_accum, and the averaged
+// gradients (hence losses and parameters) match single-process training.
+#include "cli/train_job.h"
+
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "strata/checkpoint/atomic.h"
+#include "strata/checkpoint/state.h"
+#include "strata/core/error.h"
+#include "strata/data/loader.h"
+#include "strata/data/text_dataset.h"
+#include "strata/fabric/fabric.h"
+#include "strata/strategies/ddp.h"
+#include "strata/models/gpt.h"
+
+namespace strata::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+// Progress on rank 0: a live line on a terminal, plain lines otherwise.
+class Progress {
+ public:
+  Progress(int64_t total, int64_t log_every) : total_(total), log_every_(log_every), tty_(::isatty(1) != 0) {}
+
+  void update(int64_t step, double loss, double tokens_per_s, double elapsed) {
+    double eta = step > 0 ? elapsed / step * (total_ - step) : 0.0;
+    char line[160];
+    std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | %.1fk tok/s | elapsed %s | eta %s",
+                  static_cast<long long>(step), static_cast<long long>(total_), loss, tokens_per_s / 1000.0,
+                  format_duration(elapsed).c_str(), format_duration(eta).c_str());
+    if (tty_) {
+      std::cout << "\r" << line << "\033[K" << std::flush;
+      if (step == total_) std::cout << "\n";
+    } else if (step % log_every_ == 0 || step == total_ || step == 1) {
+      std::cout << line << std::endl;
+    }
+  }
+
+ private:
+  int64_t total_;
+  int64_t log_every_;
+  bool tty_;
+};
+
+nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
+  const int world = fabric.world_size();
+  STRATA_CHECK(config.batch_size % (world * config.grad_accum) == 0, ConfigError, "[train] --batch-size ",
+               config.batch_size, " must be divisible by world size (", world, ") x --grad-accum (",
+               config.grad_accum, ") so every rank takes equal micro-batches");
+  const int64_t micro_batch = config.batch_size / (world * config.grad_accum);
+
+  models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
+  if (config.seq_len > 0) model_config.block_size(config.seq_len);
+  const int64_t seq_len = model_config.block_size();
+  auto dataset = std::make_shared<data::TokenWindows>(
+      config.data.empty() ? std::string(data::kDefaultDataPath) : config.data, seq_len);
+
+  // Identical initialisation on every rank (and DDP broadcasts from rank 0).
+  Fabric::seed_everything(config.seed);
+  models::GPT model(model_config);
+  fabric.setup_module(model);
+  torch::optim::AdamW optimizer(model->parameters(),
+                                torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
+  fabric.setup_optimizer(optimizer);
+
+  data::DistributedSampler sampler(dataset->size(), world, fabric.global_rank(), /*shuffle=*/true, config.seed);
+  auto loader = std::make_shared<data::DataLoader>(dataset, sampler, micro_batch, /*drop_last=*/true);
+  STRATA_CHECK(loader->size() >= static_cast<size_t>(config.grad_accum), ConfigError, "[train] the data holds ",
+               dataset->size(), " windows of ", seq_len, " tokens: too few for one step of --batch-size ",
+               config.batch_size, "; use more data or a smaller batch");
+
+  int64_t step = 0;
+  strategies::State state{{"model", model},
+                          {"optimizer", optimizer},
+                          {"step", 0},
+                          {"loader", nlohmann::json(data::LoaderState{})},
+                          {"model_size", config.model_size},
+                          {"rng", checkpoint::cpu_rng_state()}};
+  if (!config.resume.empty()) {
+    std::string path = config.resume == "latest" ? latest_checkpoint(config.ckpt_dir) : config.resume;
+    STRATA_CHECK(!path.empty(), ConfigError, "[train] --resume latest: no complete checkpoint in --ckpt-dir '",
+                 config.ckpt_dir, "'");
+    fabric.load(path, state);
+    STRATA_CHECK(state.at("model_size").get<std::string>() == config.model_size, ConfigError, "[train] ", path,
+                 " holds a '", state.at("model_size").get<std::string>(), "' model but --model-size is '",
+                 config.model_size, "'");
+    step = state.at("step").get<int64_t>();
+    loader->load_state(state.at("loader").value().get<data::LoaderState>());
+    checkpoint::set_cpu_rng_state(state.at("rng").tensor());
+    fabric.print("resumed from ", path, " at step ", step);
+  }
+  std::shared_ptr<data::Loader> batches = fabric.setup_dataloader(loader);
+  uint64_t epoch = loader->state().epoch;
+  batches->set_epoch(epoch);
+
+  auto next_batch = [&]() -> data::Batch {
+    std::optional<data::Batch> batch = batches->next();
+    if (!batch) {  // end of epoch: reshuffle and go on
+      batches->set_epoch(++epoch);
+      batches->reset();
+      batch = batches->next();
+    }
+    STRATA_ASSERT(batch.has_value(), "the loader yielded no batch after a new epoch");
+    return *batch;
+  };
+
+  auto save = [&](int64_t at_step) {
+    state.at("step") = strategies::StateValue(nlohmann::json(at_step));
+    state.at("loader") = strategies::StateValue(nlohmann::json(batches->state()));
+    state.at("rng") = strategies::StateValue(checkpoint::cpu_rng_state());
+    std::string path = (std::filesystem::path(config.ckpt_dir) / step_name(at_step)).string();
+    fabric.save(path, state);
+    fabric.print("saved checkpoint ", path);
+  };
+
+  std::ofstream metrics;
+  if (fabric.is_global_zero() && !config.metrics_file.empty()) {
+    metrics.open(config.metrics_file, std::ios::app);
+    STRATA_CHECK(metrics.good(), ConfigError, "[train] cannot open --metrics-file ", config.metrics_file);
+  }
+  fabric.print("training a ", config.model_size, " GPT (", model->num_parameters(), " parameters) on ",
+               dataset->num_tokens(), " tokens with ", fabric.strategy().name(), " on ", world, " worker(s), ",
+               config.precision, ", global batch ", config.batch_size, " x ", seq_len, " tokens");
+
+  Progress progress(config.max_steps, config.log_every);
+  const auto start = Clock::now();
+  auto last = start;
+  double loss_value = std::nan("");
+  const int64_t first_step = step;
+  while (step < config.max_steps) {
+    at::Tensor step_loss = at::zeros({}, at::kFloat);
+    for (int64_t micro = 0; micro < config.grad_accum; ++micro) {
+      data::Batch batch = next_batch();
+      bool sync = micro == config.grad_accum - 1;
+      strategies::InitContext no_sync = fabric.no_backward_sync(*model, !sync);
+      at::Tensor loss;
+      {
+        auto autocast = fabric.autocast();
+        loss = model->loss(batch.input, batch.target);
+      }
+      loss = loss.to(at::kFloat) / static_cast<double>(config.grad_accum);
+      fabric.backward(loss);
+      step_loss += loss.detach();
+    }
+    if (config.grad_clip > 0) fabric.clip_gradients(*model, optimizer, config.grad_clip);
+    fabric.strategy().optimizer_step(optimizer);
+    optimizer.zero_grad();
+    ++step;
+    loss_value = fabric.all_reduce(step_loss).item<double>();
+
+    auto now = Clock::now();
+    double step_s = std::chrono::duration<double>(now - last).count();
+    last = now;
+    double tokens_per_s = static_cast<double>(config.batch_size * seq_len) / std::max(step_s, 1e-9);
+    double elapsed = std::chrono::duration<double>(now - start).count();
+    if (fabric.is_global_zero()) {
+      progress.update(step - first_step, loss_value, tokens_per_s, elapsed);
+      if (metrics.is_open()) {
+        metrics << nlohmann::json{{"step", step},     {"loss", loss_value},          {"lr", config.lr},
+                                  {"epoch", epoch},   {"tokens_per_s", tokens_per_s}, {"elapsed_s", elapsed}}
+                       .dump()
+                << "\n";
+        metrics.flush();
+      }
+    }
+    if (!config.ckpt_dir.empty() && config.ckpt_every > 0 && step % config.ckpt_every == 0) save(step);
+  }
+  if (!config.ckpt_dir.empty() && (config.ckpt_every == 0 || step % config.ckpt_every != 0)) save(step);
+
+  if (fabric.is_global_zero() && config.sample_tokens > 0) {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    at::Generator generator = at::detail::createCPUGenerator(config.seed);
+    at::Tensor prompt = models::encode_bytes("The ").to(fabric.device());
+    at::Tensor out = model->generate(prompt, config.sample_tokens, 0.8, 40, generator);
+    std::cout << "sample: " << models::decode_bytes(out.cpu()) << std::endl;
+  }
+  return {{"steps", step}, {"loss", loss_value}};
+}
+
+}  // namespace
+
+void TrainConfig::validate() const {
+  STRATA_CHECK(devices >= 1, ConfigError, "[train] --devices must be >= 1, got ", devices);
+  STRATA_CHECK(num_nodes >= 1, ConfigError, "[train] --num-nodes must be >= 1, got ", num_nodes);
+  STRATA_CHECK(max_steps >= 1, ConfigError, "[train] --max-steps must be >= 1, got ", max_steps);
+  STRATA_CHECK(batch_size >= 1, ConfigError, "[train] --batch-size must be >= 1, got ", batch_size);
+  STRATA_CHECK(grad_accum >= 1, ConfigError, "[train] --grad-accum must be >= 1, got ", grad_accum);
+  STRATA_CHECK(lr > 0 && std::isfinite(lr), ConfigError, "[train] --lr must be a positive number, got ", lr);
+  STRATA_CHECK(grad_clip >= 0, ConfigError, "[train] --grad-clip must be >= 0 (0 disables), got ", grad_clip);
+  STRATA_CHECK(ckpt_every >= 0, ConfigError, "[train] --ckpt-every must be >= 0, got ", ckpt_every);
+  STRATA_CHECK(log_every >= 1, ConfigError, "[train] --log-every must be >= 1, got ", log_every);
+  STRATA_CHECK(resume != "latest" || !ckpt_dir.empty(), ConfigError,
+               "[train] --resume latest needs --ckpt-dir to look in");
+  int world = devices * num_nodes;
+  STRATA_CHECK(batch_size % (world * grad_accum) == 0, ConfigError, "[train] --batch-size ", batch_size,
+               " must be divisible by devices x num-nodes (", world, ") x --grad-accum (", grad_accum, ")");
+  models::GPTConfig::preset(model_size);  // throws for an unknown size
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  std::string best;
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return best;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.size() != 13 || name.rfind("step-", 0) != 0) continue;
+    if (!checkpoint::is_complete(entry.path().string())) continue;
+    if (best.empty() || name > std::filesystem::path(best).filename().string()) best = entry.path().string();
+  }
+  return best;
+}
+
+int run_train(const TrainConfig& config) {
+  config.validate();
+  FabricOptions options;
+  options.with_accelerator(config.accelerator)
+      .with_devices(config.devices)
+      .with_num_nodes(config.num_nodes)
+      .with_precision(config.precision);
+  if (config.strategy == "ddp" && config.debug) {
+    auto accelerator = strategies::make_accelerator(config.accelerator);
+    options.with_strategy(std::make_shared<strategies::DDPStrategy>(
+        accelerator, strategies::Precision::parse(config.precision, accelerator->name()),
+        strategies::DDPOptions().with_debug(true)));
+  } else {
+    options.with_strategy(config.strategy);
+  }
+  Fabric fabric(options);
+  nlohmann::json result = fabric.launch([&](Fabric& f) { return train_worker(f, config); });
+  if (!runtime::Environment::from_env().launched()) {
+    std::cout << "done: " << result.value("steps", 0) << " steps, final loss " << result.value("loss", 0.0)
+              << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace strata::cli
