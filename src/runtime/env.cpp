@@ -61,6 +61,10 @@ int required_int(const Vars& vars, const std::string& name, const std::string& b
   return parse_int(name, *text);
 }
 
+void check_positive(const char* name, int value) {
+  STRATA_CHECK(value >= 1, ConfigError, "[env] ", name, "=", value, " must be at least 1");
+}
+
 // The variable names one source uses, so that checks name what the user set.
 struct Names {
   const char* rank;
@@ -123,9 +127,9 @@ Environment from_torchrun(const Vars& vars) {
   env.rank = required_int(vars, kEnvRank, has(vars, kEnvWorldSize) ? "WORLD_SIZE is set" : because,
                           "this worker's global rank (0..WORLD_SIZE-1)");
   env.world_size = required_int(vars, kEnvWorldSize, because, "the number of workers");
+  check_positive(kEnvWorldSize, env.world_size);
   env.local_world_size = optional_int(vars, kEnvLocalWorldSize).value_or(env.world_size);
-  STRATA_CHECK(env.local_world_size >= 1, ConfigError, "[env] LOCAL_WORLD_SIZE=", env.local_world_size,
-               " must be at least 1");
+  check_positive(kEnvLocalWorldSize, env.local_world_size);
   env.local_rank = optional_int(vars, kEnvLocalRank).value_or(env.rank % env.local_world_size);
   env.num_nodes = (env.world_size + env.local_world_size - 1) / env.local_world_size;
   env.node_rank = optional_int(vars, kEnvNodeRank).value_or(env.rank / env.local_world_size);
@@ -142,9 +146,9 @@ Environment from_openmpi(const Vars& vars) {
       has(vars, "OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK is set" : "OMPI_COMM_WORLD_SIZE is set";
   env.rank = required_int(vars, "OMPI_COMM_WORLD_RANK", because, "this process's rank (mpirun sets it)");
   env.world_size = required_int(vars, "OMPI_COMM_WORLD_SIZE", because, "the number of processes (mpirun sets it)");
+  check_positive("OMPI_COMM_WORLD_SIZE", env.world_size);
   env.local_world_size = optional_int(vars, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(env.world_size);
-  STRATA_CHECK(env.local_world_size >= 1, ConfigError, "[env] OMPI_COMM_WORLD_LOCAL_SIZE=", env.local_world_size,
-               " must be at least 1");
+  check_positive("OMPI_COMM_WORLD_LOCAL_SIZE", env.local_world_size);
   env.local_rank = optional_int(vars, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(env.rank % env.local_world_size);
   env.num_nodes = (env.world_size + env.local_world_size - 1) / env.local_world_size;
   env.node_rank = env.rank / env.local_world_size;
@@ -162,8 +166,9 @@ Environment from_slurm(const Vars& vars) {
   const std::string because = "SLURM_PROCID is set";
   env.rank = parse_int("SLURM_PROCID", *lookup(vars, "SLURM_PROCID"));
   env.world_size = required_int(vars, "SLURM_NTASKS", because, "the number of tasks (srun --ntasks)");
+  check_positive("SLURM_NTASKS", env.world_size);
   env.num_nodes = optional_int(vars, "SLURM_NNODES").value_or(1);
-  STRATA_CHECK(env.num_nodes >= 1, ConfigError, "[env] SLURM_NNODES=", env.num_nodes, " must be at least 1");
+  check_positive("SLURM_NNODES", env.num_nodes);
   if (auto per_node = optional_int(vars, "SLURM_NTASKS_PER_NODE")) {
     env.local_world_size = *per_node;
   } else {
@@ -172,8 +177,7 @@ Environment from_slurm(const Vars& vars) {
                  " nodes and SLURM_NTASKS_PER_NODE is not set; run srun with --ntasks-per-node");
     env.local_world_size = env.world_size / env.num_nodes;
   }
-  STRATA_CHECK(env.local_world_size >= 1, ConfigError, "[env] SLURM_NTASKS_PER_NODE=", env.local_world_size,
-               " must be at least 1");
+  check_positive("SLURM_NTASKS_PER_NODE", env.local_world_size);
   env.local_rank = optional_int(vars, "SLURM_LOCALID").value_or(env.rank % env.local_world_size);
   env.node_rank = optional_int(vars, "SLURM_NODEID").value_or(env.rank / env.local_world_size);
   // Note [Default ports under MPI and SLURM]
