@@ -1,0 +1,241 @@
+// Checkpoint directories (include/strata/checkpoint/directory.h): staging,
+// metadata.json, the completion marker, and the checks made on open.
+#include "strata/checkpoint/directory.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "strata/checkpoint/atomic.h"
+#include "strata/core/error.h"
+
+namespace strata::checkpoint {
+namespace {
+
+using detail::cat;
+namespace fs = std::filesystem;
+
+constexpr const char* kTensorSuffix = ".safetensors";
+
+std::string strip_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void check_plain_name(const std::string& file, const std::string& path) {
+  STRATA_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
+               CheckpointError, "[checkpoint] ", path, ": file name '", file,
+               "' must be a plain name without '/'");
+  STRATA_CHECK(file != kMetadataFile && file != kCompleteMarker, CheckpointError, "[checkpoint] ",
+               path, ": file name '", file, "' is reserved");
+}
+
+}  // namespace
+
+// ---- writer -----------------------------------------------------------------
+
+CheckpointWriter::CheckpointWriter(std::string path, std::string staging, bool owner)
+    : path_(std::move(path)), staging_(std::move(staging)), owner_(owner) {}
+
+CheckpointWriter CheckpointWriter::begin(const std::string& path_in) {
+  const std::string path = strip_trailing_slashes(path_in);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(path, ec))) {
+    const bool empty_dir = fs::is_directory(path, ec) && fs::is_empty(path, ec);
+    STRATA_CHECK(empty_dir || is_complete(path), CheckpointError, "[checkpoint] ", path,
+                 " exists and is not a complete strata checkpoint; refusing to overwrite it "
+                 "(move or delete it, or save elsewhere)");
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    STRATA_CHECK(!ec, CheckpointError, "[checkpoint] ", path, ": creating parent directory ",
+                 parent.string(), ": ", ec.message());
+  }
+  std::string staging = unique_sibling(path, ".tmp");
+  STRATA_CHECK_SYSCALL(::mkdir(staging.c_str(), 0755), CheckpointError, "[checkpoint] ", path,
+                       ": creating staging directory ", staging);
+  return CheckpointWriter(path, std::move(staging), /*owner=*/true);
+}
+
+CheckpointWriter CheckpointWriter::join(const std::string& path, const std::string& staging_dir) {
+  std::error_code ec;
+  STRATA_CHECK(fs::is_directory(staging_dir, ec), CheckpointError, "[checkpoint] ", path,
+               ": staging directory ", staging_dir,
+               " does not exist (was begin() called, on a file system this process sees?)");
+  return CheckpointWriter(strip_trailing_slashes(path), staging_dir, /*owner=*/false);
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (owner_ && !committed_ && !staging_.empty()) {
+    std::error_code ec;
+    fs::remove_all(staging_, ec);  // best effort: we are already failing
+  }
+}
+
+CheckpointWriter::CheckpointWriter(CheckpointWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      staging_(std::move(other.staging_)),
+      owner_(std::exchange(other.owner_, false)),
+      committed_(other.committed_) {}
+
+CheckpointWriter& CheckpointWriter::operator=(CheckpointWriter&& other) noexcept {
+  if (this != &other) {
+    if (owner_ && !committed_ && !staging_.empty()) {
+      std::error_code ec;
+      fs::remove_all(staging_, ec);
+    }
+    path_ = std::move(other.path_);
+    staging_ = std::move(other.staging_);
+    owner_ = std::exchange(other.owner_, false);
+    committed_ = other.committed_;
+  }
+  return *this;
+}
+
+std::string CheckpointWriter::file_path(const std::string& file) const {
+  check_plain_name(file, path_);
+  STRATA_CHECK(!committed_, CheckpointError, "[checkpoint] ", path_,
+               ": writing '", file, "' after commit()");
+  return staging_ + "/" + file;
+}
+
+void CheckpointWriter::write_file(const std::string& file, const NamedTensors& tensors,
+                                  const Metadata& metadata) {
+  write_safetensors(file_path(file), tensors, metadata);
+}
+
+SafetensorsWriter CheckpointWriter::open_file(const std::string& file,
+                                              std::vector<TensorSpec> specs, Metadata metadata) {
+  return SafetensorsWriter(file_path(file), std::move(specs), std::move(metadata));
+}
+
+void CheckpointWriter::commit(const nlohmann::json& metadata) {
+  STRATA_CHECK(owner_, CheckpointError, "[checkpoint] ", path_,
+               ": commit() must be called by the process that began the save, not one that joined");
+  STRATA_CHECK(!committed_, CheckpointError, "[checkpoint] ", path_, ": commit() called twice");
+  STRATA_CHECK(metadata.is_object(), CheckpointError, "[checkpoint] ", path_,
+               ": checkpoint metadata must be a JSON object, got ", metadata.type_name());
+  for (const char* reserved : {"format", "version", "files"})
+    STRATA_CHECK(!metadata.contains(reserved), CheckpointError, "[checkpoint] ", path_,
+                 ": metadata field '", reserved, "' is reserved (strata sets it)");
+
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(staging_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (ends_with(name, kTensorSuffix) && it->is_regular_file()) files.push_back(name);
+  }
+  STRATA_CHECK(!ec, CheckpointError, "[checkpoint] ", path_, ": listing ", staging_, ": ",
+               ec.message());
+  std::sort(files.begin(), files.end());
+
+  nlohmann::json full = metadata;
+  full["format"] = kCheckpointFormat;
+  full["version"] = kCheckpointVersion;
+  full["files"] = files;
+  atomic_write_file(staging_ + "/" + kMetadataFile, full.dump(2) + "\n");
+  // The marker last: its presence means every file above is complete.
+  atomic_write_file(staging_ + "/" + kCompleteMarker,
+                    cat(kCheckpointFormat, " ", kCheckpointVersion, "\n"));
+  fsync_dir(staging_);
+  publish_dir(staging_, path_);
+  committed_ = true;
+}
+
+void write_checkpoint_dir(const std::string& path, const std::map<std::string, NamedTensors>& files,
+                          const nlohmann::json& metadata) {
+  CheckpointWriter writer = CheckpointWriter::begin(path);
+  for (const auto& [file, tensors] : files) writer.write_file(file, tensors);
+  writer.commit(metadata);
+}
+
+// ---- reader -----------------------------------------------------------------
+
+CheckpointReader CheckpointReader::open(const std::string& path_in) {
+  std::string path = strip_trailing_slashes(path_in);
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) {
+    // See Note [Atomic checkpoint directories]: an interrupted replacement
+    // on a file system without RENAME_EXCHANGE leaves the previous complete
+    // checkpoint at PATH.old-<pid>-<n>.
+    const fs::path p(path);
+    const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    const std::string prefix = p.filename().string() + ".old-";
+    std::vector<std::string> aside;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind(prefix, 0) == 0 && is_complete(it->path().string()))
+        aside.push_back(it->path().string());
+    }
+    STRATA_CHECK(!aside.empty(), CheckpointError, "[checkpoint] ", path,
+                 ": no such checkpoint (the directory does not exist)");
+    std::sort(aside.begin(), aside.end());
+    path = aside.back();
+  }
+  STRATA_CHECK(fs::is_directory(path, ec), CheckpointError, "[checkpoint] ", path,
+               ": not a directory (a strata checkpoint is a directory holding ", kMetadataFile,
+               ")");
+  STRATA_CHECK(is_complete(path), CheckpointError, "[checkpoint] ", path,
+               " is incomplete: it has no ", kCompleteMarker,
+               " marker, so the save that wrote it did not finish (a crash mid-save?); load an "
+               "earlier checkpoint");
+  const std::string meta_path = path + "/" + kMetadataFile;
+  std::ifstream in(meta_path);
+  STRATA_CHECK(in.good(), CheckpointError, "[checkpoint] ", meta_path, ": cannot open: ",
+               detail::errno_string(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  CheckpointReader reader;
+  reader.path_ = path;
+  try {
+    reader.metadata_ = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw CheckpointError(cat("[checkpoint] ", meta_path, ": not valid JSON (", e.what(), ")"));
+  }
+  const auto& meta = reader.metadata_;
+  STRATA_CHECK(meta.is_object() && meta.contains("format") && meta["format"].is_string(),
+               CheckpointError, "[checkpoint] ", meta_path,
+               ": has no \"format\" field; not a strata checkpoint");
+  const std::string format = meta["format"].get<std::string>();
+  STRATA_CHECK(format == kCheckpointFormat, CheckpointError, "[checkpoint] ", meta_path,
+               ": format is '", format, "', expected '", kCheckpointFormat, "'");
+  STRATA_CHECK(meta.contains("version") && meta["version"].is_number_integer(), CheckpointError,
+               "[checkpoint] ", meta_path, ": has no integer \"version\" field");
+  const int64_t version = meta["version"].get<int64_t>();
+  STRATA_CHECK(version >= 1 && version <= kCheckpointVersion, CheckpointError, "[checkpoint] ",
+               meta_path, ": format version ", version, " is not supported (this build reads 1 to ",
+               kCheckpointVersion, "; a newer strata wrote it?)");
+  STRATA_CHECK(meta.contains("files") && meta["files"].is_array(), CheckpointError,
+               "[checkpoint] ", meta_path, ": has no \"files\" list");
+  for (const auto& f : meta["files"])
+    STRATA_CHECK(f.is_string(), CheckpointError, "[checkpoint] ", meta_path,
+                 ": \"files\" holds ", f.dump(), ", not a file name");
+  return reader;
+}
+
+std::vector<std::string> CheckpointReader::files() const {
+  return metadata_["files"].get<std::vector<std::string>>();
+}
+
+bool CheckpointReader::has_file(const std::string& file) const {
+  const auto& list = metadata_["files"];
+  return std::find(list.begin(), list.end(), file) != list.end();
+}
+
+SafetensorsFile CheckpointReader::open_file(const std::string& file) const {
+  STRATA_CHECK(has_file(file), CheckpointError, "[checkpoint] ", path_, ": has no file '", file,
+               "' (", kMetadataFile, " lists ", metadata_["files"].dump(), ")");
+  return SafetensorsFile::open(path_ + "/" + file);
+}
+
+}  // namespace strata::checkpoint

@@ -1,0 +1,427 @@
+// The safetensors writer and reader (format: include/strata/checkpoint/safetensors.h).
+//
+// The reader trusts nothing in the file: every length and offset is checked
+// against the file size before a byte of tensor data is read, so a damaged
+// file is a CheckpointError that names the file, the key and the problem,
+// never a crash or a huge allocation.
+#include "strata/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include "strata/checkpoint/atomic.h"
+#include "strata/core/error.h"
+
+namespace strata::checkpoint {
+namespace {
+
+using detail::cat;
+
+// The reference implementation refuses headers above 100 MB; so do we, so
+// a corrupt length cannot make us allocate gigabytes.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+
+const std::vector<std::pair<const char*, at::ScalarType>>& dtype_table() {
+  static const std::vector<std::pair<const char*, at::ScalarType>> table = {
+      {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+      {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+      {"U8", at::kByte},    {"BOOL", at::kBool}};
+  return table;
+}
+
+// Note [Little-endian only]
+// safetensors stores numbers little-endian and strata copies tensor bytes
+// verbatim, so a big-endian host would read garbage. Refuse instead.
+void check_little_endian() {
+  const uint16_t probe = 1;
+  uint8_t first = 0;
+  std::memcpy(&first, &probe, 1);
+  STRATA_CHECK(first == 1, CheckpointError,
+               "[checkpoint] safetensors I/O needs a little-endian host; this one is big-endian");
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+std::string dtype_name(at::ScalarType dtype) {
+  for (const auto& [name, type] : dtype_table())
+    if (type == dtype) return name;
+  throw CheckpointError(cat("[checkpoint] dtype ", c10::toString(dtype),
+                            " cannot be stored in a safetensors file; supported: F64, F32, F16, "
+                            "BF16, I64, I32, I16, I8, U8, BOOL"));
+}
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  for (const auto& [known, type] : dtype_table())
+    if (name == known) return type;
+  throw CheckpointError(cat("[checkpoint] unknown dtype '", name,
+                            "'; supported: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL"));
+}
+
+TensorSpec TensorSpec::of(std::string name, const at::Tensor& tensor) {
+  STRATA_CHECK(tensor.defined(), CheckpointError, "[checkpoint] tensor '", name, "' is undefined");
+  return TensorSpec{std::move(name), tensor.scalar_type(), tensor.sizes().vec()};
+}
+
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+uint64_t TensorSpec::nbytes() const {
+  return static_cast<uint64_t>(numel()) * c10::elementSize(dtype);
+}
+
+// ---- writer -----------------------------------------------------------------
+
+struct SafetensorsWriter::Impl {
+  AtomicFile file;
+  std::vector<TensorSpec> specs;
+  size_t next = 0;
+  Impl(std::string path, std::vector<TensorSpec> s) : file(std::move(path)), specs(std::move(s)) {}
+};
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> specs,
+                                     Metadata metadata) {
+  check_little_endian();
+  // Validate everything before creating the file.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& spec : specs) {
+    STRATA_CHECK(!spec.name.empty(), CheckpointError, "[checkpoint] ", path,
+                 ": a tensor name is empty");
+    STRATA_CHECK(spec.name != kMetadataKey, CheckpointError, "[checkpoint] ", path,
+                 ": '__metadata__' is reserved and cannot name a tensor");
+    STRATA_CHECK(seen.insert(spec.name).second, CheckpointError, "[checkpoint] ", path,
+                 ": tensor name '", spec.name, "' appears twice");
+    for (int64_t d : spec.shape)
+      STRATA_CHECK(d >= 0, CheckpointError, "[checkpoint] ", path, ": tensor '", spec.name,
+                   "' has a negative dimension in shape ", shape_string(spec.shape));
+    const uint64_t size = spec.nbytes();
+    header[spec.name] = {{"dtype", dtype_name(spec.dtype)},
+                         {"shape", spec.shape},
+                         {"data_offsets", {offset, offset + size}}};
+    offset += size;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(cat("[checkpoint] ", path, ": a tensor name or metadata string is not "
+                              "valid UTF-8 (", e.what(), ")"));
+  }
+  // Pad with spaces so the data buffer starts at a multiple of 8.
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  impl_ = std::make_unique<Impl>(std::move(path), std::move(specs));
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t(text.size()) >> (8 * i));
+  impl_->file.write(length, sizeof(length));
+  impl_->file.write(text.data(), text.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&&) noexcept = default;
+SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&&) noexcept = default;
+
+const std::string& SafetensorsWriter::path() const { return impl_->file.path(); }
+
+void SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor) {
+  STRATA_ASSERT(impl_ != nullptr, "write() on a moved-from SafetensorsWriter");
+  const std::string& path = impl_->file.path();
+  STRATA_CHECK(impl_->next < impl_->specs.size(), CheckpointError, "[checkpoint] ", path,
+               ": tensor '", name, "' written but all ", impl_->specs.size(),
+               " declared tensors were already written");
+  const TensorSpec& spec = impl_->specs[impl_->next];
+  STRATA_CHECK(name == spec.name, CheckpointError, "[checkpoint] ", path, ": tensor '", name,
+               "' written out of order; the next declared tensor is '", spec.name, "'");
+  STRATA_CHECK(tensor.defined(), CheckpointError, "[checkpoint] ", path, ": tensor '", name,
+               "' is undefined");
+  STRATA_CHECK(tensor.scalar_type() == spec.dtype && tensor.sizes().vec() == spec.shape,
+               CheckpointError, "[checkpoint] ", path, ": tensor '", name, "' was declared as ",
+               dtype_name(spec.dtype), " ", shape_string(spec.shape), " but is ",
+               c10::toString(tensor.scalar_type()), " ", shape_string(tensor.sizes().vec()));
+  at::Tensor data = tensor.detach();
+  if (!data.device().is_cpu()) data = data.cpu();
+  data = data.contiguous();
+  if (spec.nbytes() > 0) impl_->file.write(data.data_ptr(), spec.nbytes());
+  ++impl_->next;
+}
+
+void SafetensorsWriter::close() {
+  STRATA_ASSERT(impl_ != nullptr, "close() on a moved-from SafetensorsWriter");
+  if (impl_->next != impl_->specs.size()) {
+    std::string missing;
+    for (size_t i = impl_->next; i < impl_->specs.size() && i < impl_->next + 10; ++i)
+      missing += (missing.empty() ? "'" : ", '") + impl_->specs[i].name + "'";
+    if (impl_->specs.size() - impl_->next > 10)
+      missing += cat(" and ", impl_->specs.size() - impl_->next - 10, " more");
+    throw CheckpointError(cat("[checkpoint] ", impl_->file.path(), ": closed with ",
+                              impl_->specs.size() - impl_->next,
+                              " declared tensors not written: ", missing));
+  }
+  impl_->file.commit();
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const Metadata& metadata) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) specs.push_back(TensorSpec::of(name, tensor));
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
+  writer.close();
+}
+
+// ---- reader -----------------------------------------------------------------
+
+struct SafetensorsFile::Impl {
+  std::string path;
+  int fd = -1;
+  uint64_t data_start = 0;  // file offset of the data buffer
+  std::vector<std::string> keys;
+  std::unordered_map<std::string, TensorInfo> infos;
+  Metadata metadata;
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+namespace {
+
+// Reads exactly `size` bytes at `offset`; returns the number read before
+// end of file (less than `size` only when the file is shorter).
+size_t pread_full(int fd, void* out, size_t size, uint64_t offset, const std::string& path) {
+  size_t done = 0;
+  auto* bytes = static_cast<char*>(out);
+  while (done < size) {
+    const size_t chunk = std::min<size_t>(size - done, size_t(1) << 30);
+    ssize_t n = ::pread(fd, bytes + done, chunk, static_cast<off_t>(offset + done));
+    if (n == -1 && errno == EINTR) continue;
+    STRATA_CHECK_SYSCALL(n, CheckpointError, "[checkpoint] ", path, ": reading ", size,
+                         " bytes at offset ", offset);
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+// Parses the JSON header; a key repeated in the top-level object is an error
+// (nlohmann would silently keep the last one).
+nlohmann::json parse_header(const std::string& text, const std::string& path) {
+  std::set<std::string> top_keys;
+  std::string duplicate;
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+        !top_keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text, callback);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw CheckpointError(cat("[checkpoint] ", path, ": the header is not valid JSON (", e.what(),
+                              "); the file is corrupt or not a safetensors file"));
+  }
+  STRATA_CHECK(duplicate.empty(), CheckpointError, "[checkpoint] ", path, ": the header names '",
+               duplicate, "' twice");
+  STRATA_CHECK(header.is_object(), CheckpointError, "[checkpoint] ", path,
+               ": the header is JSON but not an object (", header.type_name(), ")");
+  return header;
+}
+
+uint64_t json_u64(const nlohmann::json& value, const std::string& path, const std::string& key,
+                  const char* field) {
+  STRATA_CHECK(value.is_number_unsigned() || (value.is_number_integer() && value.get<int64_t>() >= 0),
+               CheckpointError, "[checkpoint] ", path, ": tensor '", key, "' has ", field, " ",
+               value.dump(), "; expected a non-negative integer");
+  return value.get<uint64_t>();
+}
+
+TensorInfo parse_entry(const std::string& key, const nlohmann::json& entry, const std::string& path) {
+  STRATA_CHECK(entry.is_object(), CheckpointError, "[checkpoint] ", path, ": tensor '", key,
+               "' has entry ", entry.dump(), "; expected an object with dtype, shape, data_offsets");
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    STRATA_CHECK(entry.contains(field), CheckpointError, "[checkpoint] ", path, ": tensor '", key,
+                 "' has no \"", field, "\"");
+  TensorInfo info;
+  info.spec.name = key;
+  const auto& dtype = entry["dtype"];
+  STRATA_CHECK(dtype.is_string(), CheckpointError, "[checkpoint] ", path, ": tensor '", key,
+               "' has dtype ", dtype.dump(), "; expected a string such as \"F32\"");
+  try {
+    info.spec.dtype = dtype_from_name(dtype.get<std::string>());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(cat("[checkpoint] ", path, ": tensor '", key, "': ",
+                              std::string(e.what()).substr(std::strlen("[checkpoint] "))));
+  }
+  const auto& shape = entry["shape"];
+  STRATA_CHECK(shape.is_array(), CheckpointError, "[checkpoint] ", path, ": tensor '", key,
+               "' has shape ", shape.dump(), "; expected an array of sizes");
+  // numel * itemsize must not overflow: bound it by 2^62 as we go.
+  uint64_t bytes = c10::elementSize(info.spec.dtype);
+  for (const auto& dim : shape) {
+    const uint64_t d = json_u64(dim, path, key, "a dimension");
+    STRATA_CHECK(d == 0 || bytes <= (uint64_t(1) << 62) / d, CheckpointError, "[checkpoint] ",
+                 path, ": tensor '", key, "' has shape ", shape.dump(), ", too large to exist");
+    bytes *= d;
+    info.spec.shape.push_back(static_cast<int64_t>(d));
+  }
+  const auto& offsets = entry["data_offsets"];
+  STRATA_CHECK(offsets.is_array() && offsets.size() == 2, CheckpointError, "[checkpoint] ", path,
+               ": tensor '", key, "' has data_offsets ", offsets.dump(), "; expected [begin, end]");
+  info.begin = json_u64(offsets[0], path, key, "data_offsets begin");
+  info.end = json_u64(offsets[1], path, key, "data_offsets end");
+  STRATA_CHECK(info.begin <= info.end, CheckpointError, "[checkpoint] ", path, ": tensor '", key,
+               "' has data_offsets [", info.begin, ", ", info.end, "] with begin after end");
+  STRATA_CHECK(info.end - info.begin == bytes, CheckpointError, "[checkpoint] ", path,
+               ": tensor '", key, "' is ", dtype.get<std::string>(), " ",
+               shape_string(info.spec.shape), " (", bytes, " bytes) but its data_offsets [",
+               info.begin, ", ", info.end, "] span ", info.end - info.begin, " bytes");
+  return info;
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  check_little_endian();
+  auto impl = std::make_shared<Impl>();
+  impl->path = path;
+  impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (impl->fd == -1) {
+    const int err = errno;
+    throw CheckpointError(cat("[checkpoint] ", path, ": cannot open: ", detail::errno_string(err),
+                              err == ENOENT ? "; the file does not exist" : ""));
+  }
+  struct stat st {};
+  STRATA_CHECK_SYSCALL(::fstat(impl->fd, &st), CheckpointError, "[checkpoint] ", path);
+  STRATA_CHECK(S_ISREG(st.st_mode), CheckpointError, "[checkpoint] ", path,
+               ": not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  STRATA_CHECK(file_size >= 8, CheckpointError, "[checkpoint] ", path, ": the file is ", file_size,
+               " bytes, too short for the 8-byte header length (truncated or not a safetensors "
+               "file)");
+  uint8_t length_bytes[8];
+  STRATA_ASSERT(pread_full(impl->fd, length_bytes, 8, 0, path) == 8, "short read of ", path);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= uint64_t(length_bytes[i]) << (8 * i);
+  STRATA_CHECK(header_len <= kMaxHeaderBytes, CheckpointError, "[checkpoint] ", path,
+               ": header length ", header_len, " exceeds the ", kMaxHeaderBytes,
+               "-byte limit (corrupt or not a safetensors file)");
+  STRATA_CHECK(header_len <= file_size - 8, CheckpointError, "[checkpoint] ", path,
+               ": header length ", header_len, " is more than the ", file_size - 8,
+               " bytes that follow it (truncated or not a safetensors file)");
+  std::string text(header_len, '\0');
+  STRATA_ASSERT(pread_full(impl->fd, text.data(), header_len, 8, path) == header_len,
+                "short read of ", path);
+  const nlohmann::json header = parse_header(text, path);
+
+  std::vector<TensorInfo> infos;
+  for (const auto& [key, entry] : header.items()) {
+    if (key == kMetadataKey) {
+      STRATA_CHECK(entry.is_object() || entry.is_null(), CheckpointError, "[checkpoint] ", path,
+                   ": __metadata__ is ", entry.type_name(), "; expected an object of strings");
+      if (entry.is_null()) continue;
+      for (const auto& [mkey, value] : entry.items()) {
+        STRATA_CHECK(value.is_string(), CheckpointError, "[checkpoint] ", path,
+                     ": __metadata__ entry '", mkey, "' is ", value.dump(), "; expected a string");
+        impl->metadata[mkey] = value.get<std::string>();
+      }
+      continue;
+    }
+    infos.push_back(parse_entry(key, entry, path));
+  }
+
+  // The tensors must tile the data buffer: sorted by offset, each begins
+  // where the previous ended, and the last ends at the end of the file.
+  std::sort(infos.begin(), infos.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
+  const uint64_t buffer_size = file_size - 8 - header_len;
+  uint64_t expected = 0;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const TensorInfo& info = infos[i];
+    STRATA_CHECK(info.begin >= expected, CheckpointError, "[checkpoint] ", path, ": tensor '",
+                 info.spec.name, "' (bytes [", info.begin, ", ", info.end,
+                 ")) overlaps tensor '", infos[i - 1].spec.name, "' (bytes [", infos[i - 1].begin,
+                 ", ", infos[i - 1].end, "))");
+    STRATA_CHECK(info.begin == expected, CheckpointError, "[checkpoint] ", path, ": tensor '",
+                 info.spec.name, "' begins at byte ", info.begin, " of the data buffer, leaving a ",
+                 "gap after byte ", expected);
+    STRATA_CHECK(info.end <= buffer_size, CheckpointError, "[checkpoint] ", path, ": tensor '",
+                 info.spec.name, "' needs bytes [", info.begin, ", ", info.end,
+                 ") of the data buffer but the file has only ", buffer_size, " (truncated?)");
+    expected = info.end;
+  }
+  STRATA_CHECK(expected == buffer_size, CheckpointError, "[checkpoint] ", path, ": the file has ",
+               buffer_size - expected, " bytes after the last tensor's data (corrupt header?)");
+
+  impl->data_start = 8 + header_len;
+  for (auto& info : infos) {
+    impl->keys.push_back(info.spec.name);
+    impl->infos.emplace(info.spec.name, std::move(info));
+  }
+  SafetensorsFile file;
+  file.impl_ = std::move(impl);
+  return file;
+}
+
+const std::vector<std::string>& SafetensorsFile::keys() const { return impl_->keys; }
+
+bool SafetensorsFile::contains(const std::string& key) const {
+  return impl_->infos.count(key) != 0;
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& key) const {
+  auto it = impl_->infos.find(key);
+  STRATA_CHECK(it != impl_->infos.end(), CheckpointError, "[checkpoint] ", impl_->path,
+               ": no tensor named '", key, "' (the file holds ", impl_->keys.size(), " tensors)");
+  return it->second;
+}
+
+at::Tensor SafetensorsFile::load(const std::string& key) const {
+  const TensorInfo& entry = info(key);
+  at::Tensor out = at::empty(entry.spec.shape, at::TensorOptions().dtype(entry.spec.dtype));
+  const uint64_t size = entry.end - entry.begin;
+  if (size == 0) return out;
+  const size_t got = pread_full(impl_->fd, out.data_ptr(), size, impl_->data_start + entry.begin,
+                                impl_->path);
+  STRATA_CHECK(got == size, CheckpointError, "[checkpoint] ", impl_->path, ": tensor '", key,
+               "' needs ", size, " bytes but the file ended after ", got,
+               " of them (truncated after it was opened?)");
+  return out;
+}
+
+NamedTensors SafetensorsFile::load_all() const {
+  NamedTensors out;
+  out.reserve(impl_->keys.size());
+  for (const auto& key : impl_->keys) out.emplace_back(key, load(key));
+  return out;
+}
+
+const Metadata& SafetensorsFile::metadata() const { return impl_->metadata; }
+
+const std::string& SafetensorsFile::path() const { return impl_->path; }
+
+}  // namespace strata::checkpoint

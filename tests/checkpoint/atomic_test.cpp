@@ -1,0 +1,216 @@
+// Atomic files and checkpoint directories: what a reader sees after a save,
+// an interrupted save, a replacement and a damaged directory.
+#include "strata/checkpoint/atomic.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "checkpoint/test_util.h"
+#include "strata/checkpoint/directory.h"
+#include "strata/core/error.h"
+
+namespace strata::checkpoint {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::read_bytes;
+using testing::write_bytes;
+namespace fs = std::filesystem;
+
+class AtomicTest : public testing::ScratchDir {};
+class CheckpointDirTest : public testing::ScratchDir {};
+
+// Expects `fn` to throw a CheckpointError containing every string of `parts`.
+template <class Fn>
+void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected: " << parts.front();
+  } catch (const CheckpointError& e) {
+    for (const auto& part : parts) EXPECT_THAT(e.what(), HasSubstr(part));
+  }
+}
+
+TEST_F(AtomicTest, AtomicWriteReplacesTheFileAndLeavesNoTemporary) {
+  atomic_write_file(path("f.txt"), "first");
+  atomic_write_file(path("f.txt"), "second");
+  EXPECT_EQ(read_bytes(path("f.txt")), "second");
+  EXPECT_THAT(listing(), ElementsAre("f.txt"));
+}
+
+TEST_F(AtomicTest, UncommittedFileLeavesThePreviousContentAndNoTemporary) {
+  atomic_write_file(path("f.txt"), "old");
+  {
+    AtomicFile file(path("f.txt"));
+    file.write("new and partial", 15);
+    EXPECT_TRUE(fs::exists(file.temp_path()));
+    EXPECT_EQ(read_bytes(path("f.txt")), "old");
+  }  // destroyed without commit: an exception unwinding through a save
+  EXPECT_EQ(read_bytes(path("f.txt")), "old");
+  EXPECT_THAT(listing(), ElementsAre("f.txt"));
+}
+
+TEST_F(AtomicTest, FileSystemErrorsNameThePathAndErrno) {
+  expect_error([&] { atomic_write_file(path("no/such/dir/f.txt"), "x"); },
+               {"[checkpoint] " + path("no/such/dir/f.txt"), "No such file or directory"});
+}
+
+TEST_F(CheckpointDirTest, SavedDirectoryHoldsFilesMetadataAndMarker) {
+  const at::Tensor w = at::arange(6, at::kFloat).reshape({2, 3});
+  write_checkpoint_dir(path("ckpt"),
+                       {{"model.safetensors", {{"w", w}}},
+                        {"optimizer.safetensors", {{"w.exp_avg", at::zeros({2, 3})}}}},
+                       {{"step", 12}, {"strategy", "ddp"}});
+  EXPECT_THAT(listing(), ElementsAre("ckpt"));  // no staging directory left
+  EXPECT_TRUE(is_complete(path("ckpt")));
+  EXPECT_TRUE(fs::exists(path("ckpt/.complete")));
+
+  const auto raw = nlohmann::json::parse(read_bytes(path("ckpt/metadata.json")));
+  EXPECT_EQ(raw["format"], "strata-checkpoint");
+  EXPECT_EQ(raw["version"], 1);
+  EXPECT_EQ(raw["files"], nlohmann::json({"model.safetensors", "optimizer.safetensors"}));
+  EXPECT_EQ(raw["step"], 12);
+
+  CheckpointReader reader = CheckpointReader::open(path("ckpt"));
+  EXPECT_EQ(reader.path(), path("ckpt"));
+  EXPECT_EQ(reader.metadata()["strategy"], "ddp");
+  EXPECT_THAT(reader.files(), ElementsAre("model.safetensors", "optimizer.safetensors"));
+  EXPECT_TRUE(at::equal(reader.open_file("model.safetensors").load("w"), w));
+  expect_error([&] { reader.open_file("rank0.safetensors"); },
+               {path("ckpt"), "has no file 'rank0.safetensors'"});
+}
+
+TEST_F(CheckpointDirTest, DirectoryWithoutMarkerIsRefusedAsIncomplete) {
+  write_checkpoint_dir(path("ckpt"), {{"model.safetensors", {{"w", at::ones({2})}}}});
+  fs::remove(path("ckpt/.complete"));
+  EXPECT_FALSE(is_complete(path("ckpt")));
+  expect_error([&] { CheckpointReader::open(path("ckpt")); },
+               {path("ckpt") + " is incomplete: it has no .complete marker",
+                "the save that wrote it did not finish"});
+  // A later save refuses to overwrite what it cannot recognise as a checkpoint.
+  expect_error([&] { CheckpointWriter::begin(path("ckpt")); },
+               {"exists and is not a complete strata checkpoint; refusing to overwrite it"});
+}
+
+TEST_F(CheckpointDirTest, InterruptedSaveLeavesThePreviousCheckpointLoadable) {
+  write_checkpoint_dir(path("ckpt"), {{"model.safetensors", {{"w", at::full({3}, 1.f)}}}},
+                       {{"step", 1}});
+  // A save that dies after writing its files but before commit: the writer
+  // is never destroyed, as if the process had been killed.
+  auto* crashed = new CheckpointWriter(CheckpointWriter::begin(path("ckpt")));
+  crashed->write_file("model.safetensors", {{"w", at::full({3}, 2.f)}});
+  const std::string staging = crashed->staging_dir();
+  EXPECT_TRUE(fs::is_directory(staging));
+  EXPECT_FALSE(is_complete(staging));
+
+  CheckpointReader reader = CheckpointReader::open(path("ckpt"));
+  EXPECT_EQ(reader.metadata()["step"], 1);
+  EXPECT_TRUE(at::equal(reader.open_file("model.safetensors").load("w"), at::full({3}, 1.f)));
+  expect_error([&] { CheckpointReader::open(staging); }, {"is incomplete"});
+
+  // The next save replaces the old checkpoint and ignores the leftover.
+  write_checkpoint_dir(path("ckpt"), {{"model.safetensors", {{"w", at::full({3}, 3.f)}}}},
+                       {{"step", 3}});
+  reader = CheckpointReader::open(path("ckpt"));
+  EXPECT_EQ(reader.metadata()["step"], 3);
+  EXPECT_TRUE(at::equal(reader.open_file("model.safetensors").load("w"), at::full({3}, 3.f)));
+  EXPECT_THAT(listing(), ElementsAre("ckpt", fs::path(staging).filename().string()));
+}
+
+TEST_F(CheckpointDirTest, WriterDestroyedWithoutCommitRemovesItsStaging) {
+  {
+    CheckpointWriter writer = CheckpointWriter::begin(path("ckpt"));
+    writer.write_file("model.safetensors", {{"w", at::ones({2})}});
+  }
+  EXPECT_TRUE(listing().empty());
+}
+
+TEST_F(CheckpointDirTest, ReplacementInterruptedBetweenRenamesIsRecoveredFromTheAsideCopy) {
+  // Where the file system cannot exchange two names atomically, a crash
+  // between "rename PATH aside" and "rename staging to PATH" leaves only
+  // PATH.old-<pid>-<n>; the reader finds it.
+  write_checkpoint_dir(path("ckpt"), {{"model.safetensors", {{"w", at::ones({2})}}}},
+                       {{"step", 5}});
+  fs::rename(path("ckpt"), path("ckpt.old-123-0"));
+  CheckpointReader reader = CheckpointReader::open(path("ckpt"));
+  EXPECT_EQ(reader.path(), path("ckpt.old-123-0"));
+  EXPECT_EQ(reader.metadata()["step"], 5);
+  fs::remove(path("ckpt.old-123-0/.complete"));
+  expect_error([&] { CheckpointReader::open(path("ckpt")); },
+               {path("ckpt"), "no such checkpoint (the directory does not exist)"});
+}
+
+TEST_F(CheckpointDirTest, ExistingEmptyDirectoryIsReplacedButAUsersDirectoryIsNot) {
+  fs::create_directory(path("empty"));
+  write_checkpoint_dir(path("empty"), {{"a.safetensors", {{"x", at::ones({1})}}}});
+  EXPECT_TRUE(is_complete(path("empty")));
+
+  fs::create_directory(path("mine"));
+  write_bytes(path("mine/notes.txt"), "keep me");
+  expect_error([&] { write_checkpoint_dir(path("mine"), {}); },
+               {path("mine"), "refusing to overwrite it"});
+  EXPECT_EQ(read_bytes(path("mine/notes.txt")), "keep me");
+  EXPECT_THAT(listing(), ElementsAre("empty", "mine"));
+}
+
+TEST_F(CheckpointDirTest, ProcessesJoinAStagingDirectoryAndOneCommits) {
+  // The sharded layout: every rank writes its own file, rank 0 commits.
+  CheckpointWriter rank0 = CheckpointWriter::begin(path("sharded"));
+  CheckpointWriter rank1 = CheckpointWriter::join(path("sharded"), rank0.staging_dir());
+  rank1.write_file("rank1.safetensors", {{"w", at::full({2}, 1.f)}});
+  SafetensorsWriter stream = rank0.open_file("rank0.safetensors", {TensorSpec{"w", at::kFloat, {2}}});
+  stream.write("w", at::full({2}, 0.f));
+  stream.close();
+  expect_error([&] { rank1.commit(); }, {"must be called by the process that began the save"});
+  rank0.commit({{"world_size", 2}});
+  CheckpointReader reader = CheckpointReader::open(path("sharded"));
+  EXPECT_THAT(reader.files(), ElementsAre("rank0.safetensors", "rank1.safetensors"));
+  EXPECT_EQ(reader.metadata()["world_size"], 2);
+  expect_error([&] { CheckpointWriter::join(path("x"), path("x.tmp-1-1")); },
+               {"staging directory " + path("x.tmp-1-1") + " does not exist"});
+}
+
+TEST_F(CheckpointDirTest, BadMetadataIsRefusedWithTheReason) {
+  expect_error([&] { write_checkpoint_dir(path("c"), {}, {{"version", 7}}); },
+               {"metadata field 'version' is reserved"});
+  expect_error([&] { write_checkpoint_dir(path("c"), {}, nlohmann::json::array()); },
+               {"must be a JSON object, got array"});
+  expect_error([&] { write_checkpoint_dir(path("c"), {{"../x", {}}}); },
+               {"file name '../x' must be a plain name"});
+
+  write_checkpoint_dir(path("c"), {});
+  const std::string meta = path("c/metadata.json");
+  auto edit = [&](const std::string& key, const nlohmann::json& value) {
+    auto j = nlohmann::json::parse(read_bytes(meta));
+    j[key] = value;
+    write_bytes(meta, j.dump());
+  };
+  edit("version", 2);
+  expect_error([&] { CheckpointReader::open(path("c")); },
+               {meta, "format version 2 is not supported (this build reads 1 to 1"});
+  edit("format", "something-else");
+  expect_error([&] { CheckpointReader::open(path("c")); },
+               {meta, "format is 'something-else', expected 'strata-checkpoint'"});
+  write_bytes(meta, "{not json");
+  expect_error([&] { CheckpointReader::open(path("c")); }, {meta, "not valid JSON"});
+  fs::remove(meta);
+  expect_error([&] { CheckpointReader::open(path("c")); }, {meta, "cannot open"});
+  write_bytes(path("file"), "x");
+  expect_error([&] { CheckpointReader::open(path("file")); }, {path("file"), "not a directory"});
+}
+
+TEST_F(CheckpointDirTest, DamagedTensorFileInsideACheckpointNamesTheFile) {
+  write_checkpoint_dir(path("c"), {{"model.safetensors", {{"fc.weight", at::zeros({64})}}}});
+  const std::string file = path("c/model.safetensors");
+  const std::string bytes = read_bytes(file);
+  write_bytes(file, bytes.substr(0, bytes.size() - 100));
+  CheckpointReader reader = CheckpointReader::open(path("c"));
+  expect_error([&] { reader.open_file("model.safetensors"); },
+               {file, "tensor 'fc.weight' needs bytes [0, 256)", "(truncated?)"});
+}
+
+}  // namespace
+}  // namespace strata::checkpoint
