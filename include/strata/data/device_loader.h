@@ -1,0 +1,97 @@
+// The device loader (torch_xla's MpDeviceLoader role): a background thread
+// pulls batches from another loader into a bounded queue, already moved to
+// the training device, so data loading overlaps the training step.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "strata/data/loader.h"
+
+namespace strata::data {
+
+/// Wraps a Loader; yields exactly its batches, in order, on `device`.
+///
+/// Each pass (reset(), or a new range-for) stops the previous producer
+/// thread, resets the wrapped loader and starts a new thread that fills a
+/// queue of at most queue_depth batches. next() blocks until a batch, the
+/// end of the pass, or the producer's error arrives; an exception thrown
+/// by the wrapped loader is rethrown in the consumer as the same object
+/// (same type and message), after which the pass is over. size() is the
+/// wrapped loader's. close() and the destructor stop the thread without
+/// hanging, also when the consumer stopped early and the producer waits on
+/// a full queue (a producer blocked inside the wrapped loader's next() is
+/// waited for).
+class DeviceLoader : public Loader {
+ public:
+  /// Throws ConfigError when `loader` is null or queue_depth is 0.
+  DeviceLoader(std::shared_ptr<Loader> loader, at::Device device, size_t queue_depth = 16);
+  ~DeviceLoader() override;
+  DeviceLoader(const DeviceLoader&) = delete;
+  DeviceLoader& operator=(const DeviceLoader&) = delete;
+
+  size_t size() const override { return loader_->size(); }
+  /// The next batch (on the device). Starts a pass if none is running;
+  /// returns std::nullopt at the end of the pass and after close().
+  std::optional<Batch> next() override;
+  /// Stops the running pass and starts a new one.
+  void reset() override;
+  /// Stops the producer thread and drops the queued batches. A later
+  /// reset() (or range-for) starts again.
+  void close();
+
+  /// Stops the running pass, then forwards to the wrapped loader.
+  void set_epoch(uint64_t epoch) override;
+  bool resumable() const override { return loader_->resumable(); }
+  /// The wrapped loader's state as the consumer sees it: batches still in
+  /// the queue (prefetched, not yet returned) do not count as consumed.
+  LoaderState state() const override;
+  /// Stops the running pass, then forwards to the wrapped loader; the next
+  /// pass continues at `state`.
+  void load_state(const LoaderState& state) override;
+  bool is_device_loader() const override { return true; }
+
+  /// The wrapped loader.
+  const std::shared_ptr<Loader>& loader() const { return loader_; }
+  at::Device device() const { return device_; }
+  size_t queue_depth() const { return queue_depth_; }
+
+ private:
+  struct Item {
+    std::optional<Batch> batch;  // empty: end of pass (or error)
+    std::exception_ptr error;
+  };
+  void produce();
+  void stop();
+  Batch to_device(const Batch& batch) const;
+
+  std::shared_ptr<Loader> loader_;
+  at::Device device_;
+  size_t queue_depth_;
+
+  std::mutex mutex_;
+  std::condition_variable not_full_;   // producer waits for room
+  std::condition_variable not_empty_;  // consumer waits for an item
+  std::deque<Item> queue_;
+  bool stop_requested_ = false;
+
+  std::thread thread_;
+  // Consumer-side state: kIdle until the first next()/reset() (or after
+  // set_epoch/load_state), kRunning during a pass, kFinished after its end
+  // (or its error), kClosed after close().
+  enum class Phase { kIdle, kRunning, kFinished, kClosed };
+  Phase phase_ = Phase::kIdle;
+  bool have_pass_ = false;  // pass_start_/consumed_ describe a pass
+  LoaderState pass_start_;
+  uint64_t consumed_ = 0;
+};
+
+}  // namespace strata::data
