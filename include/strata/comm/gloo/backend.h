@@ -23,4 +23,12 @@ bool is_available();
 std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank, int size,
                                 std::chrono::milliseconds timeout);
 
+/// As above, but connecting to the peers may take up to `connect_timeout`
+/// (the rendezvous timeout) while each collective keeps `timeout`. When a
+/// peer never joins, throws TimeoutError naming the ranks that did not.
+/// The network interface is GLOO_SOCKET_IFNAME when set, else the one that
+/// routes to MASTER_ADDR (loopback when MASTER_ADDR is local or unset).
+std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank, int size,
+                                std::chrono::milliseconds timeout, std::chrono::milliseconds connect_timeout);
+
 }  // namespace strata::comm::gloo
