@@ -195,7 +195,12 @@ at::Tensor GPTImpl::generate(const at::Tensor& prompt, int64_t max_new_tokens, d
   STRATA_CHECK(temperature >= 0.0, ConfigError, "[gpt] temperature must be >= 0, got ", temperature);
   STRATA_CHECK(top_k >= 0, ConfigError, "[gpt] top_k must be >= 0, got ", top_k);
   torch::NoGradGuard no_grad;
-  const bool was_training = is_training();
+  // Sample in eval mode (no dropout); restore the caller's mode on any exit.
+  struct ModeRestorer {
+    GPTImpl* self;
+    bool was_training;
+    ~ModeRestorer() { self->train(was_training); }
+  } restore{this, is_training()};
   eval();
   auto idx = prompt.dim() == 1 ? prompt.unsqueeze(0) : prompt;
   for (int64_t i = 0; i < max_new_tokens; ++i) {
@@ -215,7 +220,6 @@ at::Tensor GPTImpl::generate(const at::Tensor& prompt, int64_t max_new_tokens, d
     }
     idx = at::cat({idx, next}, 1);
   }
-  train(was_training);
   return prompt.dim() == 1 ? idx.squeeze(0) : idx;
 }
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "strata/core/error.h"
@@ -217,11 +218,17 @@ TEST(DeviceLoaderTest, DestroyingItWhileTheProducerWaitsOnAFullQueueDoesNotHang)
   auto inner = std::make_shared<CountingLoader>(1000000, SIZE_MAX);
   auto loader = std::make_unique<DeviceLoader>(inner, at::kCPU, 2);
   ASSERT_EQ(ids_of(*loader->next()), std::vector<int64_t>{0});
-  // 1 consumed + 2 queued + 1 waiting for room: the producer is now blocked.
+  // 1 consumed + 2 queued: the producer now waits for room in the queue.
   ASSERT_TRUE(inner->wait_produced(3));
-  auto done = std::async(std::launch::async, [&] { loader.reset(); });
+  // Destroy on another thread so that a hang fails the test instead of
+  // blocking it (the thread is detached, never joined).
+  auto destroyed = std::make_shared<std::promise<void>>();
+  auto done = destroyed->get_future();
+  std::thread([l = std::move(loader), destroyed]() mutable {
+    l.reset();
+    destroyed->set_value();
+  }).detach();
   ASSERT_EQ(done.wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  done.get();
 }
 
 TEST(DeviceLoaderTest, ItsStateCountsOnlyBatchesTheConsumerReceivedAndResumesThere) {
