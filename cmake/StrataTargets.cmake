@@ -12,6 +12,14 @@ function(strata_use_pch target)
     else()
       target_precompile_headers(${target} REUSE_FROM strata_core)
     endif()
+    get_target_property(type ${target} TYPE)
+    if(type STREQUAL "EXECUTABLE")
+      # The header was precompiled with -fPIC (for the shared library); an
+      # executable's default -fPIE would make GCC ignore it. -fPIC code
+      # links into a PIE executable all the same.
+      set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+      target_compile_options(${target} PRIVATE -fPIC)
+    endif()
   endif()
 endfunction()
 

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's first command: installs what is missing, builds, and runs
+# the main job: a small GPT trained on the texts under
+# /usr/share/common-licenses by 2 CPU worker processes, printing progress,
+# saving checkpoints under out/demo and sampling some text at the end.
+# Extra arguments go to `strata train` (see `build/strata train --help`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+./scripts/build.sh
+rm -rf out/demo
+exec ./build/strata train --devices 2 --strategy ddp --model-size small --max-steps 300 \
+  --batch-size 32 --ckpt-dir out/demo --ckpt-every 100 --metrics-file out/demo/metrics.jsonl "$@"
