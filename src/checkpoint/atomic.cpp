@@ -21,13 +21,13 @@
 namespace strata::checkpoint {
 namespace {
 
-using detail::cat;
+using ::strata::detail::cat;
 
 std::atomic<uint64_t> g_sibling_counter{0};
 
 // Throws "<what>: <strerror> (errno N)" for a failure whose errno was saved.
 [[noreturn]] void fail(int err, const std::string& what) {
-  throw CheckpointError(cat(what, ": ", detail::errno_string(err)));
+  throw CheckpointError(cat(what, ": ", ::strata::detail::errno_string(err)));
 }
 
 std::string strip_trailing_slashes(std::string path) {
@@ -48,7 +48,7 @@ bool exists(const std::string& path) {
   if (::lstat(path.c_str(), &st) == 0) return true;
   const int err = errno;
   STRATA_CHECK(err == ENOENT || err == ENOTDIR, CheckpointError, "[checkpoint] ", path,
-               ": lstat failed: ", detail::errno_string(err));
+               ": lstat failed: ", ::strata::detail::errno_string(err));
   return false;
 }
 
@@ -229,11 +229,17 @@ void publish_dir(const std::string& staging_in, const std::string& path_in) {
   const int err = errno;
   if (err != EINVAL && err != ENOSYS && err != ENOTSUP)
     fail(err, cat("[checkpoint] exchanging ", staging, " and ", path, " failed"));
+  detail::replace_dir_by_renames(staging, path);
+}
+
+namespace detail {
+void replace_dir_by_renames(const std::string& staging, const std::string& path) {
   const std::string aside = unique_sibling(path, ".old");
   checked_rename(path, aside);
   checked_rename(staging, path);
-  fsync_dir(parent);
+  fsync_dir(parent_dir(path));
   remove_all(aside);
 }
+}  // namespace detail
 
 }  // namespace strata::checkpoint

@@ -17,7 +17,7 @@
 namespace strata::checkpoint {
 namespace {
 
-using detail::cat;
+using ::strata::detail::cat;
 namespace fs = std::filesystem;
 
 constexpr const char* kTensorSuffix = ".safetensors";
@@ -192,7 +192,7 @@ CheckpointReader CheckpointReader::open(const std::string& path_in) {
   const std::string meta_path = path + "/" + kMetadataFile;
   std::ifstream in(meta_path);
   STRATA_CHECK(in.good(), CheckpointError, "[checkpoint] ", meta_path, ": cannot open: ",
-               detail::errno_string(errno));
+               ::strata::detail::errno_string(errno));
   std::stringstream text;
   text << in.rdbuf();
   CheckpointReader reader;

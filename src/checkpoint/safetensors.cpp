@@ -26,7 +26,7 @@
 namespace strata::checkpoint {
 namespace {
 
-using detail::cat;
+using ::strata::detail::cat;
 
 // The reference implementation refuses headers above 100 MB; so do we, so
 // a corrupt length cannot make us allocate gigabytes.
@@ -311,7 +311,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (impl->fd == -1) {
     const int err = errno;
-    throw CheckpointError(cat("[checkpoint] ", path, ": cannot open: ", detail::errno_string(err),
+    throw CheckpointError(cat("[checkpoint] ", path, ": cannot open: ", ::strata::detail::errno_string(err),
                               err == ENOENT ? "; the file does not exist" : ""));
   }
   struct stat st {};

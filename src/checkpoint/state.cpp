@@ -20,7 +20,7 @@
 namespace strata::checkpoint {
 namespace {
 
-using detail::cat;
+using ::strata::detail::cat;
 
 constexpr size_t kListedKeys = 10;
 

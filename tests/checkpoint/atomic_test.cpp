@@ -4,7 +4,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 
 #include "checkpoint/test_util.h"
@@ -120,6 +123,35 @@ TEST_F(CheckpointDirTest, InterruptedSaveLeavesThePreviousCheckpointLoadable) {
   EXPECT_THAT(listing(), ElementsAre("ckpt", fs::path(staging).filename().string()));
 }
 
+TEST_F(CheckpointDirTest, ProcessKilledMidSaveLeavesThePreviousCheckpointLoadable) {
+  write_checkpoint_dir(path("ckpt"), {{"model.safetensors", {{"a", at::full({4}, 1.f)}}}},
+                       {{"step", 1}});
+  const pid_t child = ::fork();
+  ASSERT_NE(child, -1);
+  if (child == 0) {
+    // Half a streamed file written, then SIGKILL: no destructor, no commit.
+    CheckpointWriter writer = CheckpointWriter::begin(path("ckpt"));
+    SafetensorsWriter file = writer.open_file(
+        "model.safetensors", {TensorSpec{"a", at::kFloat, {4}}, TensorSpec{"b", at::kFloat, {4}}});
+    file.write("a", at::full({4}, 2.f));
+    ::kill(::getpid(), SIGKILL);
+    ::_exit(0);  // not reached
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+
+  CheckpointReader reader = CheckpointReader::open(path("ckpt"));
+  EXPECT_EQ(reader.metadata()["step"], 1);
+  EXPECT_TRUE(at::equal(reader.open_file("model.safetensors").load("a"), at::full({4}, 1.f)));
+  const std::vector<std::string> names = listing();
+  ASSERT_EQ(names.size(), 2u);  // ckpt and the dead save's staging directory
+  EXPECT_THAT(names[1], ::testing::StartsWith("ckpt.tmp-" + std::to_string(child) + "-"));
+  EXPECT_FALSE(is_complete(path(names[1])));
+  // Its half-written file never got its final name.
+  EXPECT_FALSE(fs::exists(path(names[1]) + "/model.safetensors"));
+}
+
 TEST_F(CheckpointDirTest, WriterDestroyedWithoutCommitRemovesItsStaging) {
   {
     CheckpointWriter writer = CheckpointWriter::begin(path("ckpt"));
@@ -141,6 +173,23 @@ TEST_F(CheckpointDirTest, ReplacementInterruptedBetweenRenamesIsRecoveredFromThe
   fs::remove(path("ckpt.old-123-0/.complete"));
   expect_error([&] { CheckpointReader::open(path("ckpt")); },
                {path("ckpt"), "no such checkpoint (the directory does not exist)"});
+}
+
+TEST_F(CheckpointDirTest, ReplacementByTwoRenamesLeavesOnlyTheNewCheckpoint) {
+  write_checkpoint_dir(path("ckpt"), {{"model.safetensors", {{"w", at::ones({2})}}}},
+                       {{"step", 1}});
+  fs::create_directory(path("staging"));
+  write_safetensors(path("staging/model.safetensors"), {{"w", at::full({2}, 2.f)}});
+  atomic_write_file(path("staging/metadata.json"),
+                    R"({"format": "strata-checkpoint", "version": 1,)"
+                    R"( "files": ["model.safetensors"], "step": 2})");
+  expect_error([&] { publish_dir(path("staging"), path("ckpt")); }, {"has no completion marker"});
+  atomic_write_file(path("staging/.complete"), "");
+  detail::replace_dir_by_renames(path("staging"), path("ckpt"));
+  EXPECT_THAT(listing(), ElementsAre("ckpt"));
+  CheckpointReader reader = CheckpointReader::open(path("ckpt"));
+  EXPECT_EQ(reader.metadata()["step"], 2);
+  EXPECT_TRUE(at::equal(reader.open_file("model.safetensors").load("w"), at::full({2}, 2.f)));
 }
 
 TEST_F(CheckpointDirTest, ExistingEmptyDirectoryIsReplacedButAUsersDirectoryIsNot) {

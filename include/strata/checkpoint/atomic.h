@@ -79,6 +79,14 @@ bool is_complete(const std::string& path);
 /// an empty directory (so a user's directory is never replaced).
 void publish_dir(const std::string& staging, const std::string& path);
 
+namespace detail {
+/// publish_dir's fallback for file systems that cannot exchange two names:
+/// replaces the complete checkpoint `path` by the complete `staging` with
+/// two renames (old one aside to "PATH.old-<pid>-<n>", then deleted).
+/// Exposed for tests.
+void replace_dir_by_renames(const std::string& staging, const std::string& path);
+}  // namespace detail
+
 /// Removes `path` and everything below it (like `rm -r`); nothing happens
 /// when it does not exist. Throws CheckpointError with the path and errno
 /// text on failure.
