@@ -8,7 +8,7 @@ namespace strata::strategies {
 
 std::shared_ptr<data::Loader> Strategy::process_dataloader(std::shared_ptr<data::Loader> loader) {
   STRATA_CHECK(loader != nullptr, ConfigError, "[", name(), "] process_dataloader got a null loader");
-  if (std::dynamic_pointer_cast<data::DeviceLoader>(loader)) return loader;
+  if (loader->is_device_loader()) return loader;
   auto device_loader = std::make_shared<data::DeviceLoader>(std::move(loader), root_device());
   loaders_.push_back(device_loader);
   return device_loader;

@@ -137,9 +137,9 @@ void Strategy::clip_gradients_value(torch::nn::Module& module, torch::optim::Opt
 InitContext Strategy::no_backward_sync(torch::nn::Module&, bool) { return InitContext(); }
 
 at::Tensor Strategy::all_gather(const at::Tensor& tensor, bool sync_grads) {
-  at::Tensor input = tensor.dim() == 0 ? tensor.reshape({1}) : tensor;
-  if (sync_grads) return AllGatherFunction::apply(input, &group_);
-  return group_.all_gather(input.detach());
+  // A 0-d tensor gathers to shape (world_size,), as (world_size, *shape) says.
+  if (sync_grads) return AllGatherFunction::apply(tensor, &group_);
+  return group_.all_gather(tensor.detach());
 }
 
 at::Tensor Strategy::all_reduce(const at::Tensor& tensor, comm::ReduceOp op) {

@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CommandResult {
   int exit_code;
   std::string output;
 };
@@ -28,7 +28,7 @@ std::string strata_binary() {
 }
 
 // Runs the strata tool with `args` (no shell metacharacters in them).
-Run run_strata(const std::string& args) {
+CommandResult run_strata(const std::string& args) {
   std::string command = strata_binary() + " " + args + " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return {-1, "popen failed"};
@@ -63,12 +63,12 @@ class TrainCliTest : public ::testing::Test {
 };
 
 TEST_F(TrainCliTest, ResumingAtStepTenEqualsAnUninterruptedRun) {
-  Run full = run_strata(common() + " --devices 2 --max-steps 20 --ckpt-dir " + path("full") + " --metrics-file " +
+  CommandResult full = run_strata(common() + " --devices 2 --max-steps 20 --ckpt-dir " + path("full") + " --metrics-file " +
                         path("full.jsonl"));
   ASSERT_EQ(full.exit_code, 0) << full.output;
-  Run first = run_strata(common() + " --devices 2 --max-steps 10 --ckpt-dir " + path("part"));
+  CommandResult first = run_strata(common() + " --devices 2 --max-steps 10 --ckpt-dir " + path("part"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  Run second = run_strata(common() + " --devices 2 --max-steps 20 --ckpt-dir " + path("part") +
+  CommandResult second = run_strata(common() + " --devices 2 --max-steps 20 --ckpt-dir " + path("part") +
                           " --resume latest --metrics-file " + path("part.jsonl"));
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
@@ -86,9 +86,9 @@ TEST_F(TrainCliTest, ResumingAtStepTenEqualsAnUninterruptedRun) {
 }
 
 TEST_F(TrainCliTest, TwoWorkersTrainLikeOneProcessWithTheSameGlobalBatch) {
-  Run one = run_strata(common() + " --devices 1 --max-steps 12 --metrics-file " + path("one.jsonl"));
+  CommandResult one = run_strata(common() + " --devices 1 --max-steps 12 --metrics-file " + path("one.jsonl"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  Run two = run_strata(common() + " --devices 2 --grad-accum 2 --max-steps 12 --metrics-file " + path("two.jsonl"));
+  CommandResult two = run_strata(common() + " --devices 2 --grad-accum 2 --max-steps 12 --metrics-file " + path("two.jsonl"));
   ASSERT_EQ(two.exit_code, 0) << two.output;
   std::vector<double> a = losses(path("one.jsonl")), b = losses(path("two.jsonl"));
   ASSERT_EQ(a.size(), 12u);
@@ -97,22 +97,22 @@ TEST_F(TrainCliTest, TwoWorkersTrainLikeOneProcessWithTheSameGlobalBatch) {
 }
 
 TEST_F(TrainCliTest, BadFlagsGetMessagesThatSayWhatToDo) {
-  Run batch = run_strata(common() + " --devices 2 --batch-size 7");
+  CommandResult batch = run_strata("train --model-size tiny --devices 2 --batch-size 7");
   EXPECT_NE(batch.exit_code, 0);
   EXPECT_NE(batch.output.find("--batch-size 7 must be divisible"), std::string::npos) << batch.output;
-  Run size = run_strata("train --model-size huge");
+  CommandResult size = run_strata("train --model-size huge");
   EXPECT_NE(size.exit_code, 0);
   EXPECT_NE(size.output.find("unknown model preset 'huge'"), std::string::npos) << size.output;
-  Run resume = run_strata("train --resume latest");
+  CommandResult resume = run_strata("train --resume latest");
   EXPECT_NE(resume.exit_code, 0);
   EXPECT_NE(resume.output.find("--resume latest needs --ckpt-dir"), std::string::npos) << resume.output;
-  Run missing = run_strata(common() + " --devices 1 --max-steps 1 --data " + path("no-such-file"));
+  CommandResult missing = run_strata(common() + " --devices 1 --max-steps 1 --data " + path("no-such-file"));
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("no-such-file"), std::string::npos) << missing.output;
 }
 
 TEST_F(TrainCliTest, HelpDocumentsEveryFlag) {
-  Run help = run_strata("train --help");
+  CommandResult help = run_strata("train --help");
   EXPECT_EQ(help.exit_code, 0);
   for (const char* flag : {"--strategy", "--devices", "--num-nodes", "--precision", "--max-steps", "--batch-size",
                            "--grad-accum", "--lr", "--seed", "--ckpt-dir", "--ckpt-every", "--resume",
