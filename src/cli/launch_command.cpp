@@ -1,12 +1,101 @@
-// `strata launch`: placeholder until the launcher lands.
+// `strata launch [options] -- PROGRAM [ARGS...]`: starts PROGRAM as N
+// supervised local workers (the torchrun / xmp.spawn role). The flags fill
+// a LaunchOptions; runtime::launch_workers does the work. Exit status: 0
+// when every worker succeeded, else the failing rank's exit code (128+N
+// when it was killed by signal N, 130/143 when the launcher was
+// interrupted), with "[launcher] <what happened>" on stderr.
 #include "cli/commands.h"
 
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/runtime/launcher.h"
+
 namespace strata::cli {
+namespace {
+
+/// What `strata launch` was asked to do, as parsed (seconds as typed).
+struct LaunchConfig {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  int timeout_s = 300;
+  double grace_period_s = 5.0;
+  double max_time_s = 0.0;
+  bool no_prefix = false;
+  std::vector<std::string> program;  // PROGRAM ARGS..., verbatim
+};
+
+std::chrono::milliseconds seconds_to_ms(const char* flag, double seconds) {
+  STRATA_CHECK(std::isfinite(seconds) && seconds >= 0, ConfigError, "[launcher] ", flag,
+               " must be a non-negative number of seconds, got ", seconds);
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
+}
+
+int run_launch(const LaunchConfig& c) {
+  STRATA_CHECK(!c.program.empty(), ConfigError,
+               "[launcher] no program given; put it after --, e.g. strata launch -n 2 -- ./train --epochs 3");
+  runtime::LaunchOptions options;
+  options.with_nproc_per_node(c.nproc_per_node)
+      .with_nnodes(c.nnodes)
+      .with_node_rank(c.node_rank)
+      .with_master_addr(c.master_addr)
+      .with_master_port(c.master_port)
+      .with_timeout_s(c.timeout_s)
+      .with_grace_period(seconds_to_ms("--grace-period", c.grace_period_s))
+      .with_max_time(seconds_to_ms("--max-time", c.max_time_s))
+      .with_prefix_output(!c.no_prefix);
+  runtime::LaunchResult result = runtime::launch_workers(c.program, options);
+  if (!result.summary.empty()) std::cerr << "[launcher] " << result.summary << std::endl;
+  return result.exit_code;
+}
+
+}  // namespace
 
 Command make_launch_command() {
+  auto config = std::make_shared<LaunchConfig>();
   Command command;
-  command.register_fn = [](CLI::App& app) { return app.add_subcommand("launch", "Start PROGRAM as N supervised workers"); };
-  command.run = [] { return 0; };
+  command.register_fn = [config](CLI::App& app) {
+    CLI::App* sub = app.add_subcommand(
+        "launch",
+        "Start PROGRAM as N supervised worker processes on this host.\n"
+        "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK,\n"
+        "MASTER_ADDR, MASTER_PORT and STRATA_TIMEOUT in its environment; its output\n"
+        "is printed line by line with a \"[rank R] \" prefix. When a worker fails, the\n"
+        "others are stopped (SIGTERM, then SIGKILL after the grace period) and the\n"
+        "exit status is the failing rank's. PROGRAM and its ARGS follow `--` and are\n"
+        "passed unchanged (no shell).\n"
+        "Examples:\n"
+        "  strata launch -n 4 -- ./my_trainer --epochs 3\n"
+        "  strata launch -n 2 --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 -- ./my_trainer");
+    LaunchConfig& c = *config;
+    sub->add_option("-n,--nproc-per-node", c.nproc_per_node, "Workers to start on this host")
+        ->capture_default_str();
+    sub->add_option("--nnodes", c.nnodes, "Hosts in the job (start strata launch on each)")->capture_default_str();
+    sub->add_option("--node-rank", c.node_rank, "This host's index, 0..nnodes-1 (ranks start at node_rank*N)")
+        ->capture_default_str();
+    sub->add_option("--master-addr", c.master_addr, "Host of global rank 0, which hosts the rendezvous store")
+        ->capture_default_str();
+    sub->add_option("--master-port", c.master_port,
+                    "Port of the rendezvous store (default: a free port; required when --nnodes > 1)");
+    sub->add_option("--timeout", c.timeout_s, "Rendezvous timeout in seconds, passed as STRATA_TIMEOUT")
+        ->capture_default_str();
+    sub->add_option("--grace-period", c.grace_period_s,
+                    "Seconds between SIGTERM and SIGKILL when stopping workers")
+        ->capture_default_str();
+    sub->add_option("--max-time", c.max_time_s,
+                    "Stop the job after this many seconds, exit status 124 (default 0: no limit)");
+    sub->add_flag("--no-prefix", c.no_prefix, "Print worker output without the \"[rank R] \" prefix");
+    sub->add_option("program", c.program, "PROGRAM [ARGS...] to run on every worker (after --)");
+    return sub;
+  };
+  command.run = [config] { return run_launch(*config); };
   return command;
 }
 

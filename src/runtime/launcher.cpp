@@ -374,13 +374,15 @@ class Supervisor {
     STRATA_ASSERT(false, "stream without a worker");
   }
 
-  void read_stream(Stream& s) {
+  // Reads what is available; returns false when nothing was (or at EOF).
+  bool read_stream(Stream& s) {
     char buffer[16384];
     ssize_t n = ::read(s.fd, buffer, sizeof(buffer));
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n < 0 && errno == EINTR) return true;
+    if (n < 0 && errno == EAGAIN) return false;
     if (n <= 0) {
       close_stream(s);
-      return;
+      return false;
     }
     s.partial.append(buffer, static_cast<size_t>(n));
     size_t begin = 0;
@@ -395,6 +397,7 @@ class Supervisor {
       emit(owner(s), s.kind, s.partial);
       s.partial.clear();
     }
+    return true;
   }
 
   void close_stream(Stream& s) {
@@ -424,10 +427,14 @@ class Supervisor {
     }
     if (drain_deadline_ && now >= *drain_deadline_) {
       // Every worker is reaped but something that escaped its group still
-      // holds a pipe open: stop waiting for it.
+      // holds a pipe open: take what is buffered (the read ends are
+      // non-blocking) and stop waiting for more.
       for (Worker& w : workers_) {
-        if (w.out.fd >= 0) close_stream(w.out);
-        if (w.err.fd >= 0) close_stream(w.err);
+        for (Stream* s : {&w.out, &w.err}) {
+          while (s->fd >= 0 && read_stream(*s)) {
+          }
+          if (s->fd >= 0) close_stream(*s);
+        }
       }
     }
   }
@@ -536,6 +543,9 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
         ::close(out[1]);
         STRATA_CHECK_SYSCALL(-1, LaunchError, "[launcher] cannot create a pipe");
       }
+      // Only the launcher's ends are non-blocking; the workers' stay blocking.
+      ::fcntl(out[0], F_SETFL, ::fcntl(out[0], F_GETFL) | O_NONBLOCK);
+      ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL) | O_NONBLOCK);
       w.out = {out[0], OutputStream::kStdout, {}};
       w.err = {err[0], OutputStream::kStderr, {}};
       try {

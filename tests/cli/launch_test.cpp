@@ -1,0 +1,214 @@
+// `strata launch` as users run it: the built `strata` binary started as a
+// child process, its output and exit status checked.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string strata_binary() {
+  const char* dir = std::getenv("STRATA_BINARY_DIR");
+  return std::string(dir != nullptr ? dir : ".") + "/strata";
+}
+
+struct Child {
+  pid_t pid = -1;
+  int out = -1;
+  int err = -1;
+};
+
+// Starts `strata ARGS...` with stdout and stderr on pipes (no shell).
+Child start_strata(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{strata_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  int out[2], err[2];
+  EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  return {pid, out[0], err[0]};
+}
+
+struct Outcome {
+  int status = 0;  // exit code, or 128+signal
+  std::string out, err;
+};
+
+// Reads both pipes to the end and reaps the child.
+Outcome finish(Child child) {
+  Outcome o;
+  pollfd fds[2] = {{child.out, POLLIN, 0}, {child.err, POLLIN, 0}};
+  int open = 2;
+  while (open > 0) {
+    if (::poll(fds, 2, -1) < 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        (i == 0 ? o.out : o.err).append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+  }
+  int status = 0;
+  while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+Outcome strata(const std::vector<std::string>& args) { return finish(start_strata(args)); }
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string make_temp_dir() {
+  std::string templ = ::testing::TempDir() + "strata_cli_XXXXXX";
+  const char* made = ::mkdtemp(templ.data());
+  EXPECT_NE(made, nullptr);
+  return templ;
+}
+
+// Waits with a deadline until `path` exists, then reads the pid in it.
+pid_t wait_for_pid_file(const std::string& path, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    pid_t pid = 0;
+    if (in >> pid) return pid;
+    std::this_thread::sleep_for(10ms);
+  }
+  return -1;
+}
+
+bool gone_within(pid_t pid, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST(LaunchCommandTest, EachWorkerSeesItsRank) {
+  Outcome o = strata({"launch", "-n", "2", "--", "/bin/sh", "-c", "echo $RANK $LOCAL_RANK $WORLD_SIZE"});
+  EXPECT_EQ(o.status, 0) << o.err;
+  EXPECT_TRUE(contains(o.out, "[rank 0] 0 0 2\n")) << o.out;
+  EXPECT_TRUE(contains(o.out, "[rank 1] 1 1 2\n")) << o.out;
+  EXPECT_EQ(o.err, "");
+}
+
+TEST(LaunchCommandTest, NoPrefixPrintsWorkerOutputAsIs) {
+  Outcome o = strata({"launch", "--no-prefix", "--", "echo", "plain"});
+  EXPECT_EQ(o.status, 0) << o.err;
+  EXPECT_EQ(o.out, "plain\n");
+}
+
+TEST(LaunchCommandTest, ArgumentsArriveUnchanged) {
+  Outcome o = strata({"launch", "--", "/bin/sh", "-c", "for a in \"$@\"; do echo \"<$a>\"; done", "sh", "a b",
+                      "$HOME", "*", "say \"hi\"", "it's", "--nnodes", "-n"});
+  EXPECT_EQ(o.status, 0) << o.err;
+  EXPECT_EQ(o.out,
+            "[rank 0] <a b>\n[rank 0] <$HOME>\n[rank 0] <*>\n[rank 0] <say \"hi\">\n[rank 0] <it's>\n"
+            "[rank 0] <--nnodes>\n[rank 0] <-n>\n");
+}
+
+TEST(LaunchCommandTest, FailingRankIsReportedAndItsCodeReturned) {
+  Outcome o = strata({"launch", "-n", "2", "--grace-period", "1", "--", "/bin/sh", "-c",
+                      "if [ $RANK = 1 ]; then echo 'boom: bad input' >&2; exit 3; fi; exec sleep 1000"});
+  EXPECT_EQ(o.status, 3);
+  EXPECT_TRUE(contains(o.err, "[rank 1] boom: bad input\n")) << o.err;
+  EXPECT_TRUE(contains(o.err, "[launcher] rank 1 exited with code 3; last error: boom: bad input\n")) << o.err;
+}
+
+TEST(LaunchCommandTest, KilledRankIsReportedWithItsSignal) {
+  Outcome o = strata({"launch", "--", "/bin/sh", "-c", "kill -9 $$"});
+  EXPECT_EQ(o.status, 128 + 9);
+  EXPECT_TRUE(contains(o.err, "[launcher] rank 0 was killed by signal 9 (SIGKILL)\n")) << o.err;
+}
+
+TEST(LaunchCommandTest, InterruptStopsEveryWorkerAndTheirChildren) {
+  std::string dir = make_temp_dir();
+  // Each worker starts a background child, records both pids, then waits.
+  std::string script = "sleep 1000 & echo $! > " + dir + "/child.$RANK.tmp; mv " + dir + "/child.$RANK.tmp " + dir +
+                       "/child.$RANK; echo $$ > " + dir + "/pid.$RANK.tmp; mv " + dir + "/pid.$RANK.tmp " + dir +
+                       "/pid.$RANK; wait";
+  Child child = start_strata({"launch", "-n", "2", "--grace-period", "2", "--", "/bin/sh", "-c", script});
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    for (const char* kind : {"pid", "child"}) {
+      pid_t pid = wait_for_pid_file(dir + "/" + kind + "." + std::to_string(r), 60s);
+      ASSERT_GT(pid, 0) << kind << " file of rank " << r << " never appeared";
+      pids.push_back(pid);
+    }
+  }
+  ASSERT_EQ(::kill(child.pid, SIGINT), 0);
+  Outcome o = finish(child);
+  EXPECT_EQ(o.status, 130) << o.err;
+  EXPECT_TRUE(contains(o.err, "[launcher] the launcher received SIGINT; stopped all 2 workers\n")) << o.err;
+  for (pid_t pid : pids) EXPECT_TRUE(gone_within(pid, 10s)) << "pid " << pid << " survived";
+}
+
+TEST(LaunchCommandTest, HelpMentionsEveryOption) {
+  Outcome o = strata({"launch", "--help"});
+  EXPECT_EQ(o.status, 0);
+  for (const char* option : {"-n", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                             "--timeout", "--grace-period", "--max-time", "--no-prefix", "PROGRAM", "Examples:",
+                             "strata launch -n 4 -- ./my_trainer"}) {
+    EXPECT_TRUE(contains(o.out, option)) << option << " missing from:\n" << o.out;
+  }
+}
+
+TEST(LaunchCommandTest, BadValuesGiveClearErrors) {
+  Outcome zero = strata({"launch", "-n", "0", "--", "true"});
+  EXPECT_EQ(zero.status, 1);
+  EXPECT_EQ(zero.err, "strata: error: [launcher] nproc_per_node (-n/--nproc-per-node) must be at least 1, got 0\n");
+
+  Outcome nodes = strata({"launch", "--nnodes", "2", "--", "true"});
+  EXPECT_EQ(nodes.status, 1);
+  EXPECT_EQ(nodes.err,
+            "strata: error: [launcher] master_port (--master-port) is required when the job spans 2 nodes: every node "
+            "must use the same port on 127.0.0.1\n");
+
+  Outcome none = strata({"launch", "-n", "2"});
+  EXPECT_EQ(none.status, 1);
+  EXPECT_TRUE(contains(none.err, "[launcher] no program given; put it after --")) << none.err;
+
+  Outcome missing = strata({"launch", "--", "strata-no-such-program-xyz"});
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_TRUE(contains(missing.err, "cannot find program 'strata-no-such-program-xyz' on PATH")) << missing.err;
+
+  Outcome word = strata({"launch", "-n", "two", "--", "true"});
+  EXPECT_NE(word.status, 0);
+  EXPECT_TRUE(contains(word.err, "two")) << word.err;
+
+  Outcome grace = strata({"launch", "--grace-period", "-1", "--", "true"});
+  EXPECT_EQ(grace.status, 1);
+  EXPECT_TRUE(contains(grace.err, "--grace-period must be a non-negative number of seconds, got -1")) << grace.err;
+}
+
+}  // namespace
