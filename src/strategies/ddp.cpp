@@ -214,6 +214,9 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
 }
 
 void DDPStrategy::backward(const at::Tensor& loss) {
+  STRATA_CHECK(!reducer_ || !reducer_->in_backward, ConfigError,
+               "[ddp] gradients were computed by a loss.backward() outside fabric.backward(), so they were "
+               "never averaged across ranks; call fabric.backward(loss) (or strategy.backward) instead");
   Strategy::backward(loss);
   if (!reducer_) return;
   reducer_->finish();
