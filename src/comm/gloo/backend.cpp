@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -137,8 +138,11 @@ void dispatch(const at::Tensor& t, const char* op, Fn&& fn) {
 // `output`. Each rank sends and receives N-1 chunks: (N-1)/N of the input,
 // against 2(N-1)/N for an all-reduce followed by a slice. Two chunk-sized
 // scratch buffers alternate so a step's receive never lands in the buffer
-// still being sent.
+// still being sent. The scratch buffers are kept between calls: fresh pages
+// for every call cost more than the transfer on some machines.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x20;
+constexpr size_t kMaxSegments = 16;
+constexpr size_t kMinSegmentBytes = 256 << 10;
 
 class GlooBackend final : public Backend {
  public:
@@ -298,29 +302,44 @@ class GlooBackend final : public Backend {
   }
 
   void ring_reduce_scatter(const at::Tensor& input, at::Tensor& output, const kernels::ReduceFn& fn, int64_t seq) {
-    const size_t k = output.numel();
+    using Buffer = std::unique_ptr<::gloo::transport::UnboundBuffer>;
+    const size_t es = output.element_size();
     const size_t chunk = output.nbytes();
+    // Note [Ring reduce-scatter]: segments let the reduction of one piece
+    // overlap the arrival of the next.
+    const size_t seg = std::max(es, (std::max(chunk / kMaxSegments, kMinSegmentBytes) / es) * es);
+    const size_t nseg = (chunk + seg - 1) / seg;
     const int left = (rank_ - 1 + size_) % size_;
     const int right = (rank_ + 1) % size_;
     const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, static_cast<uint32_t>(seq));
     auto* in = static_cast<char*>(const_cast<void*>(input.data_ptr()));
-    at::Tensor scratch = at::empty({static_cast<int64_t>(2 * chunk)}, at::kByte);
-    auto* tmp = static_cast<char*>(scratch.data_ptr());
-    auto in_buf = context_->createUnboundBuffer(in, input.nbytes());
-    std::unique_ptr<::gloo::transport::UnboundBuffer> bufs[2] = {
-        context_->createUnboundBuffer(tmp, chunk), context_->createUnboundBuffer(tmp + chunk, chunk)};
+    auto* out = static_cast<char*>(output.data_ptr());
+    if (scratch_.numel() < static_cast<int64_t>(2 * chunk)) scratch_ = at::empty({static_cast<int64_t>(2 * chunk)}, at::kByte);
+    char* tmp[2] = {static_cast<char*>(scratch_.data_ptr()), static_cast<char*>(scratch_.data_ptr()) + chunk};
+    Buffer in_buf = context_->createUnboundBuffer(in, input.nbytes());
+    Buffer half_bufs[2] = {context_->createUnboundBuffer(tmp[0], chunk), context_->createUnboundBuffer(tmp[1], chunk)};
+    auto length = [&](size_t j) { return std::min(seg, chunk - j * seg); };
     auto mod = [&](int x) { return ((x % size_) + size_) % size_; };
     for (int s = 0; s < size_ - 1; ++s) {
-      ::gloo::transport::UnboundBuffer* sending = s == 0 ? in_buf.get() : bufs[(s - 1) % 2].get();
-      if (s == 0) sending->send(right, slot + s, mod(rank_ - 1) * chunk, chunk);
-      else sending->send(right, slot + s, 0, chunk);
-      ::gloo::transport::UnboundBuffer* receiving = bufs[s % 2].get();
-      receiving->recv(left, slot + s, 0, chunk);
-      receiving->waitRecv(timeout_);
+      const uint64_t step_slot = slot + static_cast<uint64_t>(s) * nseg;
+      // Send what the previous step reduced (step 0: this rank's own chunk).
+      ::gloo::transport::UnboundBuffer* sending = s == 0 ? in_buf.get() : half_bufs[(s - 1) % 2].get();
+      const size_t base = s == 0 ? mod(rank_ - 1) * chunk : 0;
+      for (size_t j = 0; j < nseg; ++j) sending->send(right, step_slot + j, base + j * seg, length(j));
+      char* recv_ptr = tmp[s % 2];
+      std::vector<Buffer> receiving;
+      receiving.reserve(nseg);
+      for (size_t j = 0; j < nseg; ++j) {
+        receiving.push_back(context_->createUnboundBuffer(recv_ptr + j * seg, length(j)));
+        receiving.back()->recv(left, step_slot + j, 0, length(j));
+      }
       const int c = mod(rank_ - s - 2);
-      void* dst = s == size_ - 2 ? output.data_ptr() : receiving->ptr;
-      fn(dst, receiving->ptr, in + c * chunk, k);
-      sending->waitSend(timeout_);
+      char* dst = s == size_ - 2 ? out : recv_ptr;
+      for (size_t j = 0; j < nseg; ++j) {
+        receiving[j]->waitRecv(timeout_);
+        fn(dst + j * seg, recv_ptr + j * seg, in + c * chunk + j * seg, length(j) / es);
+      }
+      for (size_t j = 0; j < nseg; ++j) sending->waitSend(timeout_);
     }
   }
 
@@ -329,6 +348,7 @@ class GlooBackend final : public Backend {
   milliseconds timeout_;
   int64_t seq_ = 0;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
+  at::Tensor scratch_;  // reduce_scatter's two chunk buffers, kept between calls
 };
 
 std::atomic<int> group_counter{0};

@@ -33,13 +33,20 @@ struct Accumulate<c10::BFloat16> { using type = float; };
 template <>
 struct Accumulate<c10::Half> { using type = float; };
 
+// Note [Vectorized kernels]
+// The project builds at -O2, where GCC 12 only vectorizes loops without a
+// scalar remainder, so these loops ran one element at a time and made
+// all_reduce slower than PyTorch's (whose copy of Gloo's kernels is built
+// at -O3). Each kernel asks for -O3 itself; `ivdep` is valid because c may
+// only alias a or b exactly (element i reads and writes index i only).
 template <class T, class Combine>
-void reduce_kernel(void* c_, const void* a_, const void* b_, size_t n) {
+__attribute__((optimize("O3"))) void reduce_kernel(void* c_, const void* a_, const void* b_, size_t n) {
   using Acc = typename Accumulate<T>::type;
   T* c = static_cast<T*>(c_);
   const T* a = static_cast<const T*>(a_);
   const T* b = static_cast<const T*>(b_);
   Combine combine;
+#pragma GCC ivdep
   for (size_t i = 0; i < n; ++i) {
     c[i] = static_cast<T>(combine(static_cast<Acc>(a[i]), static_cast<Acc>(b[i])));
   }

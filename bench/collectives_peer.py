@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""PyTorch's own Gloo collectives, timed the way bench_collectives times strata's.
+
+Run with Debian's /usr/bin/python3 (torch 1.13 with torch.distributed):
+
+    collectives_peer.py [-n 2]            # CSV lines: torch,op,bytes,seconds_per_iter
+    collectives_peer.py --table A.csv B.csv  # the comparison table of two CSV files
+
+Same sizes (1 KB .. 64 MB, powers of 4), iteration rule, warm-up and
+slowest-rank timing as bench/bench_collectives.cpp; one thread per rank.
+PyTorch 1.13's Gloo process group has no reduce_scatter, so the row
+"reduce_scatter" is measured as all_reduce of the input followed by taking
+this rank's slice, reported as "reduce_scatter (all_reduce+slice)".
+"""
+import argparse
+import os
+import sys
+import time
+
+MIN_BYTES = 1 << 10
+MAX_BYTES = 64 << 20
+
+
+def iterations(nbytes):
+    return max(4, min(200, (256 << 20) // nbytes))
+
+
+def sizes():
+    b = MIN_BYTES
+    while b <= MAX_BYTES:
+        yield b
+        b *= 4
+
+
+def worker(rank, world, port, queue):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    results = []
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for nbytes in sizes():
+            elems = nbytes // 4
+            full = torch.ones(elems)
+            piece = torch.ones(elems // world)
+            outs = list(full.chunk(world))  # all_gather writes into views of `full`
+
+            def run():
+                if op == "all_reduce":
+                    dist.all_reduce(full)
+                elif op == "all_gather":
+                    dist.all_gather(outs, piece)
+                else:  # no reduce_scatter in 1.13's Gloo: all_reduce, keep this rank's slice
+                    dist.all_reduce(full)
+                    piece.copy_(full.narrow(0, rank * (elems // world), elems // world))
+
+            run()
+            run()
+            iters = iterations(nbytes)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                run()
+            seconds = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+            results.append((op, nbytes, seconds.item()))
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(results)
+
+
+def measure(world):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, world, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = queue.get()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            sys.exit(f"collectives_peer: a worker exited with code {p.exitcode}")
+    for op, nbytes, seconds in results:
+        print(f"torch,{op},{nbytes},{seconds:.9f}", flush=True)
+
+
+def bus_bandwidth(op, nbytes, seconds, world):
+    factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+    return factor * nbytes / seconds / 1e9
+
+
+def human(nbytes):
+    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def table(paths, world):
+    rows = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                parts = line.strip().split(",")
+                if len(parts) != 4:
+                    continue
+                impl, op, nbytes, seconds = parts[0], parts[1], int(parts[2]), float(parts[3])
+                rows.setdefault((op, nbytes), {})[impl] = seconds
+    print(f"{'op':<16}{'size':>8}  {'strata GB/s':>11}  {'torch GB/s':>10}  {'ratio':>6}  torch op")
+    for (op, nbytes), by in sorted(rows.items(), key=lambda kv: (("all_reduce", "all_gather", "reduce_scatter").index(kv[0][0]), kv[0][1])):
+        s = by.get("strata")
+        t = by.get("torch")
+        sb = bus_bandwidth(op, nbytes, s, world) if s else None
+        tb = bus_bandwidth(op, nbytes, t, world) if t else None
+        ratio = f"{sb / tb:6.2f}" if sb and tb else "   n/a"
+        torch_op = "all_reduce+slice (no reduce_scatter in 1.13 Gloo)" if op == "reduce_scatter" else op
+        print(f"{op:<16}{human(nbytes):>8}  {sb if sb else float('nan'):>11.3f}  {tb if tb else float('nan'):>10.3f}  {ratio}  {torch_op}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--table", nargs="+", metavar="CSV", help="print the comparison table of these CSV files")
+    args = parser.parse_args()
+    if args.table:
+        table(args.table, args.n)
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        measure(args.n)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Collectives benchmark: strata's Gloo backend beside PyTorch's Gloo process
+# group (Debian's /usr/bin/python3), 2 local ranks, 1 thread per rank,
+# all_reduce / all_gather / reduce_scatter from 1 KB to 64 MB, measured in
+# this one run. Prints one table of bus bandwidths (NCCL-tests convention)
+# and the ratio strata / torch. Builds nothing: expects ./build (override
+# with BUILD_DIR=...). Usage: bench/run_collectives.sh [-n RANKS]
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+build_dir="${BUILD_DIR:-build}"
+ranks=2
+if [ "${1:-}" = "-n" ]; then ranks="$2"; fi
+
+bench="$build_dir/bench/bench_collectives"
+if [ ! -x "$bench" ]; then
+  echo "[bench] $bench not found; build it first: cmake --build $build_dir --target bench_collectives" >&2
+  exit 1
+fi
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); ranks: $ranks, 1 thread each"
+echo "[bench] strata (gloo) ..." >&2
+"$bench" -n "$ranks" > "$tmp/strata.csv"
+echo "[bench] torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') (gloo) ..." >&2
+/usr/bin/python3 bench/collectives_peer.py -n "$ranks" > "$tmp/torch.csv"
+/usr/bin/python3 bench/collectives_peer.py -n "$ranks" --table "$tmp/strata.csv" "$tmp/torch.csv"
