@@ -109,6 +109,10 @@ bool gone_within(pid_t pid, std::chrono::seconds limit) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
     if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    // A zombie has ended; only its parent (maybe init) has yet to reap it.
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (std::getline(stat, line) && line.rfind(") Z ") != std::string::npos) return true;
     std::this_thread::sleep_for(10ms);
   }
   return false;

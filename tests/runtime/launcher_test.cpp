@@ -100,6 +100,10 @@ bool gone_within(pid_t pid, std::chrono::seconds limit) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
     if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    // A zombie has ended; only its parent (maybe init) has yet to reap it.
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (std::getline(stat, line) && line.rfind(") Z ") != std::string::npos) return true;
     std::this_thread::sleep_for(10ms);
   }
   return false;
@@ -248,6 +252,25 @@ TEST(LauncherTest, MaxTimeStopsAJobThatRunsTooLong) {
   EXPECT_EQ(result.launch.failed_rank, -1);
   EXPECT_EQ(result.launch.summary, "the workers were still running after 300 ms (max_time); stopped them");
   for (pid_t pid : result.launch.pids) EXPECT_TRUE(gone_within(pid, 10s));
+}
+
+TEST(LauncherTest, ProcessThatEscapesTheGroupDoesNotKeepTheLauncherWaiting) {
+  std::string dir = make_temp_dir();
+  // The worker starts a process in a new session that keeps the worker's
+  // stdout open, then exits 0: the launcher must still return.
+  std::string script = "setsid sh -c 'echo $$ > " + dir + "/escaped; exec sleep 1000' & while [ ! -s " + dir +
+                       "/escaped ]; do sleep 0.01; done; echo done";
+  std::string out;
+  LaunchOptions options = LaunchOptions().with_grace_period(200ms).with_on_output(
+      [&out](int, strata::runtime::OutputStream, const std::string& line) { out += line; });
+  auto result = strata::runtime::launch_workers({"/bin/sh", "-c", script}, options);
+  EXPECT_EQ(result.exit_code, 0) << result.summary;
+  EXPECT_EQ(out, "[rank 0] done\n");
+  std::ifstream in(dir + "/escaped");
+  pid_t escaped = 0;
+  ASSERT_TRUE(in >> escaped);
+  ::kill(escaped, SIGKILL);  // it left the worker's group on purpose; clean up here
+  EXPECT_TRUE(gone_within(escaped, 10s));
 }
 
 }  // namespace
