@@ -90,6 +90,12 @@ struct DDPStrategy::Reducer {
     std::lock_guard<std::mutex> lock(mutex);
     if (!sync_enabled || ready[index]) return;
     in_backward = true;
+    mark_ready(index);
+    launch_ready_buckets();
+  }
+
+  // Copies params[index]'s gradient (zero when it has none) into its bucket.
+  void mark_ready(size_t index) {
     const at::Tensor& grad = params[index].grad();
     if (grad.defined()) {
       slot(index).copy_(grad.reshape({-1}));
@@ -98,7 +104,6 @@ struct DDPStrategy::Reducer {
     }
     ready[index] = true;
     --buckets[location[index].first].pending;
-    launch_ready_buckets();
   }
 
   void launch_ready_buckets() {
@@ -114,15 +119,7 @@ struct DDPStrategy::Reducer {
     std::lock_guard<std::mutex> lock(mutex);
     if (!sync_enabled) return;
     for (size_t i = 0; i < params.size(); ++i) {
-      if (ready[i]) continue;
-      const at::Tensor& grad = params[i].grad();
-      if (grad.defined()) {
-        slot(i).copy_(grad.reshape({-1}));
-      } else {
-        slot(i).zero_();
-      }
-      ready[i] = true;
-      --buckets[location[i].first].pending;
+      if (!ready[i]) mark_ready(i);  // no gradient from this backward: counts as its current grad or zero
     }
     launch_ready_buckets();
     double scale = 1.0 / group.size();

@@ -17,6 +17,7 @@
 #include "checkpoint/test_util.h"
 #include "strata/checkpoint/directory.h"
 #include "strata/core/error.h"
+#include "support/errors.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -45,17 +46,6 @@ Net make_net(uint64_t seed) {
 }
 
 class StateTest : public testing::ScratchDir {};
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no CheckpointError";
-  return "";
-}
 
 TEST_F(StateTest, ModuleStateNamesParametersThenBuffers) {
   Net net = make_net(1);
@@ -94,7 +84,7 @@ TEST_F(StateTest, StrictLoadListsMissingAndUnexpectedKeysAndChangesNothing) {
   Net net = make_net(2);
   const at::Tensor before = net->fc1->weight.clone();
   const std::string message =
-      error_of([&] { load_module_state(*net, state, /*strict=*/true, "model.safetensors"); });
+      strata::testing::error_message<CheckpointError>([&] { load_module_state(*net, state, /*strict=*/true, "model.safetensors"); });
   EXPECT_THAT(message, HasSubstr("[checkpoint] model.safetensors: the module's keys do not match "
                                  "(strict load): 1 missing key: 'fc2.bias'; 1 unexpected key: "
                                  "'extra.weight'. Load with strict=false"));
@@ -109,7 +99,7 @@ TEST_F(StateTest, StrictLoadListsMissingAndUnexpectedKeysAndChangesNothing) {
 TEST_F(StateTest, LongKeyListsAreCutAfterTen) {
   NamedTensors state;
   for (int i = 0; i < 13; ++i) state.emplace_back("layer" + std::to_string(i) + ".w", at::zeros({1}));
-  const std::string message = error_of([&] { load_module_state(*make_net(1), state); });
+  const std::string message = strata::testing::error_message<CheckpointError>([&] { load_module_state(*make_net(1), state); });
   EXPECT_THAT(message, HasSubstr("9 missing keys: 'fc1.weight'"));
   EXPECT_THAT(message, HasSubstr("13 unexpected keys: 'layer0.w', 'layer1.w'"));
   EXPECT_THAT(message, HasSubstr("'layer9.w' and 3 more"));
@@ -118,12 +108,12 @@ TEST_F(StateTest, LongKeyListsAreCutAfterTen) {
 TEST_F(StateTest, ShapeOrDtypeMismatchNamesTheKeyAndBoth) {
   NamedTensors state = module_state(*make_net(1));
   state[0].second = at::zeros({8, 5});
-  EXPECT_THAT(error_of([&] { load_module_state(*make_net(2), state, true, "m.safetensors"); }),
+  EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { load_module_state(*make_net(2), state, true, "m.safetensors"); }),
               HasSubstr("[checkpoint] m.safetensors: key 'fc1.weight' has shape [8, 5] but the "
                         "module's has shape [8, 4]"));
   state = module_state(*make_net(1));
   state[1].second = state[1].second.to(at::kDouble);
-  EXPECT_THAT(error_of([&] { load_module_state(*make_net(2), state, /*strict=*/false); }),
+  EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { load_module_state(*make_net(2), state, /*strict=*/false); }),
               HasSubstr("key 'fc1.bias' has dtype Double but the module's has dtype Float"));
 }
 
@@ -227,11 +217,11 @@ TEST_F(StateTest, OptimizerMismatchesAreErrors) {
   OptimizerState state = optimizer_state(adam, param_names(*net));
 
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
-  EXPECT_THAT(error_of([&] { load_optimizer_state(sgd, param_names(*net), state); }),
+  EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { load_optimizer_state(sgd, param_names(*net), state); }),
               HasSubstr("holds 'adam' optimizer state but the optimizer is 'sgd'"));
 
   torch::optim::RMSprop rmsprop(net->parameters());
-  EXPECT_THAT(error_of([&] { optimizer_state(rmsprop, param_names(*net)); }),
+  EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { optimizer_state(rmsprop, param_names(*net)); }),
               HasSubstr("optimizer type torch::optim::RMSprop is not supported; supported: "
                         "torch::optim::SGD, Adam, AdamW"));
 
@@ -242,7 +232,7 @@ TEST_F(StateTest, OptimizerMismatchesAreErrors) {
   names[other->fc1->weight.unsafeGetTensorImpl()] = "fc1.weight";
   names[other->fc1->bias.unsafeGetTensorImpl()] = "fc1.renamed_bias";
   const std::string message =
-      error_of([&] { load_optimizer_state(partial, names, state, true, "opt.safetensors"); });
+      strata::testing::error_message<CheckpointError>([&] { load_optimizer_state(partial, names, state, true, "opt.safetensors"); });
   EXPECT_THAT(message, HasSubstr("[checkpoint] opt.safetensors: the optimizer's parameter names "
                                  "do not match (strict load): 1 missing key: 'fc1.renamed_bias'; "
                                  "5 unexpected keys: 'fc1.bias', 'fc2.bias'"));
@@ -252,11 +242,11 @@ TEST_F(StateTest, OptimizerMismatchesAreErrors) {
   EXPECT_EQ(partial.state().size(), 1u);  // fc1.weight's state only
 
   state.tensors.erase(state.tensors.begin());  // fc1.weight.exp_avg
-  EXPECT_THAT(error_of([&] { load_optimizer_state(adam, param_names(*net), state); }),
+  EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { load_optimizer_state(adam, param_names(*net), state); }),
               HasSubstr("tensor 'fc1.weight.exp_avg' is listed in the state but missing"));
 
   names.clear();
-  EXPECT_THAT(error_of([&] { optimizer_state(adam, names); }),
+  EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { optimizer_state(adam, names); }),
               HasSubstr("parameter #0 of param group 0 (shape [8, 4]) has no name"));
 }
 
@@ -270,7 +260,7 @@ TEST_F(StateTest, CpuRngStateRoundTripsThroughAFile) {
   set_cpu_rng_state(SafetensorsFile::open(path("rng.safetensors")).load("cpu"));
   EXPECT_TRUE(at::equal(at::randn({5}), first));
 
-  EXPECT_THAT(error_of([] { set_cpu_rng_state(at::zeros({3})); }),
+  EXPECT_THAT(strata::testing::error_message<CheckpointError>([] { set_cpu_rng_state(at::zeros({3})); }),
               HasSubstr("CPU RNG state must be a 1-D uint8 tensor of"));
 }
 

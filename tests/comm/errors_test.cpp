@@ -17,6 +17,7 @@
 #include "strata/runtime/store.h"
 #include "support/multiprocess.h"
 #include "support/worker.h"
+#include "support/errors.h"
 
 namespace strata::comm {
 namespace {
@@ -31,16 +32,6 @@ runtime::Environment two_rank_env() {
   env.master_port = 29999;  // never contacted: these calls fail before the rendezvous
   env.source = "strata";
   return env;
-}
-
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no ConfigError)";
 }
 
 TEST(ReduceOpNames, AcceptsEveryNameInAnyCase) {
@@ -60,16 +51,16 @@ TEST(ReduceOpNames, AcceptsEveryNameInAnyCase) {
 }
 
 TEST(ReduceOpNames, UnknownNameIsAConfigErrorListingTheAcceptedNames) {
-  EXPECT_EQ(error_of([] { parse_reduce_op("median"); }),
+  EXPECT_EQ(strata::testing::error_message<ConfigError>([] { parse_reduce_op("median"); }),
             "[comm] unknown reduce op 'median'; use one of: sum, mean (or avg), max, min, product (or prod)");
-  EXPECT_EQ(error_of([] { parse_reduce_op(""); }),
+  EXPECT_EQ(strata::testing::error_message<ConfigError>([] { parse_reduce_op(""); }),
             "[comm] unknown reduce op ''; use one of: sum, mean (or avg), max, min, product (or prod)");
 }
 
 TEST(InitProcessGroup, UnknownBackendIsAConfigErrorListingTheNames) {
   ProcessGroupOptions o;
   o.backend = "mpi";
-  EXPECT_EQ(error_of([&] { init_process_group(two_rank_env(), o); }),
+  EXPECT_EQ(strata::testing::error_message<ConfigError>([&] { init_process_group(two_rank_env(), o); }),
             "[comm] unknown backend 'mpi'; use one of: auto, gloo, nccl, local");
 }
 
@@ -80,16 +71,16 @@ TEST(InitProcessGroup, NcclWithoutNcclBuildSaysHowToGetIt) {
       "(cmake -DSTRATA_WITH_NCCL=ON), or use the gloo backend for CPU tensors";
   ProcessGroupOptions o;
   o.backend = "NCCL";
-  EXPECT_EQ(error_of([&] { init_process_group(two_rank_env(), o); }), expected);
+  EXPECT_EQ(strata::testing::error_message<ConfigError>([&] { init_process_group(two_rank_env(), o); }), expected);
   ProcessGroupOptions cuda;
   cuda.device_type = "cuda";  // "auto" picks nccl for CUDA
-  EXPECT_EQ(error_of([&] { init_process_group(two_rank_env(), cuda); }), expected);
+  EXPECT_EQ(strata::testing::error_message<ConfigError>([&] { init_process_group(two_rank_env(), cuda); }), expected);
 }
 
 TEST(InitProcessGroup, LocalBackendRefusesSeveralProcesses) {
   ProcessGroupOptions o;
   o.backend = "local";
-  EXPECT_EQ(error_of([&] { init_process_group(two_rank_env(), o); }),
+  EXPECT_EQ(strata::testing::error_message<ConfigError>([&] { init_process_group(two_rank_env(), o); }),
             "[comm] backend 'local' runs one process, but the world size is 2; use gloo (CPU) or nccl (CUDA)");
 }
 

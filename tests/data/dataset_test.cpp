@@ -12,6 +12,7 @@
 #include "strata/core/error.h"
 #include "strata/data/dataset.h"
 #include "strata/data/text_dataset.h"
+#include "support/errors.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -46,15 +47,6 @@ std::string as_text(const at::Tensor& t) {
   return s;
 }
 
-std::string config_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const strata::ConfigError& e) {
-    return e.what();
-  }
-  return "(no ConfigError)";
-}
-
 TEST(TokenWindowsTest, WindowsOfAFileOverlapByOneTokenAndTargetsAreShiftedInputs) {
   TempDir dir;
   auto file = dir.write("t.txt", "abcdefghij");  // 10 tokens
@@ -71,7 +63,7 @@ TEST(TokenWindowsTest, WindowsOfAFileOverlapByOneTokenAndTargetsAreShiftedInputs
     EXPECT_EQ(as_text(ex.input), inputs[i]);
     EXPECT_EQ(as_text(ex.target), targets[i]);
   }
-  EXPECT_EQ(config_error([&] { ds.get(3); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { ds.get(3); }),
             "[data] window index 3 is out of range for " + file + " (3 windows of 3 tokens)");
   // One token short of a fourth window.
   EXPECT_EQ(TokenWindows(dir.write("u.txt", "abcdefghijk"), 3).size(), 3u);
@@ -105,17 +97,17 @@ TEST(TokenWindowsTest, AFolderIsReadRecursivelyInPathOrderJoinedByNewlines) {
 TEST(TokenWindowsTest, BadPathsAndTooLittleDataNameThePathAndSizes) {
   TempDir dir;
   const std::string missing = dir.path() + "/nope";
-  EXPECT_EQ(config_error([&] { TokenWindows(missing, 4); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { TokenWindows(missing, 4); }),
             "[data] data path " + missing + " does not exist; pass an existing file or folder of text");
   fs::create_directories(dir.path() + "/empty");
   dir.write("empty/zero.txt", "");
-  EXPECT_EQ(config_error([&] { TokenWindows(dir.path() + "/empty", 4); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { TokenWindows(dir.path() + "/empty", 4); }),
             "[data] data path " + dir.path() + "/empty holds no data (0 bytes)");
   auto short_file = dir.write("short.txt", "abcd");
-  EXPECT_EQ(config_error([&] { TokenWindows(short_file, 4); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { TokenWindows(short_file, 4); }),
             "[data] data path " + short_file +
                 " holds 4 bytes, fewer than one window of seq_len + 1 = 5 tokens; use a smaller seq_len or more text");
-  EXPECT_EQ(config_error([&] { TokenWindows(short_file, 0); }), "[data] seq_len must be >= 1, got 0");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { TokenWindows(short_file, 0); }), "[data] seq_len must be >= 1, got 0");
 }
 
 TEST(TokenWindowsTest, TheDefaultDataPathLoads) {
@@ -135,9 +127,9 @@ TEST(TensorDatasetTest, ExamplesAreRowsOfBothTensors) {
   auto ex = ds.get(2);
   EXPECT_TRUE(at::equal(ex.input, x[2]));
   EXPECT_EQ(ex.target.item<int64_t>(), 2);
-  EXPECT_EQ(config_error([&] { strata::data::TensorDataset(x, at::zeros({5})); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { strata::data::TensorDataset(x, at::zeros({5})); }),
             "[data] TensorDataset: inputs have 4 examples but targets have 5");
-  EXPECT_EQ(config_error([&] { ds.get(4); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { ds.get(4); }),
             "[data] example index 4 is out of range for a dataset of 4 examples");
 }
 

@@ -10,19 +10,11 @@
 
 #include "strata/core/error.h"
 #include "strata/data/distributed_sampler.h"
+#include "support/errors.h"
 
 namespace {
 using strata::data::DistributedSampler;
 using Indices = std::vector<size_t>;
-
-std::string config_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const strata::ConfigError& e) {
-    return e.what();
-  }
-  return "(no ConfigError)";
-}
 
 TEST(DistributedSamplerTest, WithoutShufflePadsFromTheStartAndDealsPositionsRoundRobin) {
   // torch.utils.data.DistributedSampler(range(10), 3, r, shuffle=False):
@@ -113,11 +105,11 @@ TEST(DistributedSamplerTest, RanksKthBatchesTogetherEqualTheSingleProcessKthBatc
 }
 
 TEST(DistributedSamplerTest, InvalidRanksAndReplicasAreRejected) {
-  EXPECT_EQ(config_error([] { DistributedSampler(10, 2, 2); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { DistributedSampler(10, 2, 2); }),
             "[data] rank 2 is out of range for num_replicas 2 (valid ranks: 0..1)");
-  EXPECT_EQ(config_error([] { DistributedSampler(10, 2, -1); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { DistributedSampler(10, 2, -1); }),
             "[data] rank -1 is out of range for num_replicas 2 (valid ranks: 0..1)");
-  EXPECT_EQ(config_error([] { DistributedSampler(10, 0, 0); }), "[data] num_replicas must be >= 1, got 0");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { DistributedSampler(10, 0, 0); }), "[data] num_replicas must be >= 1, got 0");
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "strata/data/device_loader.h"
 #include "strata/data/distributed_sampler.h"
 #include "strata/data/loader.h"
+#include "support/errors.h"
 
 namespace {
 using namespace strata::data;
@@ -40,15 +41,6 @@ std::vector<std::vector<int64_t>> drain(Loader& loader) {
   std::vector<std::vector<int64_t>> out;
   for (Batch& b : loader) out.push_back(ids_of(b));
   return out;
-}
-
-std::string config_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const strata::ConfigError& e) {
-    return e.what();
-  }
-  return "(no ConfigError)";
 }
 
 // ---- DataLoader -------------------------------------------------------------
@@ -117,21 +109,21 @@ TEST(DataLoaderTest, ARestoredStateContinuesWithTheNextBatch) {
   // The pass after the resumed one is a whole epoch again.
   EXPECT_EQ(drain(resumed), full);
 
-  EXPECT_EQ(config_error([&] { resumed.load_state({0, 9}); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { resumed.load_state({0, 9}); }),
             "[data] cannot resume at batch 9 of an epoch of 8 batches (was the batch size or world size changed?)");
-  EXPECT_EQ(config_error([] { nlohmann::json{{"epoch", 1}}.get<LoaderState>(); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { nlohmann::json{{"epoch", 1}}.get<LoaderState>(); }),
             R"([data] loader state needs a non-negative integer 'position', got {"epoch":1})");
-  EXPECT_EQ(config_error([] { nlohmann::json{{"epoch", -1}, {"position", 0}}.get<LoaderState>(); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { nlohmann::json{{"epoch", -1}, {"position", 0}}.get<LoaderState>(); }),
             R"([data] loader state needs a non-negative integer 'epoch', got {"epoch":-1,"position":0})");
   EXPECT_EQ((nlohmann::json{{"epoch", 4}, {"position", 1}}.get<LoaderState>()), (LoaderState{4, 1}));
 }
 
 TEST(DataLoaderTest, BadArgumentsAreRejected) {
   auto ds = numbered(10);
-  EXPECT_EQ(config_error([&] { DataLoader(ds, DistributedSampler(9, 1, 0), 2); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { DataLoader(ds, DistributedSampler(9, 1, 0), 2); }),
             "[data] the sampler was built for 9 examples but the dataset has 10");
-  EXPECT_EQ(config_error([&] { DataLoader(ds, 0); }), "[data] batch_size must be >= 1, got 0");
-  EXPECT_EQ(config_error([&] { DataLoader(nullptr, 2); }), "[data] DataLoader needs a dataset, got null");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { DataLoader(ds, 0); }), "[data] batch_size must be >= 1, got 0");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { DataLoader(nullptr, 2); }), "[data] DataLoader needs a dataset, got null");
 }
 
 // ---- DeviceLoader -------------------------------------------------------------
@@ -254,9 +246,9 @@ TEST(DeviceLoaderTest, ItsStateCountsOnlyBatchesTheConsumerReceivedAndResumesThe
 TEST(DeviceLoaderTest, LoadersWithoutStateSaySo) {
   DeviceLoader loader(std::make_shared<CountingLoader>(3, SIZE_MAX), at::kCPU);
   EXPECT_FALSE(loader.resumable());
-  EXPECT_EQ(config_error([&] { loader.state(); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { loader.state(); }),
             "[data] the loader wrapped by this DeviceLoader cannot save its position");
-  EXPECT_EQ(config_error([] { DeviceLoader(nullptr, at::kCPU); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { DeviceLoader(nullptr, at::kCPU); }),
             "[data] DeviceLoader needs a loader to wrap, got null");
 }
 

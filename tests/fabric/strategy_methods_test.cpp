@@ -17,6 +17,7 @@
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/single_device.h"
+#include "support/errors.h"
 #include "support/multiprocess.h"
 #include "support/worker.h"
 
@@ -38,15 +39,6 @@ struct Checks {
     }
   }
 };
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -99,7 +91,7 @@ STRATA_WORKER(strategy_collectives) {
     at::Tensor im = f.strategy().reduce(iv, "sum");
     c.expect(im.scalar_type() == at::kLong && im.eq(static_cast<int64_t>(sum)).all().item<bool>(), "reduce keeps int64");
     c.expect(v.eq(r + 1).all().item<bool>(), "all_reduce leaves its input unchanged");
-    c.expect(contains(message_of([&] { f.all_reduce(v, "median"); }), "median"), "unknown op names itself");
+    c.expect(contains(strata::testing::error_message([&] { f.all_reduce(v, "median"); }), "median"), "unknown op names itself");
 
     // broadcast: tensors of another shape on other ranks; any JSON value.
     at::Tensor mine = f.global_rank() == 1 ? at::arange(6, at::kFloat).reshape({2, 3}) : at::zeros({5});
@@ -112,7 +104,7 @@ STRATA_WORKER(strategy_collectives) {
     c.expect(received == std::map<std::string, std::vector<int>>{{"a", {1, 2, 3}}, {"bb", {}}}, "broadcast map");
     c.expect(f.broadcast(std::string(f.global_rank() == 0 ? "hello" : "x"), 0) == "hello", "broadcast string");
     f.barrier("after-broadcast");
-    c.expect(contains(message_of([&] { f.broadcast(mine, world); }), "src"), "broadcast src out of range");
+    c.expect(contains(strata::testing::error_message([&] { f.broadcast(mine, world); }), "src"), "broadcast src out of range");
   });
   return c.failures == 0 ? 0 : 1;
 }
@@ -183,7 +175,7 @@ STRATA_WORKER(strategy_debug) {
     f.setup_module(model);
     f.backward(model->b(model->a(at::ones({1, 4}))).sum());  // prints the per-step report on rank 0
     at::Tensor t = at::ones({2, f.global_rank() + 1});
-    std::string what = message_of([&] { f.all_reduce(t); });
+    std::string what = strata::testing::error_message([&] { f.all_reduce(t); });
     c.expect(contains(what, "rank 0") && contains(what, "rank 1"), "debug mismatch names the ranks: " + what);
   });
   return c.failures == 0 ? 0 : 1;
@@ -249,7 +241,7 @@ TEST(StrategyTest, BeforeLaunchRanksAreZeroAndRootDeviceIsAnError) {
   EXPECT_EQ(strategy.global_rank(), 0);
   EXPECT_EQ(strategy.world_size(), 1);
   EXPECT_FALSE(strategy.launched());
-  std::string what = message_of([&] { strategy.root_device(); });
+  std::string what = strata::testing::error_message([&] { strategy.root_device(); });
   EXPECT_TRUE(contains(what, "[ddp] root_device is only known after launch")) << what;
 }
 
@@ -259,18 +251,18 @@ TEST(StrategyTest, NamesAreResolvedAndXlaIsRefusedWithAHint) {
   EXPECT_EQ(strata::strategies::make_strategy("ddp", cpu, fp32, 2)->name(), "ddp");
   EXPECT_EQ(strata::strategies::make_strategy("auto", cpu, fp32, 1)->name(), "single_device");
   EXPECT_EQ(strata::strategies::make_strategy("auto", cpu, fp32, 4)->name(), "ddp");
-  std::string xla = message_of([&] { strata::strategies::make_strategy("xla", cpu, fp32, 2); });
+  std::string xla = strata::testing::error_message([&] { strata::strategies::make_strategy("xla", cpu, fp32, 2); });
   EXPECT_TRUE(contains(xla, "XLA") && contains(xla, "'ddp'")) << xla;
-  std::string xla_fsdp = message_of([&] { strata::strategies::make_strategy("xla_fsdp", cpu, fp32, 2); });
+  std::string xla_fsdp = strata::testing::error_message([&] { strata::strategies::make_strategy("xla_fsdp", cpu, fp32, 2); });
   EXPECT_TRUE(contains(xla_fsdp, "'fsdp'")) << xla_fsdp;
-  std::string bad = message_of([&] { strata::strategies::make_strategy("dpp", cpu, fp32, 2); });
+  std::string bad = strata::testing::error_message([&] { strata::strategies::make_strategy("dpp", cpu, fp32, 2); });
   EXPECT_TRUE(contains(bad, "unknown strategy 'dpp'") && contains(bad, "ddp")) << bad;
-  EXPECT_TRUE(contains(message_of([] { strata::strategies::make_accelerator("tpu"); }), "not supported yet"));
+  EXPECT_TRUE(contains(strata::testing::error_message([] { strata::strategies::make_accelerator("tpu"); }), "not supported yet"));
 }
 
 TEST(StrategyTest, PrecisionBf16MixedAutocastsForwardOnly) {
-  EXPECT_TRUE(contains(message_of([] { strata::strategies::Precision::parse("8-true"); }), "unknown precision"));
-  EXPECT_TRUE(contains(message_of([] { strata::strategies::Precision::parse("bf16-true"); }), "not supported"));
+  EXPECT_TRUE(contains(strata::testing::error_message([] { strata::strategies::Precision::parse("8-true"); }), "unknown precision"));
+  EXPECT_TRUE(contains(strata::testing::error_message([] { strata::strategies::Precision::parse("bf16-true"); }), "not supported"));
   Fabric fabric(FabricOptions().with_precision("bf16-mixed"));
   at::Tensor a = at::randn({4, 4}), b = at::randn({4, 4});
   {
@@ -301,14 +293,14 @@ TEST(StrategyTest, ClipByNormReturnsTheNormAndScalesAndHonoursNonFinite) {
     EXPECT_NEAR(inf_norm.item<double>(), 1.0 / std::sqrt(static_cast<double>(n)), 1e-5);
 
     model->a->weight.mutable_grad()[0][0] = NAN;
-    std::string what = message_of([&] { f.clip_gradients(*model, optimizer, 1.0); });
+    std::string what = strata::testing::error_message([&] { f.clip_gradients(*model, optimizer, 1.0); });
     EXPECT_TRUE(contains(what, "non-finite")) << what;
     EXPECT_NO_THROW(f.strategy().clip_gradients_norm(*model, optimizer, 1.0, 2.0, /*error_if_nonfinite=*/false));
 
     for (auto& p : model->parameters()) p.mutable_grad() = at::linspace(-3, 3, p.numel()).view(p.sizes());
     f.clip_gradients(*model, optimizer, std::nullopt, 0.5);
     for (auto& p : model->parameters()) EXPECT_LE(p.grad().abs().max().item<double>(), 0.5 + 1e-7);
-    EXPECT_TRUE(contains(message_of([&] { f.clip_gradients(*model, optimizer, 1.0, 0.5); }), "exactly one"));
+    EXPECT_TRUE(contains(strata::testing::error_message([&] { f.clip_gradients(*model, optimizer, 1.0, 0.5); }), "exactly one"));
   });
 }
 
@@ -357,27 +349,27 @@ TEST(StrategyTest, SaveAndLoadRoundTripStateInPlace) {
     EXPECT_DOUBLE_EQ(static_cast<torch::optim::SGDOptions&>(fresh_opt.param_groups()[0].options()).lr(), 0.1);
 
     strata::strategies::State missing{{"model", fresh}, {"nope", 1}};
-    std::string what = message_of([&] { f.load(path, missing); });
+    std::string what = strata::testing::error_message([&] { f.load(path, missing); });
     EXPECT_TRUE(contains(what, "nope") && contains(what, "strict=false")) << what;
     EXPECT_NO_THROW(f.load(path, missing, /*strict=*/false));
     strata::strategies::State empty;
-    EXPECT_TRUE(contains(message_of([&] { f.load(path, empty); }), "empty state"));
-    EXPECT_TRUE(contains(message_of([&] { f.strategy().save_checkpoint(path + "-x", {{"m", model}}, {{"k", 1}}); }),
+    EXPECT_TRUE(contains(strata::testing::error_message([&] { f.load(path, empty); }), "empty state"));
+    EXPECT_TRUE(contains(strata::testing::error_message([&] { f.strategy().save_checkpoint(path + "-x", {{"m", model}}, {{"k", 1}}); }),
                          "storage_options"));
   });
   std::filesystem::remove_all(path);
 }
 
 TEST(StrategyTest, FabricRejectsBadOptionsAndASecondLaunch) {
-  EXPECT_TRUE(contains(message_of([] { Fabric f(FabricOptions().with_devices(0)); }), "devices must be >= 1"));
-  EXPECT_TRUE(contains(message_of([] { Fabric f(FabricOptions().with_precision("fp8")); }), "unknown precision"));
+  EXPECT_TRUE(contains(strata::testing::error_message([] { Fabric f(FabricOptions().with_devices(0)); }), "devices must be >= 1"));
+  EXPECT_TRUE(contains(strata::testing::error_message([] { Fabric f(FabricOptions().with_precision("fp8")); }), "unknown precision"));
   Fabric fabric;
   fabric.launch([](Fabric&) {});
-  EXPECT_TRUE(contains(message_of([&] { fabric.launch([](Fabric&) {}); }), "already called"));
+  EXPECT_TRUE(contains(strata::testing::error_message([&] { fabric.launch([](Fabric&) {}); }), "already called"));
   auto bad = std::make_shared<DDPStrategy>(strata::strategies::cpu_accelerator(), std::nullopt,
                                            DDPOptions().with_parallel_devices({c10::Device("cpu"), c10::Device("cpu")}));
   Fabric two(FabricOptions().with_strategy(bad));
-  EXPECT_TRUE(contains(message_of([&] { two.launch([](Fabric&) {}); }), "parallel_devices lists 2"));
+  EXPECT_TRUE(contains(strata::testing::error_message([&] { two.launch([](Fabric&) {}); }), "parallel_devices lists 2"));
 }
 
 TEST(StrategyTest, SetupModuleAndOptimizersSetsUpBoth) {

@@ -14,6 +14,7 @@
 #include "strata/core/error.h"
 #include "strata/models/gpt.h"
 #include "strata/models/mlp.h"
+#include "support/errors.h"
 
 namespace {
 
@@ -21,15 +22,6 @@ using strata::models::GPT;
 using strata::models::GPTConfig;
 
 GPTConfig tiny() { return GPTConfig::preset("tiny"); }
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const strata::ConfigError& e) {
-    return e.what();
-  }
-  return "(no ConfigError)";
-}
 
 TEST(GptTest, ForwardMapsTokenIdsToLogitsOverTheVocabulary) {
   torch::manual_seed(0);
@@ -193,16 +185,16 @@ TEST(GptTest, GenerateReturnsPromptPlusNewTokensAndIsReproducibleWithAGenerator)
 }
 
 TEST(GptTest, BadConfigurationsAreRejectedWithTheOffendingValue) {
-  EXPECT_EQ(error_of([] { GPT m(GPTConfig().n_embd(100).n_head(3)); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().n_embd(100).n_head(3)); }),
             "[gpt] n_embd (100) must be divisible by n_head (3)");
-  EXPECT_EQ(error_of([] { GPTConfig::preset("huge"); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPTConfig::preset("huge"); }),
             "[gpt] unknown model preset 'huge'; known presets: tiny, small, medium, large");
-  EXPECT_EQ(error_of([] { GPT m(GPTConfig().n_layer(0)); }), "[gpt] n_layer must be > 0, got 0");
-  EXPECT_EQ(error_of([] { GPT m(GPTConfig().dropout(1.0)); }), "[gpt] dropout must be in [0, 1), got 1");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().n_layer(0)); }), "[gpt] n_layer must be > 0, got 0");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().dropout(1.0)); }), "[gpt] dropout must be in [0, 1), got 1");
   GPT model(tiny());
-  EXPECT_EQ(error_of([&] { model->forward(at::zeros({1, 65}, at::kLong)); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { model->forward(at::zeros({1, 65}, at::kLong)); }),
             "[gpt] sequence length 65 exceeds block_size 64");
-  EXPECT_EQ(error_of([&] { model->forward(at::zeros({1, 4}, at::kInt)); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { model->forward(at::zeros({1, 4}, at::kInt)); }),
             "[gpt] token ids must be int64, got Int");
 }
 
@@ -225,7 +217,7 @@ TEST(GptTest, BytesRoundTripThroughTokens) {
   EXPECT_EQ(t.numel(), 7);
   EXPECT_EQ(t[4].item<int64_t>(), 0xa9);
   EXPECT_EQ(strata::models::decode_bytes(t), s);
-  EXPECT_EQ(error_of([] { strata::models::decode_bytes(at::full({2}, 300, at::kLong)); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { strata::models::decode_bytes(at::full({2}, 300, at::kLong)); }),
             "[gpt] token 300 at position 0 is not a byte (expected 0..255)");
 }
 
@@ -249,7 +241,7 @@ TEST(MlpTest, HasTheRequestedLayersAndOutputShape) {
     if (i < 3) h = h.clamp_min(0);
   }
   EXPECT_TRUE(at::allclose(deep->forward(x), h));
-  EXPECT_EQ(error_of([] { strata::models::MLP m(0, 4, 4, 1); }), "[mlp] sizes must be > 0, got in=0 hidden=4 out=4");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { strata::models::MLP m(0, 4, 4, 1); }), "[mlp] sizes must be > 0, got in=0 hidden=4 out=4");
 }
 
 }  // namespace
