@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Data-parallel benchmark: strata's DDPStrategy (bench_ddp) beside PyTorch's
+# DistributedDataParallel (bench/ddp_peer.py, Debian's /usr/bin/python3),
+# same model, data, initial weights, world size, threads, per-rank batch and
+# steps, measured in this one run. Runs GPT small (batch 16 per rank) and
+# the 512-2048-512 MLP (batch 64 per rank), optionally GPT medium, and
+# prints a table with the ratio strata / pytorch of the median step time.
+#
+# Builds nothing: expects ./build (override with BUILD_DIR=...), built with
+#   cmake --build build --target bench_ddp strata_cli
+# Usage: bench/run_ddp.sh [-n RANKS] [-t THREADS_PER_RANK] [-r REPEATS] [--medium] [--steps N]
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+build_dir="${BUILD_DIR:-build}"
+ranks=2
+threads=1
+repeats=1
+steps=30
+warmup=5
+medium=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) ranks="$2"; shift 2 ;;
+    -t) threads="$2"; shift 2 ;;
+    -r) repeats="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --medium) medium=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "[bench] unknown argument '$1'; see --help" >&2; exit 2 ;;
+  esac
+done
+
+bench="$build_dir/bench/bench_ddp"
+if [ ! -x "$bench" ]; then
+  echo "[bench] $bench not found; build it first: cmake --build $build_dir --target bench_ddp strata_cli" >&2
+  exit 1
+fi
+python=/usr/bin/python3
+
+# Both sides get the same thread count, explicitly.
+export OMP_NUM_THREADS="$threads"
+export MKL_NUM_THREADS="$threads"
+
+blas_alt=/etc/alternatives/libblas.so.3-x86_64-linux-gnu
+blas="$(readlink -f "$blas_alt" 2>/dev/null || echo unknown)"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "BLAS (libblas.so.3, used by LibTorch and python3-torch alike): $blas"
+echo "torch $("$python" -c 'import torch; print(torch.__version__)'); ranks: $ranks; threads per rank: $threads (OMP_NUM_THREADS=$OMP_NUM_THREADS)"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); $repeats run(s) per impl and model, $warmup warm-up + $steps timed steps"
+
+configs=("--model gpt --size small --batch 16" "--model mlp --batch 64")
+if [ "$medium" = 1 ]; then configs+=("--model gpt --size medium --batch 4"); fi
+
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
+common="--devices $ranks --threads $threads --steps $steps --warmup $warmup"
+for config in "${configs[@]}"; do
+  for ((r = 1; r <= repeats; r++)); do
+    # Alternate which side goes first, so slow drift of the machine's load
+    # does not always favour the same one.
+    if ((r % 2)); then order="strata pytorch"; else order="pytorch strata"; fi
+    for impl in $order; do
+      echo "[bench] $impl $config (run $r/$repeats) ..." >&2
+      if [ "$impl" = strata ]; then
+        # shellcheck disable=SC2086
+        "$bench" $config $common | grep '^{' >> "$results"
+      else
+        # shellcheck disable=SC2086
+        "$python" bench/ddp_peer.py $config $common | grep '^{' >> "$results"
+      fi
+    done
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$python" bench/ddp_peer.py --table "$results"
