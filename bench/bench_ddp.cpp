@@ -70,6 +70,7 @@ struct BenchConfig {
   double lr = 1e-3;
   int64_t bucket_cap_mb = 25;
   bool phases = false;  ///< also report forward / backward / optimizer times
+  std::string impl = "strata";  ///< the "impl" field of the result (run_ddp.sh tags variants)
 
   std::string label() const { return model == "gpt" ? "gpt-" + size : "mlp-512-2048-512"; }
 };
@@ -167,7 +168,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   double loss_after_k = fabric.all_reduce(at::full({}, last_loss, at::kDouble), "mean").item<double>();
 
   const double step_s = median(step_ms) / 1000.0;
-  nlohmann::json out = {{"impl", "strata"},
+  nlohmann::json out = {{"impl", c.impl},
                         {"model", c.label()},
                         {"world", world},
                         {"threads", c.threads},
@@ -208,6 +209,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "Seed of the data and the initial weights")->capture_default_str();
   app.add_option("--lr", c.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP gradient bucket size")->capture_default_str();
+  app.add_option("--impl-label", c.impl, "The \"impl\" field of the result")->capture_default_str();
   app.add_flag("--phases", c.phases, "Also report forward / backward / optimizer medians of rank 0");
   CLI11_PARSE(app, argc, argv);
 

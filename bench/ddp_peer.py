@@ -29,6 +29,7 @@ import os
 import resource
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -217,7 +218,7 @@ def worker(rank, args, port):
     if rank == 0:
         step_s = statistics.median(step_ms) / 1e3
         out = {
-            "impl": "pytorch",
+            "impl": args.impl_label,
             "model": label(args),
             "world": world,
             "threads": args.threads,
@@ -240,7 +241,15 @@ def worker(rank, args, port):
                 "optimizer": statistics.median(opt_ms),
             }
         print(json.dumps(out), flush=True)
-    dist.destroy_process_group()
+    # Note [Leave without destructors]: under Python 3.11, tearing down DDP
+    # (destroy_process_group, or the Reducer dropping the last reference to
+    # the Gloo process group) can deadlock in torch 1.13:
+    # ~ProcessGroupGloo joins a worker thread that waits for the GIL, which
+    # the joining thread holds; the left-over rank then spins forever. The
+    # run is over, so meet once more and leave without running destructors.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def print_table(path):
@@ -253,12 +262,13 @@ def print_table(path):
             r = json.loads(line)
             runs.setdefault((r["model"], r["impl"]), []).append(r)
     header = ("model", "impl", "step ms (median)", "spread", "throughput", "peak RSS MB per rank", "loss after K",
-              "strata/pytorch")
+              "x pytorch")
     rows = []
     models = list(dict.fromkeys(m for m, _ in runs))
+    impls = list(dict.fromkeys(i for _, i in runs))
     for model in models:
         step = {}
-        for impl in ("strata", "pytorch"):
+        for impl in impls:
             rs = runs.get((model, impl))
             if not rs:
                 continue
@@ -273,8 +283,10 @@ def print_table(path):
             rss = ", ".join(f"{x:.0f}" for x in best["peak_rss_mb_per_rank"])
             rows.append([model, impl, f"{step[impl]:.1f}", spread, tput, rss,
                          f"{best['loss_after_k']:.4f} (K={best['k']})", ""])
-        if len(step) == 2:
-            rows[-2][-1] = f"{step['strata'] / step['pytorch']:.2f}"
+        # Each row's step time over plain PyTorch's for the same model.
+        if "pytorch" in step:
+            for row in rows[-len(step):]:
+                row[-1] = f"{step[row[1]] / step['pytorch']:.2f}"
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     fmt = " | ".join("{:<%d}" % w for w in widths)
     print(fmt.format(*header))
@@ -302,6 +314,7 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--bucket-cap-mb", type=int, default=25)
+    p.add_argument("--impl-label", default="pytorch", help='the "impl" field of the result')
     p.add_argument("--phases", action="store_true", help="also report forward / backward / optimizer medians")
     p.add_argument("--table", metavar="FILE", help="print the table of the JSON lines in FILE and exit")
     args = p.parse_args()

@@ -4,11 +4,18 @@
 # same model, data, initial weights, world size, threads, per-rank batch and
 # steps, measured in this one run. Runs GPT small (batch 16 per rank) and
 # the 512-2048-512 MLP (batch 64 per rank), optionally GPT medium, and
-# prints a table with the ratio strata / pytorch of the median step time.
+# prints a table with the ratio of each median step time to PyTorch's.
+#
+# Each side also runs a second time with glibc's malloc told to keep freed
+# memory (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, rows tagged
+# "+malloc"): without it a C++ LibTorch process gives the large temporaries
+# of every step back to the kernel and page-faults them in again next step
+# (docs/benchmarks.md). --no-malloc-variants skips those rows.
 #
 # Builds nothing: expects ./build (override with BUILD_DIR=...), built with
 #   cmake --build build --target bench_ddp strata_cli
 # Usage: bench/run_ddp.sh [-n RANKS] [-t THREADS_PER_RANK] [-r REPEATS] [--medium] [--steps N]
+#                         [--no-malloc-variants]
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -19,6 +26,7 @@ repeats=1
 steps=30
 warmup=5
 medium=0
+variants=1
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) ranks="$2"; shift 2 ;;
@@ -26,7 +34,8 @@ while [ $# -gt 0 ]; do
     -r) repeats="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --medium) medium=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-malloc-variants) variants=0; shift ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "[bench] unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +46,7 @@ if [ ! -x "$bench" ]; then
   exit 1
 fi
 python=/usr/bin/python3
+cores="$(nproc)"  # before OMP_NUM_THREADS is set: GNU nproc honours it
 
 # Both sides get the same thread count, explicitly.
 export OMP_NUM_THREADS="$threads"
@@ -44,7 +54,7 @@ export MKL_NUM_THREADS="$threads"
 
 blas_alt=/etc/alternatives/libblas.so.3-x86_64-linux-gnu
 blas="$(readlink -f "$blas_alt" 2>/dev/null || echo unknown)"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "machine: $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 echo "BLAS (libblas.so.3, used by LibTorch and python3-torch alike): $blas"
 echo "torch $("$python" -c 'import torch; print(torch.__version__)'); ranks: $ranks; threads per rank: $threads (OMP_NUM_THREADS=$OMP_NUM_THREADS)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); $repeats run(s) per impl and model, $warmup warm-up + $steps timed steps"
@@ -61,14 +71,24 @@ for config in "${configs[@]}"; do
     # does not always favour the same one.
     if ((r % 2)); then order="strata pytorch"; else order="pytorch strata"; fi
     for impl in $order; do
-      echo "[bench] $impl $config (run $r/$repeats) ..." >&2
-      if [ "$impl" = strata ]; then
-        # shellcheck disable=SC2086
-        "$bench" $config $common | grep '^{' >> "$results"
-      else
-        # shellcheck disable=SC2086
-        "$python" bench/ddp_peer.py $config $common | grep '^{' >> "$results"
-      fi
+      for variant in plain malloc; do
+        if [ "$variant" = malloc ] && [ "$variants" = 0 ]; then continue; fi
+        env_vars=()
+        label="$impl"
+        if [ "$variant" = malloc ]; then
+          env_vars=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824)
+          label="$impl+malloc"
+        fi
+        echo "[bench] $label $config (run $r/$repeats) ..." >&2
+        if [ "$impl" = strata ]; then
+          # shellcheck disable=SC2086
+          env "${env_vars[@]}" timeout 600 "$bench" $config $common --impl-label "$label" | grep '^{' >> "$results"
+        else
+          # shellcheck disable=SC2086
+          env "${env_vars[@]}" timeout 600 "$python" bench/ddp_peer.py $config $common --impl-label "$label" \
+            | grep '^{' >> "$results"
+        fi
+      done
     done
   done
 done
