@@ -22,7 +22,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); ranks: $ranks, 1 thread each"
+echo "machine: $(OMP_NUM_THREADS= nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); ranks: $ranks, 1 thread each"
 echo "[bench] strata (gloo) ..." >&2
 "$bench" -n "$ranks" > "$tmp/strata.csv"
 echo "[bench] torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') (gloo) ..." >&2

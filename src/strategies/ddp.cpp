@@ -26,6 +26,8 @@
 
 namespace strata::strategies {
 
+constexpr int64_t kFirstBucketBytes = 1024 * 1024;
+
 struct DDPStrategy::Reducer {
   struct Bucket {
     std::vector<size_t> params;   // indices into Reducer::params
@@ -72,7 +74,10 @@ struct DDPStrategy::Reducer {
       bool other_kind = !current.params.empty() &&
                         (params[current.params.front()].scalar_type() != p.scalar_type() ||
                          params[current.params.front()].device() != p.device());
-      if (other_kind || (current_bytes > 0 && current_bytes + bytes > bucket_cap_bytes)) flush();
+      // Note [First bucket]: as in PyTorch's DDP, the first bucket is capped
+      // at 1 MB so that communication starts early in backward.
+      int64_t cap = buckets.empty() ? std::min<int64_t>(bucket_cap_bytes, kFirstBucketBytes) : bucket_cap_bytes;
+      if (other_kind || (current_bytes > 0 && current_bytes + bytes > cap)) flush();
       location[k] = {buckets.size(), current.params.size()};
       current.params.push_back(k);
       current_bytes += bytes;
