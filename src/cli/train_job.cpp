@@ -146,8 +146,12 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
 
   std::ofstream metrics;
   if (fabric.is_global_zero() && !config.metrics_file.empty()) {
+    std::filesystem::path parent = std::filesystem::path(config.metrics_file).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     metrics.open(config.metrics_file, std::ios::app);
-    STRATA_CHECK(metrics.good(), ConfigError, "[train] cannot open --metrics-file ", config.metrics_file);
+    STRATA_CHECK(metrics.good(), ConfigError, "[train] cannot open --metrics-file ", config.metrics_file,
+                 " for appending: ", ec ? ec.message() : std::string("check the path and its permissions"));
   }
   fabric.print("training a ", config.model_size, " GPT (", model->num_parameters(), " parameters) on ",
                dataset->num_tokens(), " tokens with ", fabric.strategy().name(), " on ", world, " worker(s), ",

@@ -63,8 +63,9 @@ class TrainCliTest : public ::testing::Test {
 };
 
 TEST_F(TrainCliTest, ResumingAtStepTenEqualsAnUninterruptedRun) {
-  CommandResult full = run_strata(common() + " --devices 2 --max-steps 20 --ckpt-dir " + path("full") + " --metrics-file " +
-                        path("full.jsonl"));
+  // The metrics file's folder does not exist yet: train creates it.
+  CommandResult full = run_strata(common() + " --devices 2 --max-steps 20 --ckpt-dir " + path("full") +
+                                  " --metrics-file " + path("logs/full.jsonl"));
   ASSERT_EQ(full.exit_code, 0) << full.output;
   CommandResult first = run_strata(common() + " --devices 2 --max-steps 10 --ckpt-dir " + path("part"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
@@ -73,7 +74,7 @@ TEST_F(TrainCliTest, ResumingAtStepTenEqualsAnUninterruptedRun) {
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
 
-  std::vector<double> a = losses(path("full.jsonl")), b = losses(path("part.jsonl"));
+  std::vector<double> a = losses(path("logs/full.jsonl")), b = losses(path("part.jsonl"));
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_DOUBLE_EQ(b[i], a[10 + i]) << "step " << 11 + i;
