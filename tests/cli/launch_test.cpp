@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include "support/processes.h"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -105,19 +107,6 @@ pid_t wait_for_pid_file(const std::string& path, std::chrono::seconds limit) {
   return -1;
 }
 
-bool gone_within(pid_t pid, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-    // A zombie has ended; only its parent (maybe init) has yet to reap it.
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (std::getline(stat, line) && line.rfind(") Z ") != std::string::npos) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return false;
-}
-
 TEST(LaunchCommandTest, EachWorkerSeesItsRank) {
   Outcome o = strata({"launch", "-n", "2", "--", "/bin/sh", "-c", "echo $RANK $LOCAL_RANK $WORLD_SIZE"});
   EXPECT_EQ(o.status, 0) << o.err;
@@ -174,7 +163,7 @@ TEST(LaunchCommandTest, InterruptStopsEveryWorkerAndTheirChildren) {
   Outcome o = finish(child);
   EXPECT_EQ(o.status, 130) << o.err;
   EXPECT_TRUE(contains(o.err, "[launcher] the launcher received SIGINT; stopped all 2 workers\n")) << o.err;
-  for (pid_t pid : pids) EXPECT_TRUE(gone_within(pid, 10s)) << "pid " << pid << " survived";
+  for (pid_t pid : pids) EXPECT_TRUE(strata::testing::gone_within(pid, 10s)) << "pid " << pid << " survived";
 }
 
 TEST(LaunchCommandTest, HelpMentionsEveryOption) {

@@ -19,6 +19,8 @@
 #include "support/multiprocess.h"
 #include "support/worker.h"
 
+#include "support/processes.h"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -95,20 +97,6 @@ std::string make_temp_dir() {
   return made != nullptr ? made : "";
 }
 
-// Waits (with a deadline) until no process with `pid` exists.
-bool gone_within(pid_t pid, std::chrono::seconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-    // A zombie has ended; only its parent (maybe init) has yet to reap it.
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (std::getline(stat, line) && line.rfind(") Z ") != std::string::npos) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return false;
-}
-
 TEST(LauncherTest, EveryWorkerGetsItsRanksAndTheRendezvousAddress) {
   LaunchOptions options = LaunchOptions().with_timeout_s(42).with_master_port(23456);
   options.extra_env["STRATA_TEST_EXTRA"] = "hello world";
@@ -180,7 +168,7 @@ void expect_hanging_workers_are_stopped(bool ignore_sigterm) {
     pid_t pid = 0;
     ASSERT_TRUE(in >> pid) << "rank " << r << " wrote no pid";
     EXPECT_EQ(pid, result.launch.pids[r]);
-    EXPECT_TRUE(gone_within(pid, 10s)) << "rank " << r << " (pid " << pid << ") survived";
+    EXPECT_TRUE(strata::testing::gone_within(pid, 10s)) << "rank " << r << " (pid " << pid << ") survived";
   }
 }
 
@@ -251,7 +239,7 @@ TEST(LauncherTest, MaxTimeStopsAJobThatRunsTooLong) {
   EXPECT_EQ(result.launch.exit_code, 124);
   EXPECT_EQ(result.launch.failed_rank, -1);
   EXPECT_EQ(result.launch.summary, "the workers were still running after 300 ms (max_time); stopped them");
-  for (pid_t pid : result.launch.pids) EXPECT_TRUE(gone_within(pid, 10s));
+  for (pid_t pid : result.launch.pids) EXPECT_TRUE(strata::testing::gone_within(pid, 10s));
 }
 
 TEST(LauncherTest, ProcessThatEscapesTheGroupDoesNotKeepTheLauncherWaiting) {
@@ -270,7 +258,7 @@ TEST(LauncherTest, ProcessThatEscapesTheGroupDoesNotKeepTheLauncherWaiting) {
   pid_t escaped = 0;
   ASSERT_TRUE(in >> escaped);
   ::kill(escaped, SIGKILL);  // it left the worker's group on purpose; clean up here
-  EXPECT_TRUE(gone_within(escaped, 10s));
+  EXPECT_TRUE(strata::testing::gone_within(escaped, 10s));
 }
 
 }  // namespace
