@@ -161,14 +161,19 @@ class Fabric {
   /// Seeds LibTorch's generator (the same seed on every rank).
   static void seed_everything(uint64_t seed);
 
+  /// Rank, local rank, host index and job size of this worker (as the
+  /// strategy reports them; rank 0 of 1 outside launch()).
   int global_rank() const { return strategy_->global_rank(); }
   int local_rank() const { return strategy_->local_rank(); }
   int node_rank() const { return strategy_->node_rank(); }
   int world_size() const { return strategy_->world_size(); }
+  /// True on global rank 0.
   bool is_global_zero() const { return strategy_->is_global_zero(); }
   /// This worker's device (only known inside launch()).
   c10::Device device() const { return strategy_->root_device(); }
+  /// The strategy every call goes through.
   strategies::Strategy& strategy() { return *strategy_; }
+  /// The options after validation (devices resolved).
   const FabricOptions& options() const { return options_; }
 
  private:

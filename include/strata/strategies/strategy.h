@@ -64,16 +64,25 @@ class Strategy {
   virtual void setup_environment();
   /// True after setup_environment().
   bool launched() const { return launched_; }
+  /// This process's rank in the job (0 before launch).
   int global_rank() const { return env_.rank; }
+  /// Its rank among the workers of this host (0 before launch).
   int local_rank() const { return env_.local_rank; }
+  /// The index of this host (0 before launch).
   int node_rank() const { return env_.node_rank; }
+  /// Number of workers in the job (1 before launch).
   int world_size() const { return env_.world_size; }
+  /// Number of hosts in the job (1 before launch).
   int num_nodes() const { return env_.num_nodes; }
+  /// True on global rank 0 (and before launch).
   bool is_global_zero() const { return env_.rank == 0; }
+  /// The environment read by setup_environment().
   const runtime::Environment& environment() const { return env_; }
   /// This process's device. Throws ConfigError before setup_environment().
   c10::Device root_device() const;
+  /// The accelerator this strategy trains on.
   const Accelerator& accelerator() const { return *accelerator_; }
+  /// The precision forward and gradients use.
   const Precision& precision() const { return precision_; }
   /// The process group; a one-rank group before setup_environment().
   comm::Group& group() { return group_; }
