@@ -167,7 +167,7 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
     for (int64_t micro = 0; micro < config.grad_accum; ++micro) {
       data::Batch batch = next_batch();
       bool sync = micro == config.grad_accum - 1;
-      strategies::InitContext no_sync = fabric.no_backward_sync(*model, !sync);
+      strategies::Scope no_sync = fabric.no_backward_sync(*model, !sync);
       at::Tensor loss;
       {
         auto autocast = fabric.autocast();

@@ -163,7 +163,7 @@ at::Tensor Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optim
   return strategy_->clip_gradients_norm(module, optimizer, *max_norm, norm_type, error_if_nonfinite);
 }
 
-strategies::InitContext Fabric::no_backward_sync(torch::nn::Module& module, bool enabled) {
+strategies::Scope Fabric::no_backward_sync(torch::nn::Module& module, bool enabled) {
   return strategy_->no_backward_sync(module, enabled);
 }
 

@@ -230,12 +230,12 @@ void DDPStrategy::backward(const at::Tensor& loss) {
   }
 }
 
-InitContext DDPStrategy::no_backward_sync(torch::nn::Module&, bool enabled) {
-  if (!enabled || !reducer_) return InitContext();
+Scope DDPStrategy::no_backward_sync(torch::nn::Module&, bool enabled) {
+  if (!enabled || !reducer_) return Scope();
   Reducer* reducer = reducer_.get();
   bool previous = reducer->sync_enabled;
   reducer->sync_enabled = false;
-  return InitContext([reducer, previous] { reducer->sync_enabled = previous; });
+  return Scope([reducer, previous] { reducer->sync_enabled = previous; });
 }
 
 void DDPStrategy::teardown() {

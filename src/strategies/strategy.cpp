@@ -108,7 +108,7 @@ ModulePtr Strategy::setup_module_and_optimizers(ModulePtr module,
 
 void Strategy::module_to_device(torch::nn::Module& module) { module.to(root_device()); }
 
-InitContext Strategy::module_init_context(std::optional<bool>) { return InitContext(); }
+Scope Strategy::module_init_context(std::optional<bool>) { return Scope(); }
 
 void Strategy::backward(const at::Tensor& loss) {
   STRATA_CHECK(loss.defined(), ConfigError, "[", name(), "] backward got an undefined loss tensor");
@@ -146,7 +146,7 @@ void Strategy::clip_gradients_value(torch::nn::Module& module, torch::optim::Opt
   for (at::Tensor& g : grads_of(module)) g.detach().clamp_(-clip_val, clip_val);
 }
 
-InitContext Strategy::no_backward_sync(torch::nn::Module&, bool) { return InitContext(); }
+Scope Strategy::no_backward_sync(torch::nn::Module&, bool) { return Scope(); }
 
 at::Tensor Strategy::all_gather(const at::Tensor& tensor, bool sync_grads) {
   // A 0-d tensor gathers to shape (world_size,), as (world_size, *shape) says.

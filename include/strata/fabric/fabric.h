@@ -125,7 +125,7 @@ class Fabric {
                             double norm_type = 2.0, bool error_if_nonfinite = true);
   /// Skips gradient synchronisation while the scope is alive (gradient
   /// accumulation); the next synchronised backward reduces the sum.
-  strategies::InitContext no_backward_sync(torch::nn::Module& module, bool enabled = true);
+  strategies::Scope no_backward_sync(torch::nn::Module& module, bool enabled = true);
   /// Scope for forward: autocast to the precision's compute dtype
   /// (bf16-mixed), nothing for 32-true.
   strategies::Precision::ForwardContext autocast() const;

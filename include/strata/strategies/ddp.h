@@ -50,7 +50,7 @@ class DDPStrategy : public Strategy {
   /// The Trainer's name for module_to_device.
   void model_to_device(torch::nn::Module& module) { module_to_device(module); }
   void backward(const at::Tensor& loss) override;
-  InitContext no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
+  Scope no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
   void teardown() override;
 
   /// Number of gradient buckets of the module set up (for tests and reports).

@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,16 +29,18 @@ class Loader;
 
 namespace strata::strategies {
 
-/// RAII scope returned by module_init_context(): while alive, modules are
-/// created as the strategy wants (for example without initialising
-/// parameters when empty_init is true).
-class InitContext {
+/// RAII scope returned by module_init_context() and no_backward_sync():
+/// the strategy's setting holds while it is alive and is undone when it is
+/// destroyed. Movable, not copyable.
+class Scope {
  public:
-  InitContext() = default;
-  explicit InitContext(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}
-  InitContext(InitContext&& other) noexcept : on_exit_(std::move(other.on_exit_)) { other.on_exit_ = nullptr; }
-  InitContext& operator=(InitContext&&) = delete;
-  ~InitContext() {
+  /// A scope that changes nothing.
+  Scope() = default;
+  /// A scope that runs `on_exit` when destroyed.
+  explicit Scope(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}
+  Scope(Scope&& other) noexcept : on_exit_(std::move(other.on_exit_)) { other.on_exit_ = nullptr; }
+  Scope& operator=(Scope&&) = delete;
+  ~Scope() {
     if (on_exit_) on_exit_();
   }
 
@@ -102,7 +105,7 @@ class Strategy {
   virtual void module_to_device(torch::nn::Module& module);
   /// Scope for creating the model. `empty_init`: true skips initialising
   /// parameters (they will be loaded); nullopt lets the strategy decide.
-  virtual InitContext module_init_context(std::optional<bool> empty_init = std::nullopt);
+  virtual Scope module_init_context(std::optional<bool> empty_init = std::nullopt);
   /// Wraps a loader so batches arrive on root_device(), prefetched in the
   /// background; a loader that is already a device loader is returned as is.
   virtual std::shared_ptr<data::Loader> process_dataloader(std::shared_ptr<data::Loader> loader);
@@ -124,7 +127,7 @@ class Strategy {
   /// While the returned scope is alive (and `enabled`), backward() does not
   /// synchronise gradients: they accumulate locally, and the next
   /// synchronised backward reduces the sum (gradient accumulation).
-  virtual InitContext no_backward_sync(torch::nn::Module& module, bool enabled = true);
+  virtual Scope no_backward_sync(torch::nn::Module& module, bool enabled = true);
 
   // ---- collectives (the `group` argument of the seeds is implied) ----------
   /// Gathers `tensor` from every rank: shape (world_size, *tensor.shape).
