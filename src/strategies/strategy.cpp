@@ -189,6 +189,8 @@ at::Tensor Strategy::broadcast(const at::Tensor& tensor, int src) {
 void Strategy::barrier(const std::string& name) { group_.barrier(name); }
 
 void Strategy::remove_checkpoint(const std::string& path) {
+  // Ranks may still be reading the checkpoint: remove only once all are done.
+  barrier("remove_checkpoint:begin");
   if (local_rank() == 0) {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);

@@ -24,8 +24,9 @@ STRATA_WORKER(store_exchange) {
   Environment env = Environment::from_env();
   auto store = strata::runtime::make_store(env, std::chrono::seconds(env.timeout_s));
   auto scoped = strata::runtime::prefix_store(store, "job");
-  scoped->set("value/" + std::to_string(env.rank), "from rank " + std::to_string(env.rank));
+  // Count in before publishing: once every value is visible, every rank has counted.
   int64_t after_me = store->add("joined", 1);
+  scoped->set("value/" + std::to_string(env.rank), "from rank " + std::to_string(env.rank));
   std::vector<std::string> keys;
   for (int r = 0; r < env.world_size; ++r) keys.push_back("job/value/" + std::to_string(r));
   store->wait(keys, 30s);
