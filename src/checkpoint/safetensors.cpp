@@ -355,7 +355,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
   // The tensors must tile the data buffer: sorted by offset, each begins
   // where the previous ended, and the last ends at the end of the file.
-  std::sort(infos.begin(), infos.end(), [](const TensorInfo& a, const TensorInfo& b) {
+  // Stable: 0-byte tensors sharing an offset keep the header's (name) order.
+  std::stable_sort(infos.begin(), infos.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
   });
   const uint64_t buffer_size = file_size - 8 - header_len;
@@ -410,6 +411,24 @@ at::Tensor SafetensorsFile::load(const std::string& key) const {
   STRATA_CHECK(got == size, CheckpointError, "[checkpoint] ", impl_->path, ": tensor '", key,
                "' needs ", size, " bytes but the file ended after ", got,
                " of them (truncated after it was opened?)");
+  return out;
+}
+
+at::Tensor SafetensorsFile::load_flat(const std::string& key, int64_t begin, int64_t end) const {
+  const TensorInfo& entry = info(key);
+  const int64_t numel = entry.spec.numel();
+  STRATA_CHECK(0 <= begin && begin <= end && end <= numel, CheckpointError, "[checkpoint] ",
+               impl_->path, ": tensor '", key, "' has ", numel, " elements; elements [", begin,
+               ", ", end, ") are out of range");
+  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(entry.spec.dtype));
+  const uint64_t item = c10::elementSize(entry.spec.dtype);
+  const uint64_t size = static_cast<uint64_t>(end - begin) * item;
+  if (size == 0) return out;
+  const uint64_t offset = impl_->data_start + entry.begin + static_cast<uint64_t>(begin) * item;
+  const size_t got = pread_full(impl_->fd, out.data_ptr(), size, offset, impl_->path);
+  STRATA_CHECK(got == size, CheckpointError, "[checkpoint] ", impl_->path, ": tensor '", key,
+               "' elements [", begin, ", ", end, ") need ", size, " bytes but the file ended after ",
+               got, " of them (truncated after it was opened?)");
   return out;
 }
 

@@ -252,6 +252,52 @@ TEST_F(SafetensorsTest, UnknownKeyAndFileTruncatedAfterOpenAreErrors) {
   }
 }
 
+TEST_F(SafetensorsTest, ZeroElementTensorsRoundTripAnywhereInTheFile) {
+  // Shards of small tensors are often empty: they share an offset with
+  // their neighbour and must keep their names, dtypes and shapes.
+  const NamedTensors tensors = {{"first", at::empty({0}, at::kFloat)},
+                                {"a", at::tensor({1.f, 2.f, 3.f})},
+                                {"empty.bf16", at::empty({0}, at::kBFloat16)},
+                                {"empty.i64", at::empty({0, 5}, at::kLong)},
+                                {"b", at::tensor({int64_t(7)})},
+                                {"last", at::empty({0}, at::kFloat)}};
+  write_safetensors(path("z.safetensors"), tensors);
+  SafetensorsFile file = SafetensorsFile::open(path("z.safetensors"));
+  // 0-byte tensors at one offset are listed in name order.
+  EXPECT_EQ(file.keys(), (std::vector<std::string>{"first", "a", "empty.bf16", "empty.i64", "b",
+                                                   "last"}));
+  for (const auto& [name, tensor] : tensors) {
+    SCOPED_TRACE(name);
+    at::Tensor loaded = file.load(name);
+    EXPECT_EQ(loaded.scalar_type(), tensor.scalar_type());
+    EXPECT_EQ(loaded.sizes(), tensor.sizes());
+    EXPECT_TRUE(at::equal(loaded, tensor));
+    EXPECT_EQ(file.load_flat(name, 0, 0).numel(), 0);
+  }
+
+  write_safetensors(path("only.safetensors"), {{"x", at::empty({0})}, {"y", at::empty({3, 0})}});
+  SafetensorsFile only = SafetensorsFile::open(path("only.safetensors"));
+  EXPECT_EQ(only.keys(), (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(only.load("y").sizes(), (std::vector<int64_t>{3, 0}));
+}
+
+TEST_F(SafetensorsTest, LoadFlatReadsAnyRangeOfTheFlattenedTensor) {
+  const at::Tensor m = at::arange(12, at::kDouble).reshape({3, 4});
+  write_safetensors(path("f.safetensors"), {{"pad", at::ones({3}, at::kByte)}, {"m", m}});
+  SafetensorsFile file = SafetensorsFile::open(path("f.safetensors"));
+  for (int64_t begin = 0; begin <= 12; ++begin)
+    for (int64_t end = begin; end <= 12; ++end)
+      EXPECT_TRUE(at::equal(file.load_flat("m", begin, end), m.reshape({-1}).slice(0, begin, end)))
+          << begin << ".." << end;
+  try {
+    file.load_flat("m", 4, 13);
+    FAIL() << "range past the end accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("tensor 'm' has 12 elements; elements [4, 13) are out of range"));
+  }
+  EXPECT_THROW(file.load_flat("m", 5, 4), CheckpointError);
+}
+
 // ---- an independent reader ----------------------------------------------------
 
 TEST_F(SafetensorsTest, PythonStandardLibraryReaderSeesTheSameValues) {

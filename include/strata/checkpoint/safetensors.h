@@ -123,7 +123,8 @@ class SafetensorsFile {
   /// [0, 4096) of the data buffer but the file has only 1200 (truncated?)".
   static SafetensorsFile open(const std::string& path);
 
-  /// Tensor names in file order (by data offset).
+  /// Tensor names in file order (by data offset; tensors of 0 bytes that
+  /// share an offset are in name order).
   const std::vector<std::string>& keys() const;
   /// True when the file holds a tensor named `key`.
   bool contains(const std::string& key) const;
@@ -133,6 +134,11 @@ class SafetensorsFile {
   /// CheckpointError when there is no such key or the read fails (e.g. the
   /// file was truncated after open()).
   at::Tensor load(const std::string& key) const;
+  /// Reads elements [begin, end) of tensor `key`, counted in row-major
+  /// order over its flattened shape, into a new 1-D CPU tensor (only those
+  /// bytes are read). Throws CheckpointError when there is no such key, the
+  /// range is not within [0, numel], or the read fails.
+  at::Tensor load_flat(const std::string& key, int64_t begin, int64_t end) const;
   /// Reads every tensor, in file order.
   NamedTensors load_all() const;
   /// The "__metadata__" map (empty when the file has none).

@@ -1,0 +1,403 @@
+// Sharded checkpoints (include/strata/checkpoint/sharded.h): the shard
+// arithmetic, StateReader over both layouts, and the streaming conversions
+// behind `strata ckpt consolidate` and `strata ckpt reshard`.
+//
+// Note [Trust nothing in a sharded checkpoint]
+// A sharded checkpoint is N files written by N processes plus metadata
+// written by one of them. open() checks that they agree before any tensor
+// is read: every rank file is present and intact, every sharded tensor is
+// in every rank file as a 1-D slice of exactly the size the shard rule
+// gives, every whole tensor is in rank 0's file with its full shape, and no
+// file holds a tensor the metadata does not list. A file from another save
+// or another world size is thus an error naming the file and the tensor,
+// never a silently wrong model.
+#include "strata/checkpoint/sharded.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <system_error>
+
+#include "strata/checkpoint/directory.h"
+#include "strata/core/error.h"
+
+namespace strata::checkpoint {
+namespace {
+
+using ::strata::detail::cat;
+namespace fs = std::filesystem;
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Metadata fields a conversion sets itself rather than copying from the source.
+const char* const kDerivedFields[] = {"format",     "version",          "files",
+                                      "tensors",    "state_dict_type",  "world_size",
+                                      "consolidated_from", "resharded_from"};
+
+nlohmann::json carried_metadata(const StateReader& source) {
+  nlohmann::json out = source.metadata();
+  for (const char* field : kDerivedFields) out.erase(field);
+  return out;
+}
+
+// Conversions write only to a new place: never over the source, never over
+// a user's files or an earlier checkpoint.
+void check_new_output(const std::string& out) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(out, ec))) return;
+  STRATA_CHECK(fs::is_directory(out, ec) && fs::is_empty(out, ec), CheckpointError,
+               "[checkpoint] ", out,
+               " already exists and is not empty; refusing to write over it (choose a new path, "
+               "or delete it first)");
+}
+
+}  // namespace
+
+// ---- shard arithmetic -------------------------------------------------------------
+
+int64_t shard_chunk(int64_t numel, int world) {
+  STRATA_CHECK(world >= 1, ConfigError, "[checkpoint] world size must be at least 1, got ", world);
+  STRATA_CHECK(numel >= 0, ConfigError, "[checkpoint] element count must be non-negative, got ",
+               numel);
+  return (numel + world - 1) / world;
+}
+
+FlatSlice shard_slice(int64_t numel, int world, int rank) {
+  const int64_t chunk = shard_chunk(numel, world);
+  STRATA_CHECK(rank >= 0 && rank < world, ConfigError, "[checkpoint] rank ", rank,
+               " is not in [0, ", world, ")");
+  FlatSlice slice;
+  slice.begin = std::min(numel, rank * chunk);
+  slice.end = std::min(numel, (rank + 1) * chunk);
+  return slice;
+}
+
+std::string shard_file_name(int rank, int world) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "shard-%05d-of-%05d.safetensors", rank, world);
+  return name;
+}
+
+nlohmann::json tensor_record(at::IntArrayRef shape, c10::ScalarType dtype, bool sharded) {
+  return {{"shape", shape.vec()}, {"dtype", dtype_name(dtype)}, {"sharded", sharded}};
+}
+
+at::Tensor shard_of(const at::Tensor& full, int world, int rank) {
+  const FlatSlice slice = shard_slice(full.numel(), world, rank);
+  return full.reshape({-1}).narrow(0, slice.begin, slice.size());
+}
+
+// ---- StateReader: opening ---------------------------------------------------------
+
+StateReader StateReader::open(const std::string& path) {
+  CheckpointReader ckpt = CheckpointReader::open(path);
+  StateReader reader;
+  reader.path_ = ckpt.path();
+  reader.metadata_ = ckpt.metadata();
+  const nlohmann::json& meta = reader.metadata_;
+  const std::string meta_path = reader.path_ + "/" + kMetadataFile;
+  if (meta.contains("entries")) {
+    STRATA_CHECK(meta["entries"].is_object(), CheckpointError, "[checkpoint] ", meta_path,
+                 ": \"entries\" is ", meta["entries"].type_name(), ", expected an object");
+    reader.entries_ = meta["entries"];
+  }
+  if (meta.contains("world_size")) {
+    const auto& world = meta["world_size"];
+    STRATA_CHECK(world.is_number_integer() && world.get<int64_t>() >= 1 &&
+                     world.get<int64_t>() <= 99999,
+                 CheckpointError, "[checkpoint] ", meta_path, ": \"world_size\" is ", world.dump(),
+                 ", expected an integer from 1 to 99999");
+    reader.world_size_ = world.get<int>();
+  }
+  std::string type = "full";
+  if (meta.contains("state_dict_type")) {
+    STRATA_CHECK(meta["state_dict_type"].is_string(), CheckpointError, "[checkpoint] ", meta_path,
+                 ": \"state_dict_type\" is ", meta["state_dict_type"].dump(),
+                 ", expected \"full\" or \"sharded\"");
+    type = meta["state_dict_type"].get<std::string>();
+  }
+  if (type == "full") {
+    reader.open_full();
+  } else if (type == "sharded") {
+    STRATA_CHECK(meta.contains("world_size"), CheckpointError, "[checkpoint] ", meta_path,
+                 ": a sharded checkpoint needs \"world_size\" (the number of rank files)");
+    reader.sharded_ = true;
+    reader.open_sharded();
+  } else {
+    throw CheckpointError(cat("[checkpoint] ", meta_path, ": \"state_dict_type\" is '", type,
+                              "', expected 'full' or 'sharded' (written by a newer strata?)"));
+  }
+  return reader;
+}
+
+void StateReader::open_full() {
+  const std::string file = path_ + "/" + kFullStateFile;
+  std::error_code ec;
+  STRATA_CHECK(fs::exists(file, ec), CheckpointError, "[checkpoint] ", path_, " has no ",
+               kFullStateFile, " (written by another strategy's sharded layout?)");
+  files_.push_back(SafetensorsFile::open(file));
+  for (const std::string& name : files_[0].keys()) {
+    const TensorSpec& spec = files_[0].info(name).spec;
+    records_[name] = Record{spec.shape, spec.dtype, /*sharded=*/false, spec.numel()};
+    names_.push_back(name);
+  }
+}
+
+void StateReader::open_sharded() {
+  const std::string meta_path = path_ + "/" + kMetadataFile;
+  const int world = world_size_;
+
+  // The tensor records, validated (Note [Trust nothing in a sharded checkpoint]).
+  STRATA_CHECK(metadata_.contains("tensors") && metadata_["tensors"].is_object(), CheckpointError,
+               "[checkpoint] ", meta_path,
+               ": a sharded checkpoint needs a \"tensors\" object (each tensor's shape, dtype and "
+               "whether it is sharded)");
+  for (const auto& [name, value] : metadata_["tensors"].items()) {
+    auto bad = [&](const std::string& why) {
+      return CheckpointError(cat("[checkpoint] ", meta_path, ": \"tensors\" entry '", name, "' ",
+                                 why));
+    };
+    if (!value.is_object() || !value.contains("shape") || !value.contains("dtype") ||
+        !value.contains("sharded"))
+      throw bad(cat("is ", value.dump(), "; expected {\"shape\": [...], \"dtype\": \"F32\", "
+                    "\"sharded\": true|false}"));
+    Record record;
+    if (!value["shape"].is_array()) throw bad(cat("has shape ", value["shape"].dump()));
+    for (const auto& d : value["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        throw bad(cat("has shape ", value["shape"].dump(), "; expected non-negative sizes"));
+      record.shape.push_back(d.get<int64_t>());
+    }
+    if (!value["dtype"].is_string()) throw bad(cat("has dtype ", value["dtype"].dump()));
+    try {
+      record.dtype = dtype_from_name(value["dtype"].get<std::string>());
+    } catch (const CheckpointError&) {
+      throw bad(cat("has unknown dtype ", value["dtype"].dump()));
+    }
+    if (!value["sharded"].is_boolean()) throw bad(cat("has sharded ", value["sharded"].dump()));
+    record.sharded = value["sharded"].get<bool>();
+    record.numel = numel_of(record.shape);
+    records_[name] = std::move(record);
+  }
+
+  // Every rank's file, present and intact.
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string file = shard_file_name(rank, world);
+    std::error_code ec;
+    STRATA_CHECK(fs::exists(path_ + "/" + file, ec), CheckpointError, "[checkpoint] ", path_, ": ",
+                 file, " is missing (rank ", rank, " of ", world, " did not save?)");
+    files_.push_back(SafetensorsFile::open(path_ + "/" + file));
+  }
+
+  // The files agree with the records, checked in file order so the first
+  // problem reported is the first a reader would meet. Rank 0's file holds
+  // every tensor: its order is the checkpoint's order.
+  names_ = files_[0].keys();
+  for (const auto& [name, value] : metadata_["tensors"].items())
+    STRATA_CHECK(files_[0].contains(name), CheckpointError, "[checkpoint] ", path_, ": ",
+                 shard_file_name(0, world), " lacks ", records_[name].sharded ? "sharded" : "whole",
+                 " tensor '", name, "' (", kMetadataFile, " lists it; rank 0 of ", world,
+                 " saved something else?)");
+  for (int rank = 0; rank < world; ++rank) {
+    const SafetensorsFile& file = files_[rank];
+    const std::string file_name = shard_file_name(rank, world);
+    for (const std::string& name : file.keys()) {
+      auto it = records_.find(name);
+      STRATA_CHECK(it != records_.end(), CheckpointError, "[checkpoint] ", path_, ": ", file_name,
+                   " holds tensor '", name, "' that ", kMetadataFile,
+                   " \"tensors\" does not list (a file from another save?)");
+      STRATA_CHECK(it->second.sharded || rank == 0, CheckpointError, "[checkpoint] ", path_, ": ",
+                   file_name, " holds whole tensor '", name,
+                   "', which belongs only in rank 0's file (a file from another save?)");
+    }
+    for (const std::string& name : names_) {
+      const Record& record = records_.at(name);
+      if (!record.sharded && rank != 0) continue;
+      STRATA_CHECK(file.contains(name), CheckpointError, "[checkpoint] ", path_, ": ", file_name,
+                   " lacks sharded tensor '", name, "' (", kMetadataFile, " lists it; rank ", rank,
+                   " of ", world, " saved something else?)");
+      const TensorSpec& spec = file.info(name).spec;
+      STRATA_CHECK(spec.dtype == record.dtype, CheckpointError, "[checkpoint] ", path_, ": ",
+                   file_name, " holds tensor '", name, "' as ", dtype_name(spec.dtype), " but ",
+                   kMetadataFile, " says ", dtype_name(record.dtype));
+      if (record.sharded) {
+        const FlatSlice slice = shard_slice(record.numel, world, rank);
+        STRATA_CHECK(spec.shape.size() == 1 && spec.shape[0] == slice.size(), CheckpointError,
+                     "[checkpoint] ", path_, ": ", file_name, " holds sharded tensor '", name,
+                     "' with shape ", shape_string(spec.shape), " but rank ", rank, " of ", world,
+                     " owns ", slice.size(), " elements ([", slice.begin, ", ", slice.end,
+                     ") of ", record.numel, ", full shape ", shape_string(record.shape),
+                     "); the file was written for another world size or another model");
+      } else {
+        STRATA_CHECK(spec.shape == record.shape, CheckpointError, "[checkpoint] ", path_, ": ",
+                     file_name, " holds whole tensor '", name, "' with shape ",
+                     shape_string(spec.shape), " but ", kMetadataFile, " says ",
+                     shape_string(record.shape));
+      }
+    }
+  }
+}
+
+// ---- StateReader: reading ---------------------------------------------------------
+
+const StateReader::Record& StateReader::record(const std::string& name) const {
+  auto it = records_.find(name);
+  STRATA_CHECK(it != records_.end(), CheckpointError, "[checkpoint] ", path_,
+               ": has no tensor named '", name, "' (it holds ", names_.size(), " tensors)");
+  return it->second;
+}
+
+std::vector<int64_t> StateReader::shape(const std::string& name) const {
+  return record(name).shape;
+}
+
+c10::ScalarType StateReader::dtype(const std::string& name) const { return record(name).dtype; }
+
+bool StateReader::is_sharded(const std::string& name) const { return record(name).sharded; }
+
+std::vector<std::string> StateReader::names_under(const std::string& key) const {
+  const std::string prefix = key + "/";
+  std::vector<std::string> out;
+  for (const std::string& name : names_)
+    if (name.rfind(prefix, 0) == 0) out.push_back(name.substr(prefix.size()));
+  return out;
+}
+
+at::Tensor StateReader::full(const std::string& name) const {
+  const Record& r = record(name);
+  if (!r.sharded) return files_[0].load(name);
+  return flat_slice(name, 0, r.numel).reshape(r.shape);
+}
+
+at::Tensor StateReader::flat_slice(const std::string& name, int64_t begin, int64_t end) const {
+  const Record& r = record(name);
+  STRATA_CHECK(0 <= begin && begin <= end && end <= r.numel, CheckpointError, "[checkpoint] ",
+               path_, ": tensor '", name, "' has ", r.numel, " elements; elements [", begin, ", ",
+               end, ") are out of range");
+  if (!r.sharded) return files_[0].load_flat(name, begin, end);
+  at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(r.dtype));
+  for (int rank = 0; rank < world_size_; ++rank) {
+    const FlatSlice owned = shard_slice(r.numel, world_size_, rank);
+    const int64_t lo = std::max(begin, owned.begin);
+    const int64_t hi = std::min(end, owned.end);
+    if (lo >= hi) continue;
+    out.narrow(0, lo - begin, hi - lo)
+        .copy_(files_[rank].load_flat(name, lo - owned.begin, hi - owned.begin));
+  }
+  return out;
+}
+
+// ---- conversions ------------------------------------------------------------------
+
+void consolidate_checkpoint(const StateReader& source, const std::string& out,
+                            const OnFileWritten& on_file) {
+  check_new_output(out);
+  const std::vector<std::string> names = source.tensor_names();
+  std::vector<TensorSpec> specs;
+  WrittenFile written{kFullStateFile, names.size(), 0};
+  for (const std::string& name : names) {
+    specs.push_back(TensorSpec{name, source.dtype(name), source.shape(name)});
+    written.bytes += specs.back().nbytes();
+  }
+  CheckpointWriter writer = CheckpointWriter::begin(out);
+  SafetensorsWriter file = writer.open_file(kFullStateFile, std::move(specs));
+  for (const std::string& name : names) file.write(name, source.full(name));
+  file.close();
+  if (on_file) on_file(written);
+
+  nlohmann::json metadata = carried_metadata(source);
+  metadata["state_dict_type"] = "full";
+  metadata["world_size"] = source.world_size();
+  metadata["consolidated_from"] = source.world_size();
+  writer.commit(metadata);
+}
+
+void reshard_checkpoint(const StateReader& source, const std::string& out, int world,
+                        const OnFileWritten& on_file) {
+  STRATA_CHECK(world >= 1, ConfigError, "[checkpoint] the target world size must be at least 1, got ",
+               world);
+  check_new_output(out);
+  // Note [Resharding a full checkpoint]
+  // A sharded source says which tensors are sharded. A full one does not,
+  // and its names cannot tell a module's buffers from its parameters, so
+  // every tensor of a module or optimizer entry is sharded and only tensor
+  // entries stay whole. Readers do not care: StateReader reassembles any
+  // tensor, and the fully-sharded strategy takes each tensor's slice.
+  const std::vector<std::string> names = source.tensor_names();
+  std::vector<bool> sharded;
+  for (const std::string& name : names) {
+    if (source.sharded()) {
+      sharded.push_back(source.is_sharded(name));
+      continue;
+    }
+    const size_t slash = name.find('/');
+    const std::string key = slash == std::string::npos ? "" : name.substr(0, slash);
+    const nlohmann::json& entries = source.entries();
+    const std::string kind = slash != std::string::npos && entries.contains(key) &&
+                                     entries[key].is_object()
+                                 ? entries[key].value("kind", "")
+                                 : "";
+    sharded.push_back(kind == "module" || kind == "optimizer");
+  }
+
+  CheckpointWriter writer = CheckpointWriter::begin(out);
+  nlohmann::json records = nlohmann::json::object();
+  for (size_t i = 0; i < names.size(); ++i)
+    records[names[i]] = tensor_record(source.shape(names[i]), source.dtype(names[i]), sharded[i]);
+  for (int rank = 0; rank < world; ++rank) {
+    // What this rank's file holds: each sharded tensor's slice, and on
+    // rank 0 the whole tensors (index into `names`, slice; whole: empty).
+    struct Part {
+      size_t index;
+      std::optional<FlatSlice> slice;
+    };
+    std::vector<Part> parts;
+    std::vector<TensorSpec> specs;
+    WrittenFile written{shard_file_name(rank, world), 0, 0};
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (sharded[i]) {
+        const FlatSlice slice = shard_slice(numel_of(source.shape(names[i])), world, rank);
+        specs.push_back(TensorSpec{names[i], source.dtype(names[i]), {slice.size()}});
+        parts.push_back({i, slice});
+      } else if (rank == 0) {
+        specs.push_back(TensorSpec{names[i], source.dtype(names[i]), source.shape(names[i])});
+        parts.push_back({i, std::nullopt});
+      } else {
+        continue;
+      }
+      written.bytes += specs.back().nbytes();
+    }
+    written.tensors = specs.size();
+    SafetensorsWriter file = writer.open_file(written.name, std::move(specs));
+    for (const Part& part : parts) {
+      const std::string& name = names[part.index];
+      file.write(name, part.slice ? source.flat_slice(name, part.slice->begin, part.slice->end)
+                                  : source.full(name));
+    }
+    file.close();
+    if (on_file) on_file(written);
+  }
+
+  nlohmann::json metadata = carried_metadata(source);
+  metadata["state_dict_type"] = "sharded";
+  metadata["world_size"] = world;
+  metadata["tensors"] = records;
+  metadata["resharded_from"] = source.world_size();
+  writer.commit(metadata);
+}
+
+}  // namespace strata::checkpoint
