@@ -1,6 +1,8 @@
 // Full (consolidated) checkpoints for strategies whose ranks hold whole
 // modules (single device, DDP): global rank 0 writes one checkpoint
-// directory; every rank reads it.
+// directory; every rank reads it, in either layout (full, or the sharded
+// layout of the fully-sharded strategy at any world size) through
+// checkpoint::StateReader.
 //
 // Layout (docs/checkpoints.md): PATH/state.safetensors holds every tensor,
 // named "<state key>/<parameter or buffer name>" for modules,
@@ -12,14 +14,13 @@
 #include <torch/optim/optimizer.h>
 
 #include "strata/checkpoint/directory.h"
+#include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 #include "strata/strategies/strategy.h"
 
 namespace strata::strategies {
 namespace {
-
-constexpr const char* kStateFile = "state.safetensors";
 
 // Names of the parameters of every module in `state` (optimizer state is
 // keyed by parameter name, so it can be resharded and moved between
@@ -33,24 +34,24 @@ checkpoint::ParamNames param_names_of(const State& state) {
   return names;
 }
 
+// The tensors of `tensors` that `filter` keeps, named "<key>/<name>". They
+// alias the state's tensors: the writer copies them one at a time.
 checkpoint::NamedTensors with_prefix(const std::string& key, const checkpoint::NamedTensors& tensors,
                                      const StateFilter& filter) {
   auto keep = filter.find(key);
   checkpoint::NamedTensors out;
   for (const auto& [name, tensor] : tensors) {
     if (keep != filter.end() && !keep->second(name, tensor)) continue;
-    out.emplace_back(key + "/" + name, tensor.detach().to(c10::Device(c10::kCPU)).contiguous());
+    out.emplace_back(key + "/" + name, tensor.detach());
   }
   return out;
 }
 
-// The tensors of `file` whose names start with "<key>/", without the prefix.
-checkpoint::NamedTensors read_prefixed(checkpoint::SafetensorsFile& file, const std::string& key) {
+// The tensors of the checkpoint whose names start with "<key>/", without
+// the prefix, each whole (assembled from its shards when sharded).
+checkpoint::NamedTensors read_prefixed(const checkpoint::StateReader& reader, const std::string& key) {
   checkpoint::NamedTensors out;
-  std::string prefix = key + "/";
-  for (const std::string& name : file.keys()) {
-    if (name.rfind(prefix, 0) == 0) out.emplace_back(name.substr(prefix.size()), file.load(name));
-  }
+  for (const std::string& name : reader.names_under(key)) out.emplace_back(name, reader.full(key + "/" + name));
   return out;
 }
 
@@ -78,7 +79,7 @@ void Strategy::save_checkpoint(const std::string& path, const State& state, cons
         tensors.insert(tensors.end(), part.begin(), part.end());
         entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
       } else if (value.is_tensor()) {
-        tensors.emplace_back(key, value.tensor().detach().to(c10::Device(c10::kCPU)).contiguous());
+        tensors.emplace_back(key, value.tensor().detach());
         entries[key] = {{"kind", "tensor"}};
       } else {
         entries[key] = {{"kind", "value"}, {"value", value.value()}};
@@ -88,7 +89,15 @@ void Strategy::save_checkpoint(const std::string& path, const State& state, cons
                                {"world_size", world_size()},
                                {"state_dict_type", "full"},
                                {"entries", entries}};
-    checkpoint::write_checkpoint_dir(path, {{kStateFile, tensors}}, metadata);
+    // Streamed: the writer takes the specs first, then copies one tensor at a
+    // time to CPU, so a device-resident state never needs a second copy.
+    std::vector<checkpoint::TensorSpec> specs;
+    for (const auto& [name, tensor] : tensors) specs.push_back(checkpoint::TensorSpec::of(name, tensor));
+    checkpoint::CheckpointWriter writer = checkpoint::CheckpointWriter::begin(path);
+    checkpoint::SafetensorsWriter file = writer.open_file(checkpoint::kFullStateFile, std::move(specs));
+    for (const auto& [name, tensor] : tensors) file.write(name, tensor);
+    file.close();
+    writer.commit(metadata);
   }
   barrier("save_checkpoint");
 }
@@ -96,11 +105,10 @@ void Strategy::save_checkpoint(const std::string& path, const State& state, cons
 nlohmann::json Strategy::load_checkpoint(const std::string& path, State& state, bool strict) {
   STRATA_CHECK(!state.empty(), ConfigError, "[", name(),
                "] load_checkpoint got an empty state: pass the modules, optimizers and values to restore");
-  checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open(path);
-  const nlohmann::json& entries = reader.metadata().value("entries", nlohmann::json::object());
-  STRATA_CHECK(reader.has_file(kStateFile), CheckpointError, "[checkpoint] ", path, " has no ", kStateFile,
-               " (written by another strategy's sharded layout?)");
-  checkpoint::SafetensorsFile file = reader.open_file(kStateFile);
+  // Either layout, at any world size; a full checkpoint without
+  // state.safetensors is refused by open() ("... has no state.safetensors").
+  const checkpoint::StateReader reader = checkpoint::StateReader::open(path);
+  const nlohmann::json& entries = reader.entries();
 
   std::vector<std::string> missing;
   for (const auto& [key, value] : state) {
@@ -122,12 +130,12 @@ nlohmann::json Strategy::load_checkpoint(const std::string& path, State& state, 
                  " in the checkpoint but a ", value.kind(), " in the state passed to load");
     std::string source = path + " entry '" + key + "'";
     if (value.is_module()) {
-      checkpoint::load_module_state(*value.module(), read_prefixed(file, key), strict, source);
+      checkpoint::load_module_state(*value.module(), read_prefixed(reader, key), strict, source);
     } else if (value.is_optimizer()) {
-      checkpoint::OptimizerState optim{read_prefixed(file, key), entry.at("state")};
+      checkpoint::OptimizerState optim{read_prefixed(reader, key), entry.at("state")};
       checkpoint::load_optimizer_state(value.optimizer(), names, optim, strict, source);
     } else if (value.is_tensor()) {
-      at::Tensor stored = file.load(key);
+      at::Tensor stored = reader.full(key);
       at::Tensor target = value.tensor();
       STRATA_CHECK(target.sizes() == stored.sizes(), CheckpointError, "[checkpoint] ", source, ": shape ",
                    stored.sizes(), " in the checkpoint, ", target.sizes(), " in the state");
