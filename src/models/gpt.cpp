@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "strata/core/error.h"
+#include "strata/core/module_hooks.h"
 
 namespace strata::models {
 
@@ -100,8 +101,12 @@ BlockImpl::BlockImpl(const GPTConfig& config) : torch::nn::Module(kTypeName) {
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  auto h = x + attn->forward(ln1->forward(x));
-  return h + mlp->forward(ln2->forward(h));
+  // Through hooked_forward, so FSDP can make a block a unit and activation
+  // checkpointing can recompute it (core/module_hooks.h).
+  return hooked_forward(*this, x, [this](const at::Tensor& in) {
+    auto h = in + attn->forward(ln1->forward(in));
+    return h + mlp->forward(ln2->forward(h));
+  });
 }
 
 // ---- the model ------------------------------------------------------------
@@ -112,7 +117,19 @@ GPTImpl::GPTImpl(GPTConfig config) : torch::nn::Module(kTypeName), config_(std::
   wpe = register_module("wpe", torch::nn::Embedding(config_.block_size(), config_.n_embd()));
   drop = register_module("drop", torch::nn::Dropout(config_.dropout()));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config_.n_layer(); ++i) blocks->push_back(Block(config_));
+  // Note [Sharded construction]: inside a strategy's module_sharded_context
+  // each block is initialised and handed over (module_built) as soon as it
+  // exists, so the strategy can shard it before the next one is built. The
+  // random draws then come in another order than in a plain construction:
+  // same distribution, different values for a given seed.
+  const bool sharded_build = module_built_handler_active();
+  for (int64_t i = 0; i < config_.n_layer(); ++i) {
+    blocks->push_back(Block(config_));
+    if (sharded_build) {
+      if (!SkipParameterInit::active()) init_block(*blocks[i]->as<BlockImpl>());
+      module_built(*blocks[i]);
+    }
+  }
   ln_f = register_module("ln_f", make_layer_norm(config_.n_embd()));
   // Note [Tied head]: LibTorch's named_parameters() does not deduplicate,
   // so a tied head that registered the embedding's tensor a second time
@@ -123,35 +140,55 @@ GPTImpl::GPTImpl(GPTConfig config) : torch::nn::Module(kTypeName), config_(std::
   if (!config_.tie_weights()) {
     lm_head = register_module("lm_head", make_linear(config_.n_embd(), config_.vocab_size(), false));
   }
-  reset_parameters();
+  if (SkipParameterInit::active()) return;  // to be loaded (module_init_context(empty_init=true))
+  if (sharded_build) {
+    init_outer();
+  } else {
+    reset_parameters();
+  }
+}
+
+namespace {
+const double kInitStd = 0.02;
+
+void init_linear(const torch::nn::Linear& l, double s) {
+  torch::nn::init::normal_(l->weight, 0.0, s);
+  if (l->bias.defined()) torch::nn::init::zeros_(l->bias);
+}
+
+void init_norm(const torch::nn::LayerNorm& n) {
+  torch::nn::init::ones_(n->weight);
+  torch::nn::init::zeros_(n->bias);
+}
+}  // namespace
+
+void GPTImpl::init_block(BlockImpl& b) {
+  torch::NoGradGuard no_grad;
+  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer()));
+  init_norm(b.ln1);
+  init_linear(b.attn->c_attn, kInitStd);
+  init_linear(b.attn->c_proj, proj_std);
+  init_norm(b.ln2);
+  init_linear(b.mlp->c_fc, kInitStd);
+  init_linear(b.mlp->c_proj, proj_std);
+}
+
+void GPTImpl::init_outer() {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(wte->weight, 0.0, kInitStd);
+  torch::nn::init::normal_(wpe->weight, 0.0, kInitStd);
+  init_norm(ln_f);
+  if (lm_head) init_linear(lm_head, kInitStd);
 }
 
 void GPTImpl::reset_parameters() {
-  torch::NoGradGuard no_grad;
-  const double std = 0.02;
-  const double proj_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer()));
-  auto init_linear = [](const torch::nn::Linear& l, double s) {
-    torch::nn::init::normal_(l->weight, 0.0, s);
-    if (l->bias.defined()) torch::nn::init::zeros_(l->bias);
-  };
-  auto init_norm = [](const torch::nn::LayerNorm& n) {
-    torch::nn::init::ones_(n->weight);
-    torch::nn::init::zeros_(n->bias);
-  };
   // A fixed order, so a seed always gives the same model.
-  torch::nn::init::normal_(wte->weight, 0.0, std);
-  torch::nn::init::normal_(wpe->weight, 0.0, std);
-  for (const auto& m : *blocks) {
-    auto* b = m->as<BlockImpl>();
-    init_norm(b->ln1);
-    init_linear(b->attn->c_attn, std);
-    init_linear(b->attn->c_proj, proj_std);
-    init_norm(b->ln2);
-    init_linear(b->mlp->c_fc, std);
-    init_linear(b->mlp->c_proj, proj_std);
-  }
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(wte->weight, 0.0, kInitStd);
+  torch::nn::init::normal_(wpe->weight, 0.0, kInitStd);
+  for (const auto& m : *blocks) init_block(*m->as<BlockImpl>());
   init_norm(ln_f);
-  if (lm_head) init_linear(lm_head, std);
+  if (lm_head) init_linear(lm_head, kInitStd);
 }
 
 at::Tensor GPTImpl::lm_head_weight() const { return lm_head ? lm_head->weight : wte->weight; }
@@ -173,11 +210,14 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   const int64_t T = idx.size(1);
   STRATA_CHECK(T <= config_.block_size(), ConfigError, "[gpt] sequence length ", T,
                " exceeds block_size ", config_.block_size());
-  auto pos = at::arange(T, idx.options());
-  auto x = drop->forward(wte->forward(idx) + wpe->forward(pos));
-  for (const auto& m : *blocks) x = m->as<BlockImpl>()->forward(x);
-  x = ln_f->forward(x);
-  return lm_head ? lm_head->forward(x) : at::linear(x, wte->weight);
+  // The whole model is the root unit of FSDP: its forward runs hooked too.
+  return hooked_forward(*this, idx, [this](const at::Tensor& ids) {
+    auto pos = at::arange(ids.size(1), ids.options());
+    auto x = drop->forward(wte->forward(ids) + wpe->forward(pos));
+    for (const auto& m : *blocks) x = m->as<BlockImpl>()->forward(x);
+    x = ln_f->forward(x);
+    return lm_head ? lm_head->forward(x) : at::linear(x, wte->weight);
+  });
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {

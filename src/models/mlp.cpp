@@ -5,6 +5,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "strata/core/error.h"
+#include "strata/core/module_hooks.h"
 
 namespace strata::models {
 
@@ -23,13 +24,16 @@ MLPImpl::MLPImpl(int64_t in, int64_t hidden, int64_t out, int64_t n_hidden_layer
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  at::Tensor h = x;
-  const size_t n = layers->size();
-  for (size_t i = 0; i < n; ++i) {
-    h = layers->ptr(i)->as<torch::nn::LinearImpl>()->forward(h);
-    if (i + 1 < n) h = at::relu(h);
-  }
-  return h;
+  // Hooked, so that FSDP can treat the model as its root unit.
+  return hooked_forward(*this, x, [this](const at::Tensor& in) {
+    at::Tensor h = in;
+    const size_t n = layers->size();
+    for (size_t i = 0; i < n; ++i) {
+      h = layers->ptr(i)->as<torch::nn::LinearImpl>()->forward(h);
+      if (i + 1 < n) h = at::relu(h);
+    }
+    return h;
+  });
 }
 
 }  // namespace strata::models

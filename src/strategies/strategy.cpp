@@ -16,6 +16,7 @@
 
 #include "strata/core/error.h"
 #include "strata/strategies/ddp.h"
+#include "strata/strategies/fsdp.h"
 #include "strata/strategies/single_device.h"
 
 namespace strata::strategies {
@@ -120,16 +121,19 @@ void Strategy::optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.st
 at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer&, double max_norm,
                                          double norm_type, bool error_if_nonfinite) {
   std::vector<at::Tensor> grads = grads_of(module);
-  if (grads.empty()) return at::zeros({}, at::kFloat);
+  // The local part (max of |g|, or the sum of |g|^p) is reduced across ranks
+  // by reduce_norm: a no-op where every rank holds whole gradients, a sum or
+  // max where each holds a shard.
   at::Tensor total;
-  if (std::isinf(norm_type)) {
-    std::vector<at::Tensor> maxes;
+  bool is_max = std::isinf(norm_type);
+  if (is_max) {
+    std::vector<at::Tensor> maxes{at::zeros({}, at::kFloat)};
     for (const at::Tensor& g : grads) maxes.push_back(g.detach().abs().max().to(at::kFloat));
-    total = at::stack(maxes).max();
+    total = reduce_norm(at::stack(maxes).max(), true);
   } else {
-    std::vector<at::Tensor> norms;
-    for (const at::Tensor& g : grads) norms.push_back(g.detach().norm(norm_type).to(at::kFloat));
-    total = at::stack(norms).norm(norm_type);
+    std::vector<at::Tensor> powers{at::zeros({}, at::kDouble)};
+    for (const at::Tensor& g : grads) powers.push_back(g.detach().to(at::kDouble).norm(norm_type).pow(norm_type));
+    total = reduce_norm(at::stack(powers).sum(), false).pow(1.0 / norm_type).to(at::kFloat);
   }
   if (error_if_nonfinite && !std::isfinite(total.item<double>())) {
     throw Error("[" + name() + "] the total norm of order " + std::to_string(norm_type) +
@@ -222,7 +226,7 @@ std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr
                       (name == "xla" ? "ddp" : "fsdp") + "' for the same strategy on cpu or cuda");
   }
   if (name == "fsdp") {
-    throw ConfigError("[strategy] 'fsdp' is not available in this build yet; use 'ddp'");
+    return std::make_shared<FSDPStrategy>(std::move(accelerator), precision);
   }
   throw ConfigError("[strategy] unknown strategy '" + name + "'; choose one of: auto, ddp, fsdp, single_device");
 }

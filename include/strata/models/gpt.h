@@ -168,6 +168,12 @@ class GPTImpl : public torch::nn::Module {
   /// weight 1 and bias 0. Draws from LibTorch's default generator.
   void reset_parameters();
 
+ private:
+  void init_block(BlockImpl& block);  // one block's part of reset_parameters
+  void init_outer();                  // the rest: embeddings, final norm, untied head
+
+ public:
+
   /// The language-model head's weight [V, C]: with tie_weights the very
   /// same tensor as wte->weight (so it is listed once, as wte.weight, in
   /// named_parameters()), otherwise lm_head->weight.

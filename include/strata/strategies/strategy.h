@@ -173,6 +173,10 @@ class Strategy {
   virtual void teardown();
 
  protected:
+  /// Combines this rank's part of a gradient norm across ranks:
+  /// `local` is the max of |g| (is_max, the inf-norm) or the sum of |g|^p.
+  /// Strategies whose ranks hold whole gradients return it as is.
+  virtual at::Tensor reduce_norm(const at::Tensor& local, bool is_max) { return local; }
   /// Stops the background threads of the device loaders made by
   /// process_dataloader.
   void close_loaders();

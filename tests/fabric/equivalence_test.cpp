@@ -1,11 +1,13 @@
-// DDP through Fabric matches single-process training step for step: the
-// same GPT, data and global batch trained on 2 and 3 worker processes
-// (over Gloo on loopback) and in this process alone.
+// DDP and FSDP through Fabric match single-process training step for step:
+// the same GPT, data and global batch trained on 2 and 3 worker processes
+// (over Gloo on loopback) and in this process alone; FSDP with and without
+// activation checkpointing, gradient accumulation and clipping.
 #include <gtest/gtest.h>
 
 #include <torch/nn/module.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -15,6 +17,8 @@
 #include "strata/data/loader.h"
 #include "strata/fabric/fabric.h"
 #include "strata/models/gpt.h"
+#include "strata/strategies/ddp.h"
+#include "strata/strategies/fsdp.h"
 #include "support/multiprocess.h"
 #include "support/worker.h"
 
@@ -47,9 +51,9 @@ RunConfig parse(const std::vector<std::string>& args) {
   return c;
 }
 
-std::vector<std::string> to_args(const std::string& out, const RunConfig& c) {
+std::vector<std::string> to_args(const std::string& out, const RunConfig& c, const std::string& strategy) {
   return {out, std::to_string(c.steps), std::to_string(c.batch), std::to_string(c.grad_accum),
-          std::to_string(c.clip_norm), std::to_string(c.clip_value)};
+          std::to_string(c.clip_norm), std::to_string(c.clip_value), strategy};
 }
 
 // Random byte "text": 96 windows of 16 tokens, the same in every process.
@@ -97,15 +101,31 @@ RunResult train(Fabric& fabric, const RunConfig& c) {
     optimizer.zero_grad();
     result.losses.push_back(fabric.all_reduce(step_loss).item<double>());
   }
+  auto* fsdp = dynamic_cast<strata::strategies::FSDPStrategy*>(&fabric.strategy());
   for (auto& [name, tensor] : strata::checkpoint::module_state(*model)) {
-    result.params.emplace_back(name, tensor.detach().clone());
+    // FSDP's module holds this rank's shards: gather the full values.
+    bool is_param = model->named_parameters().contains(name);
+    result.params.emplace_back(name, fsdp && is_param ? fsdp->full_parameter(name) : tensor.detach().clone());
   }
   return result;
 }
 
-STRATA_WORKER(ddp_train) {
+// "ddp", "fsdp" (each Block a unit), "fsdp-ac" (and each Block
+// recomputed in backward), "fsdp-ac-nowrap" (one unit, Blocks recomputed).
+std::shared_ptr<strata::strategies::Strategy> make_strategy(const std::string& spec) {
+  using strata::strategies::FSDPOptions;
+  using strata::strategies::ModuleTypes;
+  if (spec == "ddp") return std::make_shared<strata::strategies::DDPStrategy>();
+  FSDPOptions options;
+  if (spec != "fsdp-ac-nowrap") options.with_auto_wrap_policy(ModuleTypes{"Block"});
+  if (spec != "fsdp") options.with_activation_checkpointing_policy({"Block"});
+  return std::make_shared<strata::strategies::FSDPStrategy>(strata::strategies::cpu_accelerator(), std::nullopt,
+                                                           options);
+}
+
+STRATA_WORKER(parallel_train) {
   RunConfig c = parse(args);
-  Fabric fabric(FabricOptions().with_strategy("ddp").with_collective_timeout(std::chrono::seconds(60)));
+  Fabric fabric(FabricOptions().with_strategy(make_strategy(args.at(6))).with_collective_timeout(std::chrono::seconds(60)));
   RunResult r;
   fabric.launch([&](Fabric& f) { r = train(f, c); });
   if (fabric.is_global_zero()) {
@@ -115,10 +135,10 @@ STRATA_WORKER(ddp_train) {
   return 0;
 }
 
-class DdpEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int64_t, double, double>> {};
+class EquivalenceTest : public ::testing::TestWithParam<std::tuple<std::string, int, int64_t, double, double>> {};
 
-TEST_P(DdpEquivalenceTest, MatchesSingleProcessTrainingStepByStep) {
-  auto [world, grad_accum, clip_norm, clip_value] = GetParam();
+TEST_P(EquivalenceTest, MatchesSingleProcessTrainingStepByStep) {
+  auto [strategy, world, grad_accum, clip_norm, clip_value] = GetParam();
   RunConfig c;
   c.grad_accum = grad_accum;
   c.clip_norm = clip_norm;
@@ -129,9 +149,9 @@ TEST_P(DdpEquivalenceTest, MatchesSingleProcessTrainingStepByStep) {
   single.launch([&](Fabric& f) { reference = train(f, c); });
 
   std::string out = (std::filesystem::temp_directory_path() /
-                     ("strata-ddp-eq-" + std::to_string(::getpid()) + "-" + std::to_string(world)))
+                     ("strata-eq-" + std::to_string(::getpid()) + "-" + strategy + "-" + std::to_string(world)))
                         .string();
-  auto run = strata::testing::run_workers(world, "ddp_train", to_args(out, c));
+  auto run = strata::testing::run_workers(world, "parallel_train", to_args(out, c, strategy));
   ASSERT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
 
   std::vector<double> losses = nlohmann::json::parse(std::ifstream(out + ".losses")).get<std::vector<double>>();
@@ -153,15 +173,25 @@ TEST_P(DdpEquivalenceTest, MatchesSingleProcessTrainingStepByStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    WorldSizes, DdpEquivalenceTest,
-    ::testing::Values(std::make_tuple(2, int64_t{1}, 0.0, 0.0),   // plain
-                      std::make_tuple(3, int64_t{1}, 0.0, 0.0),   // three ranks
-                      std::make_tuple(2, int64_t{2}, 0.0, 0.0),   // gradient accumulation
-                      std::make_tuple(3, int64_t{2}, 0.5, 0.0),   // accumulation + clip by norm
-                      std::make_tuple(2, int64_t{1}, 0.0, 0.01)),  // clip by value
+    Strategies, EquivalenceTest,
+    ::testing::Values(std::make_tuple("ddp", 2, int64_t{1}, 0.0, 0.0),   // plain
+                      std::make_tuple("ddp", 3, int64_t{1}, 0.0, 0.0),   // three ranks
+                      std::make_tuple("ddp", 2, int64_t{2}, 0.0, 0.0),   // gradient accumulation
+                      std::make_tuple("ddp", 3, int64_t{2}, 0.5, 0.0),   // accumulation + clip by norm
+                      std::make_tuple("ddp", 2, int64_t{1}, 0.0, 0.01),  // clip by value
+                      std::make_tuple("fsdp", 2, int64_t{1}, 0.0, 0.0),
+                      std::make_tuple("fsdp", 3, int64_t{1}, 0.0, 0.0),
+                      std::make_tuple("fsdp-ac", 2, int64_t{1}, 0.0, 0.0),
+                      std::make_tuple("fsdp-ac-nowrap", 3, int64_t{1}, 0.0, 0.0),
+                      std::make_tuple("fsdp", 2, int64_t{2}, 0.0, 0.0),
+                      std::make_tuple("fsdp", 3, int64_t{2}, 0.5, 0.0),
+                      std::make_tuple("fsdp-ac", 3, int64_t{1}, 0.0, 0.01)),
     [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) + "_accum" + std::to_string(std::get<1>(info.param)) +
-             (std::get<2>(info.param) > 0 ? "_clipnorm" : "") + (std::get<3>(info.param) > 0 ? "_clipvalue" : "");
+      std::string name = std::get<0>(info.param);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + "_world" + std::to_string(std::get<1>(info.param)) + "_accum" +
+             std::to_string(std::get<2>(info.param)) + (std::get<3>(info.param) > 0 ? "_clipnorm" : "") +
+             (std::get<4>(info.param) > 0 ? "_clipvalue" : "");
     });
 
 }  // namespace

@@ -1,0 +1,20 @@
+// Activation checkpointing: run a forward without keeping its activations
+// and recompute it during backward (LibTorch's C++ API has no checkpoint
+// helper; this is an autograd Function of strata's own).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "strata/core/module_hooks.h"
+
+namespace strata::strategies {
+
+/// Returns body(input), computed without recording the graph inside body;
+/// during backward body runs again (same random-number and autocast state
+/// as the first time) and its gradients flow to `input` and to every
+/// parameter body used. Gradients equal those of body(input) run plainly.
+/// Outside grad mode it is body(input). `body` is kept until backward, so
+/// it must not capture locals by reference.
+at::Tensor checkpointed_forward(const ForwardBody& body, const at::Tensor& input);
+
+}  // namespace strata::strategies

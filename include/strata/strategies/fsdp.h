@@ -1,0 +1,171 @@
+// Fully-sharded data parallel training (the seeds' XLAFSDPStrategy).
+//
+// The auto-wrap policy splits the model into units; every parameter of a
+// unit is flattened, zero-padded to a multiple of the world size and split
+// into equal pieces, one per rank, so each rank keeps 1/N of parameters,
+// gradients and optimizer state. Before a unit's forward its full
+// parameters are all-gathered (in the compute dtype) and after it they are
+// freed; before its backward they are gathered again, and its gradients
+// are reduce-scattered (mean) into the shards. The next unit's gather is
+// prefetched while the current one computes. docs/strategies.md has the
+// details; Note [FSDP parameters] in fsdp.cpp the mechanics.
+//
+// Units must run their forward through strata::hooked_forward
+// (core/module_hooks.h): LibTorch's C++ modules have no forward hooks. The
+// example GPT (model and blocks) and MLP do.
+//
+// Order of set-up, as in the seeds: build the model, setup_module, build
+// the optimizer from the returned module's parameters (the shards),
+// setup_optimizer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "strata/strategies/strategy.h"
+
+namespace strata::strategies {
+
+/// Module types by the name module.name() reports: the kTypeName of the
+/// example models ("Block", "GPT"), or LibTorch's default, the demangled
+/// class name ("torch::nn::LinearImpl").
+using ModuleTypes = std::set<std::string>;
+
+/// The predicate form of an auto-wrap policy. With recurse=true it answers
+/// "descend into this module's children?"; with recurse=false "make this
+/// module a unit?", given the number of its parameters' elements not
+/// already in a unit below it (nonwrapped_numel).
+using WrapPredicate = std::function<bool(const torch::nn::Module& module, bool recurse, int64_t nonwrapped_numel)>;
+
+/// Which modules become units: none besides the root (monostate), the
+/// instances of a set of types, or a predicate. The root is always a unit.
+using AutoWrapPolicy = std::variant<std::monostate, ModuleTypes, WrapPredicate>;
+
+/// Options of FSDPStrategy, with the seed page's defaults.
+struct FSDPOptions {
+  AutoWrapPolicy auto_wrap_policy;
+  /// Instances of these types recompute their forward during backward
+  /// instead of keeping their activations (with or without auto-wrap).
+  ModuleTypes activation_checkpointing_policy;
+  /// "sharded" (one file per rank) or "full" (one consolidated file).
+  std::string state_dict_type = "sharded";
+  /// Local ranks write their checkpoint files one after another.
+  bool sequential_save = false;
+  /// Free a unit's gathered parameters after its forward (gather them again
+  /// for backward). false keeps them from forward to backward: more memory,
+  /// one all-gather less per unit and step. The root unit is never freed
+  /// between its forward and backward.
+  bool reshard_after_forward = true;
+  /// Gather the next unit's parameters while the current unit computes.
+  bool prefetch = true;
+  /// dtype parameters are gathered and computed in; default: the
+  /// precision's compute dtype (bf16 for bf16-mixed, fp32 otherwise).
+  std::optional<c10::ScalarType> compute_dtype;
+  /// dtype gradients are reduce-scattered in; default: the compute dtype.
+  std::optional<c10::ScalarType> reduce_dtype;
+  /// Broadcast parameters and buffers from rank 0 before sharding.
+  bool sync_module_states = true;
+  /// Check every collective across ranks and report communication per step.
+  bool debug = false;
+  /// Accepted for the seed signature; when set, its size must equal the
+  /// local world size.
+  std::optional<std::vector<c10::Device>> parallel_devices;
+  /// Accepted for the seed signature; must be empty (no CheckpointIO plugins).
+  nlohmann::json checkpoint_io = nullptr;
+
+  FSDPOptions& with_auto_wrap_policy(AutoWrapPolicy p) { auto_wrap_policy = std::move(p); return *this; }
+  FSDPOptions& with_activation_checkpointing_policy(ModuleTypes t) { activation_checkpointing_policy = std::move(t); return *this; }
+  FSDPOptions& with_state_dict_type(std::string t) { state_dict_type = std::move(t); return *this; }
+  FSDPOptions& with_sequential_save(bool s) { sequential_save = s; return *this; }
+  FSDPOptions& with_reshard_after_forward(bool r) { reshard_after_forward = r; return *this; }
+  FSDPOptions& with_prefetch(bool p) { prefetch = p; return *this; }
+  FSDPOptions& with_compute_dtype(c10::ScalarType d) { compute_dtype = d; return *this; }
+  FSDPOptions& with_reduce_dtype(c10::ScalarType d) { reduce_dtype = d; return *this; }
+  FSDPOptions& with_sync_module_states(bool s) { sync_module_states = s; return *this; }
+  FSDPOptions& with_debug(bool d) { debug = d; return *this; }
+  FSDPOptions& with_parallel_devices(std::vector<c10::Device> d) { parallel_devices = std::move(d); return *this; }
+};
+
+/// What setup_module made of a model (for tests, reports and tools).
+struct FSDPUnitInfo {
+  std::string name;                 ///< the unit module's path ("" for the root)
+  std::vector<std::string> params;  ///< full names of the parameters it shards
+  int64_t numel = 0;                ///< their elements, unpadded
+  int64_t shard_numel = 0;          ///< this rank's padded shard, elements
+};
+
+/// The fully-sharded strategy.
+class FSDPStrategy : public Strategy {
+ public:
+  /// Throws ConfigError for a state_dict_type other than "full" or
+  /// "sharded", and for checkpoint_io plugins.
+  explicit FSDPStrategy(std::shared_ptr<Accelerator> accelerator = cpu_accelerator(),
+                        std::optional<Precision> precision = std::nullopt, FSDPOptions options = {});
+  ~FSDPStrategy() override;
+
+  std::string name() const override { return "fsdp"; }
+  const FSDPOptions& options() const { return options_; }
+  const std::string& state_dict_type() const { return options_.state_dict_type; }
+  bool sequential_save() const { return options_.sequential_save; }
+
+  void setup_environment() override;
+  /// Splits the module into units by the auto-wrap policy, shards every
+  /// unit's parameters (module->parameters() then returns this rank's
+  /// shards, under the same names) and installs the forward and gradient
+  /// hooks. A module set up already is returned as it is (with a warning).
+  ModulePtr setup_module(ModulePtr module) override;
+  /// Accepts only an optimizer over the sharded parameters of the module
+  /// returned by setup_module; otherwise ConfigError saying to create the
+  /// optimizer after setup_module.
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
+  /// Always refuses (ConfigError): the optimizer must be built from the
+  /// sharded parameters, so set up the module first.
+  ModulePtr setup_module_and_optimizers(ModulePtr module,
+                                        const std::vector<torch::optim::Optimizer*>& optimizers) override;
+  /// Nothing: sharding places the parameters.
+  void module_to_device(torch::nn::Module& module) override;
+  /// Scope in which models are created. empty_init=true: parameters are
+  /// left uninitialised (LibTorch's init functions do nothing), to be loaded.
+  Scope module_init_context(std::optional<bool> empty_init = std::nullopt) override;
+  /// Scope in which models are created sharded: each unit is sharded as
+  /// soon as it is built (see docs/strategies.md), so no rank holds the
+  /// whole unsharded model at once. Needs the process group (launch first).
+  Scope module_sharded_context();
+
+  void backward(const at::Tensor& loss) override;
+  Scope no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
+
+  void save_checkpoint(const std::string& path, const State& state, const nlohmann::json& storage_options = nullptr,
+                       const StateFilter& filter = {}) override;
+  nlohmann::json load_checkpoint(const std::string& path, State& state, bool strict = true) override;
+
+  void teardown() override;
+
+  /// The units of the module set up, in the order their forward first ran
+  /// (registration order before the first forward).
+  std::vector<FSDPUnitInfo> units() const;
+  /// Gathers the full value of a parameter of the module set up, by its
+  /// full name (every rank must call it). For tests and tools.
+  at::Tensor full_parameter(const std::string& name);
+
+ protected:
+  at::Tensor reduce_norm(const at::Tensor& local, bool is_max) override;
+
+ public:
+  /// Internal state (src/strategies/fsdp_impl.h).
+  struct Impl;
+  struct Presharded;
+
+ private:
+  FSDPOptions options_;
+  std::shared_ptr<Impl> impl_;
+  std::shared_ptr<Presharded> presharded_;  ///< units sharded by module_sharded_context
+};
+
+}  // namespace strata::strategies

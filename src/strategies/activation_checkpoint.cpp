@@ -1,0 +1,92 @@
+// checkpointed_forward: an autograd Function that recomputes in backward.
+#include "strata/strategies/activation_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "strata/checkpoint/state.h"
+
+namespace strata::strategies {
+namespace {
+
+// What the recomputation needs, kept in the autograd context.
+struct Recompute : torch::CustomClassHolder {
+  ForwardBody body;
+  at::Tensor rng_state;
+  bool autocast = false;
+  c10::ScalarType autocast_dtype = c10::kBFloat16;
+};
+
+// Restores autocast and the CPU generator for the recomputation, and puts
+// the caller's state back afterwards.
+class ReplayState {
+ public:
+  explicit ReplayState(const Recompute& saved) {
+    was_autocast_ = at::autocast::is_cpu_enabled();
+    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    rng_ = checkpoint::cpu_rng_state();
+    checkpoint::set_cpu_rng_state(saved.rng_state);
+    at::autocast::set_autocast_cpu_dtype(saved.autocast_dtype);
+    at::autocast::set_cpu_enabled(saved.autocast);
+  }
+  ~ReplayState() {
+    at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(was_autocast_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+    checkpoint::set_cpu_rng_state(rng_);
+  }
+
+ private:
+  bool was_autocast_;
+  c10::ScalarType previous_dtype_;
+  at::Tensor rng_;
+};
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  // `anchor` requires grad whenever `input` does not, so that backward
+  // reaches this node even for a first layer whose input is data: the
+  // parameters inside still need their gradients.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& anchor,
+                            c10::intrusive_ptr<Recompute> recompute) {
+    (void)anchor;
+    ctx->saved_data["recompute"] = c10::IValue::make_capsule(recompute);
+    ctx->save_for_backward({input});
+    torch::NoGradGuard no_grad;
+    return recompute->body(input);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto recompute = ctx->saved_data["recompute"].toCapsule();
+    const Recompute& saved = static_cast<const Recompute&>(*recompute);
+    at::Tensor input = ctx->get_saved_variables()[0];
+    at::Tensor detached = input.detach().requires_grad_(input.requires_grad());
+    at::Tensor output;
+    {
+      ReplayState replay(saved);
+      c10::AutoGradMode grad_mode(true);
+      output = saved.body(detached);
+    }
+    if (output.requires_grad()) torch::autograd::backward({output}, {grads[0]});
+    return {detached.requires_grad() ? detached.grad() : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor checkpointed_forward(const ForwardBody& body, const at::Tensor& input) {
+  if (!c10::GradMode::is_enabled()) return body(input);
+  auto recompute = c10::make_intrusive<Recompute>();
+  recompute->body = body;
+  recompute->rng_state = checkpoint::cpu_rng_state();
+  recompute->autocast = at::autocast::is_cpu_enabled();
+  recompute->autocast_dtype = at::autocast::get_autocast_cpu_dtype();
+  at::Tensor anchor = at::empty({0}).requires_grad_(!input.requires_grad());
+  return CheckpointFunction::apply(input, anchor, recompute);
+}
+
+}  // namespace strata::strategies

@@ -1,0 +1,338 @@
+// FSDPStrategy's checkpoints: sharded (one file per rank) and full (one
+// consolidated file, gathered parameter by parameter), both loadable at any
+// world size and by the other strategies (checkpoint/sharded.h).
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <unordered_map>
+
+#include "fsdp_impl.h"
+#include "strata/checkpoint/directory.h"
+#include "strata/checkpoint/sharded.h"
+#include "strata/checkpoint/state.h"
+#include "strata/core/error.h"
+
+namespace strata::strategies {
+namespace {
+
+using checkpoint::shard_slice;
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 10; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 10) out += " and " + std::to_string(names.size() - 10) + " more";
+  return out;
+}
+
+// One tensor of a checkpoint as this rank contributes it.
+struct Piece {
+  std::string name;       // full name in the checkpoint ("model/wte.weight")
+  at::Tensor local;       // what this rank writes (its slice, or the whole tensor on rank 0)
+  std::vector<int64_t> shape;  // full shape
+  c10::ScalarType dtype;
+  bool sharded;
+  std::optional<size_t> param;  // the FSDP parameter it belongs to (gathered for full saves)
+};
+
+}  // namespace
+
+// Everything this rank saves, and the metadata rank 0 writes.
+struct FSDPSavePlan {
+  std::vector<Piece> pieces;
+  nlohmann::json entries = nlohmann::json::object();
+};
+
+namespace {
+
+FSDPSavePlan plan_save(FSDPStrategy::Impl& impl, const State& state, const StateFilter& filter, int rank) {
+  FSDPSavePlan plan;
+  std::unordered_map<std::string, size_t> param_by_name;
+  checkpoint::ParamNames names;
+  for (size_t i = 0; i < impl.params.size(); ++i) {
+    param_by_name[impl.params[i].name] = i;
+    names[impl.params[i].shard.unsafeGetTensorImpl()] = impl.params[i].name;
+  }
+  bool found_sharded = false;
+  for (const auto& [key, value] : state) {
+    STRATA_CHECK(key.find('/') == std::string::npos, ConfigError, "[checkpoint] state key '", key,
+                 "' contains '/'; use another name");
+    auto keep = [&, key = key](const std::string& name, const at::Tensor& t) {
+      auto it = filter.find(key);
+      return it == filter.end() || it->second(name, t);
+    };
+    auto whole = [&](const std::string& name, const at::Tensor& t) {
+      plan.pieces.push_back({name, rank == 0 ? t.detach().contiguous() : at::Tensor(), t.sizes().vec(),
+                             t.scalar_type(), false, std::nullopt});
+    };
+    if (value.is_module()) {
+      plan.entries[key] = {{"kind", "module"}};
+      bool sharded_module = value.module().get() == impl.root_module.get();
+      found_sharded = found_sharded || sharded_module;
+      if (sharded_module) {
+        for (size_t i = 0; i < impl.params.size(); ++i) {
+          const auto& p = impl.params[i];
+          if (!keep(p.name, p.shard)) continue;
+          checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, rank);
+          plan.pieces.push_back({key + "/" + p.name, p.shard.detach().narrow(0, 0, slice.size()), p.shape,
+                                 p.shard.scalar_type(), true, i});
+        }
+      }
+      checkpoint::NamedTensors tensors = checkpoint::module_state(*value.module());
+      for (const auto& [name, t] : tensors) {
+        if (sharded_module && param_by_name.count(name)) continue;  // a shard, planned above
+        if (keep(name, t)) whole(key + "/" + name, t);
+      }
+    } else if (value.is_optimizer()) {
+      checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
+      plan.entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
+      for (const auto& [name, t] : optim.tensors) {
+        if (!keep(name, t)) continue;
+        // "<param name>.<state name>": sharded like its parameter.
+        size_t dot = name.rfind('.');
+        auto it = dot == std::string::npos ? param_by_name.end() : param_by_name.find(name.substr(0, dot));
+        if (it != param_by_name.end() && t.numel() == impl.params[it->second].chunk) {
+          const auto& p = impl.params[it->second];
+          checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, rank);
+          plan.pieces.push_back({key + "/" + name, t.detach().narrow(0, 0, slice.size()), p.shape, t.scalar_type(),
+                                 true, it->second});
+        } else {
+          whole(key + "/" + name, t);
+        }
+      }
+    } else if (value.is_tensor()) {
+      plan.entries[key] = {{"kind", "tensor"}};
+      whole(key, value.tensor());
+    } else {
+      plan.entries[key] = {{"kind", "value"}, {"value", value.value()}};
+    }
+  }
+  STRATA_CHECK(found_sharded, ConfigError,
+               "[fsdp] save_checkpoint: the state holds no module set up by this strategy; put the module "
+               "returned by setup_module in the state (e.g. {\"model\", model})");
+  return plan;
+}
+
+// Runs `write` on every rank and turns a failure on any rank into the same
+// CheckpointError everywhere (instead of leaving the others at a barrier).
+template <class Fn>
+void on_every_rank(comm::Group& group, const std::string& what, Fn&& write) {
+  std::string error;
+  try {
+    write();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::vector<std::string> errors = group.all_gather_object(error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) {
+      throw CheckpointError("[fsdp] " + what + " failed on rank " + std::to_string(r) + ": " + errors[r]);
+    }
+  }
+}
+
+}  // namespace
+
+void FSDPStrategy::save_checkpoint(const std::string& requested_path, const State& state,
+                                   const nlohmann::json& storage_options, const StateFilter& filter) {
+  STRATA_CHECK(storage_options.is_null() || storage_options.empty(), ConfigError,
+               "[fsdp] storage_options are not supported (no CheckpointIO plugins); pass none");
+  STRATA_CHECK(!state.empty(), ConfigError, "[fsdp] save_checkpoint got an empty state; nothing to save");
+  STRATA_CHECK(impl_ != nullptr, ConfigError, "[fsdp] save_checkpoint before setup_module");
+  // Every rank writes where rank 0 was told to.
+  std::string path = group_.broadcast_object(requested_path, 0);
+  FSDPSavePlan plan = plan_save(*impl_, state, filter, global_rank());
+  nlohmann::json metadata = {{"strategy", name()},
+                             {"world_size", world_size()},
+                             {"state_dict_type", options_.state_dict_type},
+                             {"entries", plan.entries}};
+
+  std::optional<checkpoint::CheckpointWriter> writer;
+  std::string staging;
+  on_every_rank(group_, "starting the save to " + path, [&] {
+    if (is_global_zero()) {
+      writer.emplace(checkpoint::CheckpointWriter::begin(path));
+      staging = writer->staging_dir();
+    }
+  });
+  staging = group_.broadcast_object(staging, 0);
+
+  if (options_.state_dict_type == "full") {
+    // Rank 0 streams one file; parameters are gathered one at a time, so it
+    // never holds more than one extra parameter.
+    std::vector<checkpoint::TensorSpec> specs;
+    for (const Piece& piece : plan.pieces) specs.push_back({piece.name, piece.dtype, piece.shape});
+    std::optional<checkpoint::SafetensorsWriter> file;
+    on_every_rank(group_, "writing " + path, [&] {
+      if (is_global_zero()) file.emplace(writer->open_file(checkpoint::kFullStateFile, specs));
+    });
+    std::string failure;  // rank 0 keeps joining the gathers after a failed write, then reports it
+    for (const Piece& piece : plan.pieces) {
+      at::Tensor value = piece.local;
+      if (piece.sharded) {
+        at::Tensor local = piece.local.contiguous();
+        const auto& p = impl_->params[*piece.param];
+        at::Tensor padded = at::zeros({p.chunk}, local.options());
+        padded.narrow(0, 0, local.numel()).copy_(local);
+        value = group_.all_gather(padded).reshape({-1}).narrow(0, 0, p.numel).view(p.shape);
+      }
+      if (!is_global_zero() || !failure.empty()) continue;
+      try {
+        file->write(piece.name, value);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    on_every_rank(group_, "writing " + path, [&] {
+      if (!failure.empty()) throw CheckpointError(failure);
+      if (is_global_zero()) file->close();
+    });
+  } else {
+    nlohmann::json tensors = nlohmann::json::object();
+    for (const Piece& piece : plan.pieces) {
+      tensors[piece.name] = checkpoint::tensor_record(piece.shape, piece.dtype, piece.sharded);
+    }
+    metadata["tensors"] = tensors;
+    auto write_mine = [&] {
+      checkpoint::NamedTensors local;
+      for (const Piece& piece : plan.pieces) {
+        if (piece.local.defined()) local.emplace_back(piece.name, piece.local.contiguous());
+      }
+      std::string file = checkpoint::shard_file_name(global_rank(), world_size());
+      if (is_global_zero()) {
+        writer->write_file(file, local);
+      } else {
+        checkpoint::CheckpointWriter::join(path, staging).write_file(file, local);
+      }
+    };
+    if (options_.sequential_save) {
+      // Local ranks take turns (hosts in parallel), to cap host memory.
+      for (int turn = 0; turn < env_.local_world_size; ++turn) {
+        on_every_rank(group_, "writing the shard of local rank " + std::to_string(turn),
+                      [&] { if (local_rank() == turn) write_mine(); });
+      }
+    } else {
+      on_every_rank(group_, "writing the shards", write_mine);
+    }
+  }
+  on_every_rank(group_, "committing " + path, [&] {
+    if (is_global_zero()) writer->commit(metadata);
+  });
+}
+
+nlohmann::json FSDPStrategy::load_checkpoint(const std::string& path, State& state, bool strict) {
+  STRATA_CHECK(!state.empty(), ConfigError,
+               "[fsdp] load_checkpoint got an empty state: pass the modules, optimizers and values to restore");
+  STRATA_CHECK(impl_ != nullptr, ConfigError, "[fsdp] load_checkpoint before setup_module");
+  checkpoint::StateReader reader = checkpoint::StateReader::open(path);
+  const nlohmann::json& entries = reader.entries();
+
+  std::vector<std::string> missing_keys;
+  for (const auto& [key, value] : state) {
+    if (!entries.contains(key)) missing_keys.push_back(key);
+  }
+  if (strict && !missing_keys.empty()) {
+    throw CheckpointError("[checkpoint] " + path + " has no entry for state key(s) " + join(missing_keys) +
+                          "; it holds: " + entries.dump() + ". Load with strict=false to skip them");
+  }
+
+  std::unordered_map<std::string, size_t> param_by_name;
+  checkpoint::ParamNames names;
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    param_by_name[impl_->params[i].name] = i;
+    names[impl_->params[i].shard.unsafeGetTensorImpl()] = impl_->params[i].name;
+  }
+  // This rank's padded piece of a tensor sharded like parameter i.
+  auto my_piece = [&](const std::string& full_name, size_t i, c10::ScalarType dtype) {
+    const auto& p = impl_->params[i];
+    std::vector<int64_t> shape = reader.shape(full_name);
+    STRATA_CHECK(shape == p.shape, CheckpointError, "[checkpoint] ", path, ": '", full_name, "' has shape ",
+                 c10::IntArrayRef(shape), " in the checkpoint but ", c10::IntArrayRef(p.shape),
+                 " in the model (a checkpoint of another model?)");
+    checkpoint::FlatSlice slice = shard_slice(p.numel, impl_->world, impl_->rank);
+    at::Tensor piece = at::zeros({p.chunk}, at::TensorOptions().dtype(dtype));
+    piece.narrow(0, 0, slice.size()).copy_(reader.flat_slice(full_name, slice.begin, slice.end));
+    return piece;
+  };
+
+  torch::NoGradGuard no_grad;
+  for (auto& [key, value] : state) {
+    if (!entries.contains(key)) continue;
+    const nlohmann::json& entry = entries[key];
+    std::string kind = entry.value("kind", "");
+    STRATA_CHECK(kind == value.kind(), CheckpointError, "[checkpoint] ", path, ": entry '", key, "' is a ", kind,
+                 " in the checkpoint but a ", value.kind(), " in the state passed to load");
+    std::string source = path + " entry '" + key + "'";
+    if (value.is_module() && value.module().get() == impl_->root_module.get()) {
+      std::vector<std::string> missing, unexpected;
+      std::unordered_map<std::string, bool> known;
+      for (const auto& p : impl_->params) {
+        known[p.name] = true;
+        std::string full_name = key + "/" + p.name;
+        if (!reader.contains(full_name)) {
+          missing.push_back(p.name);
+          continue;
+        }
+        STRATA_CHECK(reader.dtype(full_name) == p.shard.scalar_type(), CheckpointError, "[checkpoint] ", path,
+                     ": '", full_name, "' is ", reader.dtype(full_name), " in the checkpoint but ",
+                     p.shard.scalar_type(), " in the model");
+        p.shard.detach().copy_(my_piece(full_name, param_by_name[p.name], p.shard.scalar_type()));
+      }
+      for (const auto& item : value.module()->named_buffers()) {
+        known[item.key()] = true;
+        std::string full_name = key + "/" + item.key();
+        if (!reader.contains(full_name)) {
+          missing.push_back(item.key());
+          continue;
+        }
+        at::Tensor stored = reader.full(full_name);
+        STRATA_CHECK(stored.sizes() == item.value().sizes(), CheckpointError, "[checkpoint] ", path, ": '",
+                     full_name, "' has shape ", stored.sizes(), " in the checkpoint but ", item.value().sizes(),
+                     " in the model");
+        item.value().copy_(stored);
+      }
+      for (const std::string& name : reader.names_under(key)) {
+        if (!known.count(name)) unexpected.push_back(name);
+      }
+      if (strict && (!missing.empty() || !unexpected.empty())) {
+        throw CheckpointError("[checkpoint] " + source + " does not match the model: missing " +
+                              (missing.empty() ? "none" : join(missing)) + "; unexpected " +
+                              (unexpected.empty() ? "none" : join(unexpected)) +
+                              ". Load with strict=false to load what matches");
+      }
+    } else if (value.is_module()) {
+      checkpoint::NamedTensors tensors;
+      for (const std::string& name : reader.names_under(key)) tensors.emplace_back(name, reader.full(key + "/" + name));
+      checkpoint::load_module_state(*value.module(), tensors, strict, source);
+    } else if (value.is_optimizer()) {
+      checkpoint::OptimizerState optim;
+      optim.json = entry.at("state");
+      for (const std::string& name : reader.names_under(key)) {
+        std::string full_name = key + "/" + name;
+        size_t dot = name.rfind('.');
+        auto it = dot == std::string::npos ? param_by_name.end() : param_by_name.find(name.substr(0, dot));
+        if (it != param_by_name.end()) {
+          optim.tensors.emplace_back(name, my_piece(full_name, it->second, reader.dtype(full_name)));
+        } else {
+          optim.tensors.emplace_back(name, reader.full(full_name));
+        }
+      }
+      checkpoint::load_optimizer_state(value.optimizer(), names, optim, strict, source);
+    } else if (value.is_tensor()) {
+      at::Tensor stored = reader.full(key);
+      at::Tensor target = value.tensor();
+      STRATA_CHECK(target.sizes() == stored.sizes(), CheckpointError, "[checkpoint] ", source, ": shape ",
+                   stored.sizes(), " in the checkpoint, ", target.sizes(), " in the state");
+      target.copy_(stored);
+    } else {
+      value = StateValue(entry.at("value"));
+    }
+  }
+  nlohmann::json remainder = nlohmann::json::object();
+  for (const auto& [key, entry] : entries.items()) {
+    if (state.count(key)) continue;
+    remainder[key] = entry.value("kind", "") == "value" ? entry.at("value") : nlohmann::json{{"kind", entry.value("kind", "")}};
+  }
+  return remainder;
+}
+
+}  // namespace strata::strategies
