@@ -6,6 +6,7 @@ std::vector<Command> all_commands() {
   std::vector<Command> commands;
   commands.push_back(make_launch_command());
   commands.push_back(make_train_command());
+  commands.push_back(make_ckpt_command());
   return commands;
 }
 

@@ -28,6 +28,9 @@ Command make_launch_command();
 /// `strata train`: train the example GPT.
 Command make_train_command();
 
+/// `strata ckpt`: inspect, consolidate and reshard checkpoints.
+Command make_ckpt_command();
+
 /// Every subcommand of the tool, in help order.
 std::vector<Command> all_commands();
 

@@ -1,0 +1,258 @@
+// `strata ckpt`: look into and convert checkpoints without a training job.
+//   strata ckpt inspect PATH [--json]             layout, entries, every tensor
+//   strata ckpt consolidate SHARDED OUT           one full state.safetensors
+//   strata ckpt reshard SHARDED OUT --world-size N  shard files for N ranks
+// The work is done by strata::checkpoint (StateReader,
+// consolidate_checkpoint, reshard_checkpoint), streaming one tensor at a
+// time; this file parses flags and prints.
+#include "cli/commands.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/checkpoint/sharded.h"
+#include "strata/core/error.h"
+
+namespace strata::cli {
+namespace {
+
+using checkpoint::StateReader;
+
+/// What `strata ckpt` was asked to do, as parsed.
+struct CkptConfig {
+  std::string path;  // inspect: the checkpoint; consolidate/reshard: the source
+  std::string out;
+  bool json = false;
+  int world_size = 0;
+  CLI::App* inspect = nullptr;
+  CLI::App* consolidate = nullptr;
+  CLI::App* reshard = nullptr;
+};
+
+std::string human_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  if (unit == 0)
+    std::snprintf(text, sizeof(text), "%llu B", static_cast<unsigned long long>(bytes));
+  else
+    std::snprintf(text, sizeof(text), "%.1f %s", value, units[unit]);
+  return text;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+uint64_t tensor_bytes(const StateReader& reader, const std::string& name) {
+  return checkpoint::TensorSpec{name, reader.dtype(name), reader.shape(name)}.nbytes();
+}
+
+// One line describing a state entry: its kind, and the value for values.
+std::string entry_text(const nlohmann::json& entry) {
+  if (!entry.is_object()) return entry.dump();
+  const std::string kind = entry.value("kind", "?");
+  if (kind == "value" && entry.contains("value")) return "value " + entry["value"].dump();
+  if (kind == "optimizer" && entry.contains("state") && entry["state"].is_object() &&
+      entry["state"].contains("type"))
+    return "optimizer (" + entry["state"]["type"].get<std::string>() + ")";
+  return kind;
+}
+
+nlohmann::json inspect_json(const StateReader& reader) {
+  const nlohmann::json& meta = reader.metadata();
+  nlohmann::json out = {{"path", reader.path()},
+                        {"layout", reader.sharded() ? "sharded" : "full"},
+                        {"world_size", reader.world_size()},
+                        {"strategy", meta.value("strategy", nlohmann::json())},
+                        {"format", meta.value("format", nlohmann::json())},
+                        {"version", meta.value("version", nlohmann::json())},
+                        {"files", meta.value("files", nlohmann::json::array())}};
+  nlohmann::json entries = nlohmann::json::object();
+  for (const auto& [key, entry] : reader.entries().items()) {
+    nlohmann::json e = {{"kind", entry.is_object() ? entry.value("kind", "") : ""}};
+    if (entry.is_object() && entry.contains("value")) e["value"] = entry["value"];
+    if (entry.is_object() && entry.contains("state") && entry["state"].is_object() &&
+        entry["state"].contains("type"))
+      e["type"] = entry["state"]["type"];
+    entries[key] = e;
+  }
+  out["entries"] = entries;
+  nlohmann::json tensors = nlohmann::json::array();
+  uint64_t total = 0;
+  int64_t sharded = 0;
+  for (const std::string& name : reader.tensor_names()) {
+    const uint64_t bytes = tensor_bytes(reader, name);
+    total += bytes;
+    sharded += reader.is_sharded(name) ? 1 : 0;
+    tensors.push_back({{"name", name},
+                       {"shape", reader.shape(name)},
+                       {"dtype", checkpoint::dtype_name(reader.dtype(name))},
+                       {"sharded", reader.is_sharded(name)},
+                       {"bytes", bytes}});
+  }
+  out["tensors"] = tensors;
+  out["totals"] = {{"tensors", tensors.size()},
+                   {"sharded", sharded},
+                   {"whole", static_cast<int64_t>(tensors.size()) - sharded},
+                   {"bytes", total}};
+  return out;
+}
+
+int run_inspect(const CkptConfig& c) {
+  const StateReader reader = StateReader::open(c.path);
+  const nlohmann::json info = inspect_json(reader);
+  if (c.json) {
+    std::cout << info.dump(2) << "\n";
+    return 0;
+  }
+  const nlohmann::json& meta = reader.metadata();
+  std::cout << "checkpoint  " << reader.path() << "\n"
+            << "layout      " << info["layout"].get<std::string>();
+  if (reader.sharded()) std::cout << " (" << reader.world_size() << " rank files)";
+  std::cout << "\n"
+            << "world size  " << reader.world_size() << "\n"
+            << "strategy    " << meta.value("strategy", "-") << "\n"
+            << "format      " << meta.value("format", "-") << " version "
+            << meta.value("version", 0) << "\n";
+  if (meta.contains("consolidated_from"))
+    std::cout << "converted   consolidated from world size " << meta["consolidated_from"].dump() << "\n";
+  if (meta.contains("resharded_from"))
+    std::cout << "converted   resharded from world size " << meta["resharded_from"].dump() << "\n";
+
+  std::cout << "entries:\n";
+  size_t key_width = 0;
+  for (const auto& [key, entry] : reader.entries().items()) key_width = std::max(key_width, key.size());
+  for (const auto& [key, entry] : reader.entries().items())
+    std::cout << "  " << key << std::string(key_width - key.size() + 2, ' ') << entry_text(entry) << "\n";
+  if (reader.entries().empty()) std::cout << "  (none)\n";
+
+  // The tensor table, columns padded to their widest cell.
+  std::vector<std::vector<std::string>> rows = {{"name", "shape", "dtype", "storage", "bytes"}};
+  for (const auto& t : info["tensors"])
+    rows.push_back({t["name"].get<std::string>(), shape_text(t["shape"].get<std::vector<int64_t>>()),
+                    t["dtype"].get<std::string>(), t["sharded"].get<bool>() ? "sharded" : "whole",
+                    std::to_string(t["bytes"].get<uint64_t>())});
+  std::vector<size_t> width(5, 0);
+  for (const auto& row : rows)
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  std::cout << "tensors:\n";
+  for (const auto& row : rows) {
+    std::string line = "  ";
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i == 4)  // bytes: right-aligned
+        line += std::string(width[i] - row[i].size(), ' ') + row[i];
+      else
+        line += row[i] + std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+  const nlohmann::json& totals = info["totals"];
+  std::cout << "total: " << totals["tensors"].get<int64_t>() << " tensors ("
+            << totals["sharded"].get<int64_t>() << " sharded, " << totals["whole"].get<int64_t>()
+            << " whole), " << totals["bytes"].get<uint64_t>() << " bytes ("
+            << human_bytes(totals["bytes"].get<uint64_t>()) << ")\n";
+  return 0;
+}
+
+// Prints one line per file written (the conversions may take a while).
+checkpoint::OnFileWritten progress(const std::string& out) {
+  return [out](const checkpoint::WrittenFile& file) {
+    std::cout << "wrote " << out << "/" << file.name << " (" << file.tensors << " tensors, "
+              << human_bytes(file.bytes) << ")" << std::endl;
+  };
+}
+
+std::string describe(const StateReader& reader) {
+  return std::string(reader.sharded() ? "sharded" : "full") + ", world size " +
+         std::to_string(reader.world_size());
+}
+
+int run_consolidate(const CkptConfig& c) {
+  const StateReader source = StateReader::open(c.path);
+  checkpoint::consolidate_checkpoint(source, c.out, progress(c.out));
+  std::cout << "consolidated " << source.path() << " (" << describe(source) << ") into " << c.out
+            << " (full)" << std::endl;
+  return 0;
+}
+
+int run_reshard(const CkptConfig& c) {
+  STRATA_CHECK(c.world_size >= 1, ConfigError, "[ckpt] --world-size must be at least 1, got ",
+               c.world_size);
+  const StateReader source = StateReader::open(c.path);
+  checkpoint::reshard_checkpoint(source, c.out, c.world_size, progress(c.out));
+  std::cout << "resharded " << source.path() << " (" << describe(source) << ") into " << c.out
+            << " (sharded, world size " << c.world_size << ")" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+Command make_ckpt_command() {
+  auto config = std::make_shared<CkptConfig>();
+  Command command;
+  command.register_fn = [config](CLI::App& app) {
+    CkptConfig& c = *config;
+    CLI::App* ckpt = app.add_subcommand(
+        "ckpt",
+        "Inspect and convert checkpoints (full or sharded) without a training job.\n"
+        "Examples:\n"
+        "  strata ckpt inspect ckpt/step-00000300\n"
+        "  strata ckpt consolidate ckpt/step-00000300 model-full\n"
+        "  strata ckpt reshard ckpt/step-00000300 ckpt-4 --world-size 4");
+    ckpt->require_subcommand(1);
+
+    c.inspect = ckpt->add_subcommand(
+        "inspect",
+        "Print a checkpoint's layout (full or sharded), world size, strategy, format\n"
+        "version, state entries (values such as the step printed) and every tensor:\n"
+        "name, full shape, dtype, sharded or whole, bytes; then totals.\n"
+        "Example: strata ckpt inspect ckpt/step-00000300 --json");
+    c.inspect->add_option("path", c.path, "Checkpoint directory")->required();
+    c.inspect->add_flag("--json", c.json, "Print one JSON object instead of text");
+
+    c.consolidate = ckpt->add_subcommand(
+        "consolidate",
+        "Write SHARDED (a sharded checkpoint, any world size) as a full checkpoint at\n"
+        "OUT: one state.safetensors with every tensor whole, same entries and\n"
+        "strategy, loadable by every strategy. One tensor in memory at a time; OUT\n"
+        "appears only when complete and must not exist (or be an empty directory).\n"
+        "Example: strata ckpt consolidate ckpt/step-00000300 model-full");
+    c.consolidate->add_option("sharded", c.path, "Checkpoint to read (sharded or full)")->required();
+    c.consolidate->add_option("out", c.out, "New checkpoint directory to write")->required();
+
+    c.reshard = ckpt->add_subcommand(
+        "reshard",
+        "Write SHARDED (sharded at any world size, or full) as a sharded checkpoint\n"
+        "for N ranks at OUT: one shard-RRRRR-of-NNNNN.safetensors per rank. One\n"
+        "slice in memory at a time; OUT appears only when complete and must not\n"
+        "exist (or be an empty directory).\n"
+        "Example: strata ckpt reshard ckpt/step-00000300 ckpt-4 --world-size 4");
+    c.reshard->add_option("sharded", c.path, "Checkpoint to read (sharded or full)")->required();
+    c.reshard->add_option("out", c.out, "New checkpoint directory to write")->required();
+    c.reshard->add_option("--world-size", c.world_size, "Ranks to shard for (at least 1)")->required();
+    return ckpt;
+  };
+  command.run = [config] {
+    const CkptConfig& c = *config;
+    if (c.inspect->parsed()) return run_inspect(c);
+    if (c.consolidate->parsed()) return run_consolidate(c);
+    return run_reshard(c);
+  };
+  return command;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,254 @@
+// `strata ckpt inspect | consolidate | reshard` as users run them: the
+// built `strata` binary on checkpoints written rank file by rank file with
+// the library, its results read back with the library and compared with
+// the original tensors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "checkpoint/sharded_util.h"
+#include "checkpoint/test_util.h"
+#include "strata/checkpoint/safetensors.h"
+#include "strata/checkpoint/sharded.h"
+
+extern char** environ;
+
+namespace strata::checkpoint {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Outcome {
+  int status = -1;  // exit code, or 128+signal
+  std::string out, err;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class CkptCommandTest : public testing::ScratchDir {
+ protected:
+  // Runs `strata ARGS...` with stdout and stderr captured in files.
+  Outcome strata(const std::vector<std::string>& args) {
+    const char* dir = std::getenv("STRATA_BINARY_DIR");
+    std::vector<std::string> argv{std::string(dir != nullptr ? dir : ".") + "/strata"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    const std::string out = path(".stdout"), err = path(".stderr");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = -1;
+    Outcome o;
+    const int rc = ::posix_spawn(&pid, cargv[0], &actions, nullptr, cargv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      ADD_FAILURE() << "cannot start " << cargv[0] << ": " << std::strerror(rc);
+      return o;
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    o.out = read_text(out);
+    o.err = read_text(err);
+    std::filesystem::remove(out);
+    std::filesystem::remove(err);
+    return o;
+  }
+
+  // A small training state saved as a world-2 sharded checkpoint at "ckpt".
+  void SetUp() override {
+    testing::ScratchDir::SetUp();
+    at::manual_seed(21);
+    tensors_ = {{"model/w", at::randn({4, 3})},
+                {"model/b", at::randn({3}).to(at::kBFloat16)},
+                {"model/n", at::tensor({int64_t(5), int64_t(-6)})},
+                {"optimizer/w.momentum_buffer", at::randn({4, 3})},
+                {"rng", at::randint(0, 255, {5}, at::kByte)}};
+    whole_ = {"model/n", "rng"};
+    entries_ = {{"model", {{"kind", "module"}}},
+                {"optimizer", {{"kind", "optimizer"}, {"state", {{"type", "sgd"}}}}},
+                {"rng", {{"kind", "tensor"}}},
+                {"step", {{"kind", "value"}, {"value", 42}}}};
+    testing::write_sharded_by_rank(path("ckpt"), 2, tensors_, whole_,
+                                   {{"strategy", "fsdp"}, {"entries", entries_}});
+  }
+
+  // Every tensor read back from `dir` equals the original.
+  void expect_original(const std::string& dir) {
+    StateReader reader = StateReader::open(dir);
+    ASSERT_EQ(reader.tensor_names().size(), tensors_.size());
+    for (const auto& [name, original] : tensors_) {
+      at::Tensor loaded = reader.full(name);
+      EXPECT_EQ(loaded.scalar_type(), original.scalar_type()) << name;
+      EXPECT_TRUE(at::equal(loaded, original)) << name;
+    }
+    EXPECT_EQ(reader.entries(), entries_);
+    EXPECT_EQ(reader.metadata()["strategy"], "fsdp");
+  }
+
+  NamedTensors tensors_;
+  std::set<std::string> whole_;
+  nlohmann::json entries_;
+};
+
+TEST_F(CkptCommandTest, InspectPrintsLayoutEntriesAndEveryTensor) {
+  Outcome o = strata({"ckpt", "inspect", path("ckpt")});
+  ASSERT_EQ(o.status, 0) << o.err;
+  EXPECT_EQ(o.err, "");
+  for (const std::string line :
+       {"checkpoint  " + path("ckpt") + "\n", std::string("layout      sharded (2 rank files)\n"),
+        std::string("world size  2\n"), std::string("strategy    fsdp\n"),
+        std::string("format      strata-checkpoint version 1\n"), std::string("entries:\n"),
+        std::string("  model      module\n"), std::string("  optimizer  optimizer (sgd)\n"),
+        std::string("  rng        tensor\n"), std::string("  step       value 42\n"),
+        std::string("  name                         shape   dtype  storage  bytes\n"),
+        std::string("  model/w                      [4, 3]  F32    sharded     48\n"),
+        std::string("  model/b                      [3]     BF16   sharded      6\n"),
+        std::string("  model/n                      [2]     I64    whole       16\n"),
+        std::string("  optimizer/w.momentum_buffer  [4, 3]  F32    sharded     48\n"),
+        std::string("  rng                          [5]     U8     whole        5\n"),
+        std::string("total: 5 tensors (3 sharded, 2 whole), 123 bytes (123 B)\n")})
+    EXPECT_THAT(o.out, HasSubstr(line));
+}
+
+TEST_F(CkptCommandTest, InspectJsonIsOneObject) {
+  Outcome o = strata({"ckpt", "inspect", path("ckpt"), "--json"});
+  ASSERT_EQ(o.status, 0) << o.err;
+  const nlohmann::json info = nlohmann::json::parse(o.out);
+  EXPECT_EQ(info["layout"], "sharded");
+  EXPECT_EQ(info["world_size"], 2);
+  EXPECT_EQ(info["strategy"], "fsdp");
+  EXPECT_EQ(info["version"], 1);
+  EXPECT_EQ(info["files"], nlohmann::json({"shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"}));
+  EXPECT_EQ(info["entries"]["step"], nlohmann::json({{"kind", "value"}, {"value", 42}}));
+  EXPECT_EQ(info["entries"]["optimizer"], nlohmann::json({{"kind", "optimizer"}, {"type", "sgd"}}));
+  ASSERT_EQ(info["tensors"].size(), 5u);
+  EXPECT_EQ(info["tensors"][1], nlohmann::json({{"name", "model/b"},
+                                                {"shape", {3}},
+                                                {"dtype", "BF16"},
+                                                {"sharded", true},
+                                                {"bytes", 6}}));
+  EXPECT_EQ(info["totals"], nlohmann::json({{"tensors", 5}, {"sharded", 3}, {"whole", 2}, {"bytes", 123}}));
+}
+
+TEST_F(CkptCommandTest, ConsolidateWritesOneFullFileWithEveryTensor) {
+  Outcome o = strata({"ckpt", "consolidate", path("ckpt"), path("full")});
+  ASSERT_EQ(o.status, 0) << o.err;
+  EXPECT_EQ(o.out, "wrote " + path("full") + "/state.safetensors (5 tensors, 123 B)\nconsolidated " +
+                       path("ckpt") + " (sharded, world size 2) into " + path("full") + " (full)\n");
+  expect_original(path("full"));
+  StateReader full = StateReader::open(path("full"));
+  EXPECT_FALSE(full.sharded());
+  EXPECT_EQ(full.metadata()["state_dict_type"], "full");
+  EXPECT_EQ(full.metadata()["world_size"], 2);
+  EXPECT_EQ(full.metadata()["consolidated_from"], 2);
+  EXPECT_EQ(full.metadata()["files"], nlohmann::json({"state.safetensors"}));
+  // Independently of StateReader: the one file holds every tensor whole.
+  SafetensorsFile file = SafetensorsFile::open(path("full/state.safetensors"));
+  for (const auto& [name, original] : tensors_) EXPECT_TRUE(at::equal(file.load(name), original)) << name;
+}
+
+TEST_F(CkptCommandTest, ReshardTwoToThreeToOneKeepsEveryTensor) {
+  Outcome three = strata({"ckpt", "reshard", path("ckpt"), path("r3"), "--world-size", "3"});
+  ASSERT_EQ(three.status, 0) << three.err;
+  EXPECT_THAT(three.out, HasSubstr("wrote " + path("r3") + "/shard-00000-of-00003.safetensors (5 tensors, "));
+  EXPECT_THAT(three.out, HasSubstr("wrote " + path("r3") + "/shard-00002-of-00003.safetensors (3 tensors, "));
+  EXPECT_THAT(three.out, HasSubstr("resharded " + path("ckpt") + " (sharded, world size 2) into " + path("r3") +
+                                   " (sharded, world size 3)\n"));
+  for (int rank = 0; rank < 3; ++rank) {
+    SafetensorsFile file = SafetensorsFile::open(path("r3/" + shard_file_name(rank, 3)));
+    for (const auto& [name, original] : tensors_) {
+      if (whole_.count(name))
+        EXPECT_EQ(file.contains(name), rank == 0) << name;
+      else
+        EXPECT_TRUE(at::equal(file.load(name), shard_of(original, 3, rank))) << name << " rank " << rank;
+    }
+  }
+  expect_original(path("r3"));
+
+  Outcome one = strata({"ckpt", "reshard", path("r3"), path("r1"), "--world-size", "1"});
+  ASSERT_EQ(one.status, 0) << one.err;
+  StateReader r1 = StateReader::open(path("r1"));
+  EXPECT_TRUE(r1.sharded());
+  EXPECT_EQ(r1.world_size(), 1);
+  EXPECT_EQ(r1.metadata()["resharded_from"], 3);
+  expect_original(path("r1"));
+
+  // A full checkpoint reshards too.
+  ASSERT_EQ(strata({"ckpt", "consolidate", path("r1"), path("full")}).status, 0);
+  ASSERT_EQ(strata({"ckpt", "reshard", path("full"), path("r2"), "--world-size", "2"}).status, 0);
+  expect_original(path("r2"));
+}
+
+TEST_F(CkptCommandTest, BadPathsAndValuesGiveClearErrors) {
+  Outcome missing = strata({"ckpt", "inspect", path("nope")});
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_EQ(missing.err, "strata: error: [checkpoint] " + path("nope") +
+                             ": no such checkpoint (the directory does not exist)\n");
+
+  std::filesystem::create_directories(path("busy"));
+  std::ofstream(path("busy/keep.txt")) << "mine\n";
+  Outcome busy = strata({"ckpt", "consolidate", path("ckpt"), path("busy")});
+  EXPECT_EQ(busy.status, 1);
+  EXPECT_EQ(busy.err, "strata: error: [checkpoint] " + path("busy") +
+                          " already exists and is not empty; refusing to write over it (choose a new path, or "
+                          "delete it first)\n");
+  EXPECT_EQ(read_text(path("busy/keep.txt")), "mine\n");
+
+  Outcome zero = strata({"ckpt", "reshard", path("ckpt"), path("z"), "--world-size", "0"});
+  EXPECT_EQ(zero.status, 1);
+  EXPECT_EQ(zero.err, "strata: error: [ckpt] --world-size must be at least 1, got 0\n");
+  EXPECT_FALSE(std::filesystem::exists(path("z")));
+
+  Outcome word = strata({"ckpt", "reshard", path("ckpt"), path("z"), "--world-size", "two"});
+  EXPECT_NE(word.status, 0);
+  EXPECT_THAT(word.err, HasSubstr("--world-size"));
+
+  Outcome absent = strata({"ckpt", "reshard", path("ckpt"), path("z")});
+  EXPECT_NE(absent.status, 0);
+  EXPECT_THAT(absent.err, HasSubstr("--world-size is required"));
+
+  std::filesystem::remove(path("ckpt/shard-00001-of-00002.safetensors"));
+  Outcome lost = strata({"ckpt", "consolidate", path("ckpt"), path("out")});
+  EXPECT_EQ(lost.status, 1);
+  EXPECT_EQ(lost.err, "strata: error: [checkpoint] " + path("ckpt") +
+                          ": shard-00001-of-00002.safetensors is missing (rank 1 of 2 did not save?)\n");
+  EXPECT_FALSE(std::filesystem::exists(path("out")));
+}
+
+TEST_F(CkptCommandTest, HelpDescribesEachCommand) {
+  Outcome ckpt = strata({"ckpt", "--help"});
+  EXPECT_EQ(ckpt.status, 0);
+  for (const char* word : {"inspect", "consolidate", "reshard", "Examples:"})
+    EXPECT_THAT(ckpt.out, HasSubstr(word));
+  Outcome reshard = strata({"ckpt", "reshard", "--help"});
+  EXPECT_EQ(reshard.status, 0);
+  for (const char* word : {"--world-size", "shard-RRRRR-of-NNNNN.safetensors", "OUT", "Example:"})
+    EXPECT_THAT(reshard.out, HasSubstr(word));
+  Outcome inspect = strata({"ckpt", "inspect", "--help"});
+  EXPECT_THAT(inspect.out, HasSubstr("--json"));
+  Outcome consolidate = strata({"ckpt", "consolidate", "--help"});
+  EXPECT_THAT(consolidate.out, HasSubstr("state.safetensors"));
+  EXPECT_NE(strata({"ckpt"}).status, 0);
+}
+
+}  // namespace
+}  // namespace strata::checkpoint
