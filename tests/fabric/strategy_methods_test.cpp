@@ -17,6 +17,7 @@
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/single_device.h"
+#include "support/checks.h"
 #include "support/errors.h"
 #include "support/multiprocess.h"
 #include "support/worker.h"
@@ -28,21 +29,8 @@ using strata::FabricOptions;
 using strata::strategies::DDPOptions;
 using strata::strategies::DDPStrategy;
 
-// Collects failed expectations inside a worker; the worker fails if any.
-struct Checks {
-  int rank = 0;
-  int failures = 0;
-  void expect(bool ok, const std::string& what) {
-    if (!ok) {
-      ++failures;
-      std::cerr << "CHECK FAILED on rank " << rank << ": " << what << std::endl;
-    }
-  }
-};
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using strata::testing::Checks;
+using strata::testing::contains;
 
 struct TwoLinearImpl : torch::nn::Module {
   TwoLinearImpl() {

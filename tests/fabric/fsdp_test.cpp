@@ -1,0 +1,357 @@
+// FSDPStrategy's contract beyond step-by-step equivalence (equivalence_test):
+// what sharding leaves on each rank, the set-up order and its errors,
+// activation checkpointing, bf16-mixed, and building a model sharded.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+#include "strata/core/error.h"
+#include "strata/core/module_hooks.h"
+#include "strata/fabric/fabric.h"
+#include "strata/models/gpt.h"
+#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/fsdp.h"
+#include "support/checks.h"
+#include "support/errors.h"
+#include "support/multiprocess.h"
+#include "support/worker.h"
+
+namespace {
+
+using strata::Fabric;
+using strata::FabricOptions;
+using strata::models::BlockImpl;
+using strata::models::GPT;
+using strata::models::GPTConfig;
+using strata::strategies::FSDPOptions;
+using strata::strategies::FSDPStrategy;
+using strata::strategies::ModuleTypes;
+using strata::testing::Checks;
+using strata::testing::contains;
+using strata::testing::error_message;
+
+GPTConfig tiny() { return GPTConfig::preset("tiny").block_size(16); }
+
+std::shared_ptr<FSDPStrategy> fsdp(FSDPOptions options = FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Block"}),
+                                   const std::string& precision = "32-true") {
+  auto s = std::make_shared<FSDPStrategy>(strata::strategies::cpu_accelerator(),
+                                          strata::strategies::Precision::parse(precision), options);
+  s->set_collective_timeout(std::chrono::seconds(60));
+  return s;
+}
+
+// A fixed batch of random tokens, the same in every process; rank r of
+// `world` takes rows [r * B/world, (r+1) * B/world).
+std::pair<at::Tensor, at::Tensor> batch(int rank = 0, int world = 1, int64_t rows = 6) {
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  at::Tensor tokens = at::randint(0, 256, {rows, 17}, gen, at::kLong);
+  int64_t per = rows / world;
+  tokens = tokens.narrow(0, rank * per, per);
+  return {tokens.narrow(1, 0, 16).contiguous(), tokens.narrow(1, 1, 16).contiguous()};
+}
+
+at::Tensor c_attn_weight(GPT& model, int block) {
+  return model->blocks[block]->as<BlockImpl>()->attn->c_attn->weight;
+}
+
+// ---- one process ------------------------------------------------------------------
+
+TEST(FSDPTest, StateDictTypeOtherThanFullOrShardedIsRejectedAtConstruction) {
+  std::string what = error_message([] { fsdp(FSDPOptions().with_state_dict_type("consolidated")); });
+  EXPECT_TRUE(contains(what, "state_dict_type must be 'full' or 'sharded', got 'consolidated'")) << what;
+  EXPECT_EQ(fsdp()->state_dict_type(), "sharded");
+  EXPECT_FALSE(fsdp()->sequential_save());
+}
+
+TEST(FSDPTest, SetupModuleAndOptimizersAlwaysRefusesAndSaysTheOrder) {
+  GPT model(tiny());
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  std::string what = error_message([&] { fsdp()->setup_module_and_optimizers(model.ptr(), {&optimizer}); });
+  EXPECT_TRUE(contains(what, "setup_module_and_optimizers is not supported") &&
+              contains(what, "Call setup_module(model), build the optimizer from model->parameters(), then "
+                             "setup_optimizer(optimizer)"))
+      << what;
+  std::string early = error_message([&] { fsdp()->setup_optimizer(optimizer); });
+  EXPECT_TRUE(contains(early, "setup_optimizer before setup_module")) << early;
+}
+
+TEST(FSDPTest, LowPrecisionComputeNeedsAMixedPrecision) {
+  std::string what = error_message([] { fsdp(FSDPOptions().with_compute_dtype(at::kBFloat16)); });
+  EXPECT_TRUE(contains(what, "needs a mixed precision")) << what;
+  EXPECT_NO_THROW(fsdp(FSDPOptions().with_compute_dtype(at::kBFloat16), "bf16-mixed"));
+}
+
+TEST(FSDPTest, NameResolvesAndShardedContextNeedsTheProcessGroup) {
+  auto strategy = strata::strategies::make_strategy("fsdp", strata::strategies::cpu_accelerator(),
+                                                    strata::strategies::Precision::parse("32-true"), 2);
+  EXPECT_EQ(strategy->name(), "fsdp");
+  std::string what = error_message([] { fsdp()->module_sharded_context(); });
+  EXPECT_TRUE(contains(what, "module_sharded_context needs the process group")) << what;
+}
+
+// A small computation with dropout, so the recomputation must replay the
+// random numbers to give the same gradients.
+struct Body {
+  torch::nn::Linear a{8, 16}, b{16, 4};
+  int calls = 0;
+  at::Tensor operator()(const at::Tensor& x) {
+    ++calls;
+    return b->forward(at::dropout(at::gelu(a->forward(x)), 0.3, /*train=*/true));
+  }
+};
+
+TEST(ActivationCheckpointTest, GradientsAreIdenticalAndTheBodyRunsAgainInBackward) {
+  Body body;
+  at::Tensor x = at::randn({5, 8}).requires_grad_(true);
+  auto run = [&](bool checkpointed) {
+    x.mutable_grad() = at::Tensor();
+    for (auto& p : body.a->parameters()) p.mutable_grad() = at::Tensor();
+    for (auto& p : body.b->parameters()) p.mutable_grad() = at::Tensor();
+    at::manual_seed(3);
+    auto fn = [&](const at::Tensor& in) { return body(in); };
+    at::Tensor y = checkpointed ? strata::strategies::checkpointed_forward(fn, x) : fn(x);
+    y.pow(2).sum().backward();
+    return std::vector<at::Tensor>{y.detach(), x.grad(), body.a->weight.grad(), body.b->bias.grad()};
+  };
+  std::vector<at::Tensor> plain = run(false);
+  body.calls = 0;
+  std::vector<at::Tensor> checked = run(true);
+  EXPECT_EQ(body.calls, 2) << "forward once without the graph, once more in backward";
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], checked[i])) << "tensor " << i;
+}
+
+TEST(ActivationCheckpointTest, ParametersGetGradientsWhenTheInputNeedsNone) {
+  Body body;
+  at::Tensor x = at::randn({5, 8});
+  at::Tensor y = strata::strategies::checkpointed_forward([&](const at::Tensor& in) { return body(in); }, x);
+  y.sum().backward();
+  ASSERT_TRUE(body.a->weight.grad().defined());
+  EXPECT_GT(body.a->weight.grad().abs().sum().item<double>(), 0.0);
+  torch::NoGradGuard no_grad;
+  body.calls = 0;
+  strata::strategies::checkpointed_forward([&](const at::Tensor& in) { return body(in); }, x);
+  EXPECT_EQ(body.calls, 1) << "without grad mode there is nothing to recompute";
+}
+
+// ---- workers ------------------------------------------------------------------------
+
+// Sharding, idle parameters between steps, the set-up order, evaluation.
+STRATA_WORKER(fsdp_contract) {
+  Fabric fabric(FabricOptions().with_strategy(fsdp()));
+  Checks c;
+  fabric.launch([&](Fabric& f) {
+    c.rank = f.global_rank();
+    auto& strategy = dynamic_cast<FSDPStrategy&>(f.strategy());
+    int world = f.world_size();
+    Fabric::seed_everything(5);
+    GPT model(tiny());
+    std::map<std::string, std::vector<int64_t>> full_shapes;
+    for (const auto& item : model->named_parameters()) full_shapes[item.key()] = item.value().sizes().vec();
+    torch::optim::SGD early(model->parameters(), 0.1);
+    f.setup_module(model);
+
+    std::string what = error_message([&] { f.setup_optimizer(early); });
+    c.expect(contains(what, "create the optimizer after setup_module"), "an optimizer made too early is refused: " + what);
+    for (const auto& item : model->named_parameters()) {
+      int64_t numel = 1;
+      for (int64_t d : full_shapes[item.key()]) numel *= d;
+      c.expect(item.value().dim() == 1 && item.value().numel() == (numel + world - 1) / world,
+               item.key() + " is a 1-D shard of ceil(numel / world) elements");
+    }
+    std::vector<std::string> unit_names;
+    for (const auto& unit : strategy.units()) unit_names.push_back(unit.name);
+    c.expect(unit_names == std::vector<std::string>{"blocks.0", "blocks.1", ""}, "units: each Block, then the root");
+    c.expect(c_attn_weight(model, 0).numel() == 0, "a unit's parameters are not gathered while idle");
+
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+    f.setup_optimizer(optimizer);
+    auto [input, target] = batch(f.global_rank(), world);
+    std::vector<double> losses;
+    for (int step = 0; step < 6; ++step) {
+      at::Tensor loss = model->loss(input, target);
+      f.backward(loss);
+      optimizer.step();
+      optimizer.zero_grad();
+      losses.push_back(f.all_reduce(loss.detach()).item<double>());
+      c.expect(c_attn_weight(model, 1).numel() == 0 && model->wte->weight.numel() == 0,
+               "every unit, the root included, is idle after a step");
+    }
+    c.expect(losses.back() < losses.front() - 0.1, "the loss goes down");
+    c.expect(strategy.full_parameter("wte.weight").sizes() == at::IntArrayRef({256, 64}), "full_parameter gathers");
+    // Forward order was recorded: units are reported in it.
+    c.expect(strategy.units().front().name.empty(), "after a step the root (first to run) is listed first");
+
+    {
+      torch::NoGradGuard no_grad;
+      at::Tensor logits = model->forward(input);
+      c.expect(logits.sizes() == at::IntArrayRef({input.size(0), 16, 256}), "evaluation forward works");
+      c.expect(c_attn_weight(model, 0).numel() == 0, "and leaves the units idle");
+    }
+    f.setup_module(model);  // already sharded: returned as it is
+    c.expect(model->named_parameters()["wte.weight"].dim() == 1, "a second setup_module does not shard again");
+
+    // A backward outside fabric.backward is caught at the next forward.
+    model->loss(input, target).backward();
+    what = error_message([&] { model->loss(input, target); });
+    c.expect(contains(what, "instead of fabric.backward()"), "loss.backward() outside fabric is named: " + what);
+  });
+  return c.result();
+}
+
+TEST(FSDPTest, ShardsAreOneNthAndUnitsAreIdleBetweenSteps) {
+  for (int world : {2, 3}) {
+    auto run = strata::testing::run_workers(world, "fsdp_contract");
+    EXPECT_TRUE(run.ok()) << "world " << world << ": " << run.launch.summary << "\n" << run.output;
+  }
+}
+
+// bf16-mixed: bf16 gathers and compute, fp32 shards and optimizer state;
+// the losses follow single-process fp32 training closely.
+STRATA_WORKER(fsdp_bf16) {
+  Checks c;
+  std::vector<double> reference;
+  {
+    Fabric::seed_everything(5);
+    GPT model(tiny());
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+    auto [input, target] = batch();
+    for (int step = 0; step < 8; ++step) {
+      at::Tensor loss = model->loss(input, target);
+      loss.backward();
+      optimizer.step();
+      optimizer.zero_grad();
+      reference.push_back(loss.item<double>());
+    }
+  }
+  Fabric fabric(FabricOptions().with_precision("bf16-mixed").with_strategy(
+      fsdp(FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Block"}), "bf16-mixed")));
+  fabric.launch([&](Fabric& f) {
+    c.rank = f.global_rank();
+    Fabric::seed_everything(5);
+    GPT model(tiny());
+    f.setup_module(model);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+    f.setup_optimizer(optimizer);
+    auto [input, target] = batch(f.global_rank(), f.world_size());
+    at::ScalarType seen = at::kFloat;
+    // Records the dtype the block computes with, from inside its forward.
+    struct Probe : strata::ForwardHooks {
+      std::shared_ptr<strata::ForwardHooks> inner;
+      at::ScalarType* seen;
+      at::Tensor run(torch::nn::Module& m, const at::Tensor& x, const strata::ForwardBody& body) override {
+        return inner->run(m, x, [&](const at::Tensor& in) {
+          *seen = m.as<BlockImpl>()->attn->c_attn->weight.scalar_type();
+          return body(in);
+        });
+      }
+    };
+    auto probe = std::make_shared<Probe>();
+    probe->inner = strata::forward_hooks(*model->blocks[0]);
+    probe->seen = &seen;
+    strata::set_forward_hooks(*model->blocks[0], probe);
+    for (int step = 0; step < 8; ++step) {
+      at::Tensor loss;
+      {
+        auto autocast = f.autocast();
+        loss = model->loss(input, target);
+      }
+      f.backward(loss);
+      optimizer.step();
+      optimizer.zero_grad();
+      double mean = f.all_reduce(loss.detach()).item<double>();
+      c.expect(std::abs(mean - reference[step]) < 0.05,
+               "step " + std::to_string(step) + ": bf16 loss " + std::to_string(mean) + " vs fp32 " +
+                   std::to_string(reference[step]));
+    }
+    strata::set_forward_hooks(*model->blocks[0], probe->inner);
+    c.expect(seen == at::kBFloat16, "units compute with bf16 parameters");
+    for (const auto& p : model->parameters()) c.expect(p.scalar_type() == at::kFloat, "shards stay fp32");
+  });
+  return c.result();
+}
+
+TEST(FSDPTest, Bf16MixedComputesInBf16AndFollowsFp32Training) {
+  auto run = strata::testing::run_workers(2, "fsdp_bf16");
+  EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+}
+
+// module_sharded_context: each block is sharded as soon as it is built.
+STRATA_WORKER(fsdp_sharded_context) {
+  Fabric fabric(FabricOptions().with_strategy(fsdp()));
+  Checks c;
+  fabric.launch([&](Fabric& f) {
+    c.rank = f.global_rank();
+    auto& strategy = dynamic_cast<FSDPStrategy&>(f.strategy());
+    Fabric::seed_everything(5);
+    std::optional<GPT> built;
+    {
+      auto scope = strategy.module_sharded_context();
+      built.emplace(tiny().n_layer(3));
+    }
+    GPT model = *built;
+    c.expect(c_attn_weight(model, 0).numel() == 0 && c_attn_weight(model, 2).numel() == 0,
+             "blocks hold no full parameters right after construction");
+    c.expect(model->named_parameters()["blocks.1.mlp.c_fc.weight"].dim() == 1, "their parameters are shards");
+    c.expect(model->wte->weight.numel() == 256 * 64, "the root's own parameters are built whole");
+    f.setup_module(model);
+    at::Tensor w = strategy.full_parameter("blocks.2.attn.c_attn.weight");
+    double std = w.std().item<double>();
+    c.expect(std > 0.015 && std < 0.025, "blocks got the GPT initialisation (std 0.02), got " + std::to_string(std));
+    c.expect(strategy.full_parameter("blocks.2.attn.c_attn.bias").abs().max().item<double>() == 0.0, "zero biases");
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+    f.setup_optimizer(optimizer);
+    auto [input, target] = batch(f.global_rank(), f.world_size());
+    double first = 0, last = 0;
+    for (int step = 0; step < 6; ++step) {
+      at::Tensor loss = model->loss(input, target);
+      f.backward(loss);
+      optimizer.step();
+      optimizer.zero_grad();
+      (step == 0 ? first : last) = f.all_reduce(loss.detach()).item<double>();
+    }
+    c.expect(last < first - 0.1, "a model built sharded trains");
+  });
+  return c.result();
+}
+
+TEST(FSDPTest, ShardedContextShardsEachBlockAsSoonAsItIsBuilt) {
+  auto run = strata::testing::run_workers(2, "fsdp_sharded_context");
+  EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+}
+
+// A model whose own forward does not run through hooked_forward, while its
+// blocks are units: the error says what to change.
+struct UnhookedImpl : torch::nn::Module {
+  UnhookedImpl() {
+    block = register_module("block", strata::models::Block(tiny()));
+    head = register_module("head", torch::nn::Linear(64, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) { return head->forward(block->forward(x)); }
+  strata::models::Block block{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Unhooked);
+
+STRATA_WORKER(fsdp_unhooked_root) {
+  Fabric fabric(FabricOptions().with_strategy(fsdp()));
+  Checks c;
+  fabric.launch([&](Fabric& f) {
+    c.rank = f.global_rank();
+    Unhooked model;
+    f.setup_module(model);
+    std::string what = error_message([&] { model->forward(at::randn({2, 4, 64})); });
+    c.expect(contains(what, "did not go through strata::hooked_forward"), "the missing hook is named: " + what);
+  });
+  return c.result();
+}
+
+TEST(FSDPTest, RootForwardWithoutHooksIsAClearError) {
+  auto run = strata::testing::run_workers(2, "fsdp_unhooked_root");
+  EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+}
+
+}  // namespace
