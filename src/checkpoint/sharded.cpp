@@ -44,8 +44,8 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }
 
 // Metadata fields a conversion sets itself rather than copying from the source.
-const char* const kDerivedFields[] = {"format",     "version",          "files",
-                                      "tensors",    "state_dict_type",  "world_size",
+const char* const kDerivedFields[] = {"format",          "version",    "files",
+                                      "tensors",         "world_size", "state_dict_type",
                                       "consolidated_from", "resharded_from"};
 
 nlohmann::json carried_metadata(const StateReader& source) {
@@ -59,8 +59,9 @@ nlohmann::json carried_metadata(const StateReader& source) {
 void check_new_output(const std::string& out) {
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(out, ec))) return;
-  STRATA_CHECK(fs::is_directory(out, ec) && fs::is_empty(out, ec), CheckpointError,
-               "[checkpoint] ", out,
+  STRATA_CHECK(fs::is_directory(out, ec), CheckpointError, "[checkpoint] ", out,
+               " already exists and is not a directory; choose a new path for the checkpoint");
+  STRATA_CHECK(fs::is_empty(out, ec), CheckpointError, "[checkpoint] ", out,
                " already exists and is not empty; refusing to write over it (choose a new path, "
                "or delete it first)");
 }
@@ -328,8 +329,9 @@ void consolidate_checkpoint(const StateReader& source, const std::string& out,
 
 void reshard_checkpoint(const StateReader& source, const std::string& out, int world,
                         const OnFileWritten& on_file) {
-  STRATA_CHECK(world >= 1, ConfigError, "[checkpoint] the target world size must be at least 1, got ",
-               world);
+  STRATA_CHECK(world >= 1 && world <= 99999, ConfigError,
+               "[checkpoint] the target world size must be from 1 to 99999 (shard file names have "
+               "5 digits), got ", world);
   check_new_output(out);
   // Note [Resharding a full checkpoint]
   // A sharded source says which tensors are sharded. A full one does not,

@@ -290,7 +290,12 @@ TEST_F(StateReaderTest, ConversionsRefuseAnOutputThatIsNotEmpty) {
                 " already exists and is not empty; refusing to write over it (choose a new path, or delete "
                 "it first)");
   EXPECT_EQ(error_message<ConfigError>([&] { reshard_checkpoint(source, path("new"), 0); }),
-            "[checkpoint] the target world size must be at least 1, got 0");
+            "[checkpoint] the target world size must be from 1 to 99999 (shard file names have 5 digits), "
+            "got 0");
+  std::ofstream(path("file")) << "x";
+  EXPECT_EQ(error_message<CheckpointError>([&] { consolidate_checkpoint(source, path("file")); }),
+            "[checkpoint] " + path("file") + " already exists and is not a directory; choose a new path for "
+            "the checkpoint");
   EXPECT_FALSE(std::filesystem::exists(path("new")));
   // An empty directory is fine.
   std::filesystem::create_directories(path("empty"));
