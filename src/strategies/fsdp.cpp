@@ -96,7 +96,13 @@ class FSDPForwardHooks : public ForwardHooks {
     std::shared_ptr<FSDPStrategy::Impl> impl = impl_.lock();
     if (!impl) return body(input);
     if (unit_) impl->pre_forward(*unit_);
-    at::Tensor output = checkpoint_ ? checkpointed_forward(body, input) : body(input);
+    at::Tensor output;
+    try {
+      output = checkpoint_ ? checkpointed_forward(body, input) : body(input);
+    } catch (const c10::Error& error) {
+      if (unit_ && impl->units[*unit_].root) impl->explain_failed_forward(error);
+      throw;
+    }
     if (unit_) output = impl->post_forward(*unit_, output);
     return output;
   }
@@ -199,6 +205,21 @@ void FSDPStrategy::Impl::release(size_t u) {
   unit.state = UnitState::kIdle;
 }
 
+void FSDPStrategy::Impl::explain_failed_forward(const c10::Error& error) const {
+  std::string idle;
+  for (const Unit& unit : units) {
+    if (unit.entered || unit.params.empty() || unit.state == UnitState::kGathered) continue;
+    idle += (idle.empty() ? "" : ", ") + ("'" + unit.name + "' (" + unit.type + ")");
+  }
+  if (idle.empty()) return;
+  std::string what = error.what_without_backtrace();
+  throw ConfigError("[fsdp] the forward failed: " + what.substr(0, what.find('\n')) +
+                    ". Under FSDP a unit's parameters are empty until its forward starts, through "
+                    "strata::hooked_forward (strata/core/module_hooks.h); units whose forward had not started: " +
+                    idle + ". If one of them was in use, run its forward through hooked_forward, or choose units "
+                    "whose forwards do (a container such as ModuleList has no forward)");
+}
+
 std::optional<size_t> FSDPStrategy::Impl::neighbour(size_t u, int direction) const {
   const std::vector<size_t>& order = forward_order.size() >= last_forward_order.size() ? forward_order
                                                                                         : last_forward_order;
@@ -220,12 +241,19 @@ void FSDPStrategy::Impl::pre_forward(size_t u) {
                  "strategy.backward)");
     forward_order.clear();
     for (Unit& other : units) other.entered = false;
-  } else if (!units[root].entered && !units[root].params.empty() &&
-             units[root].state != UnitState::kGathered) {
-    throw ConfigError("[fsdp] a unit's forward ran, but the forward of the module passed to setup_module ('" +
-                      units[root].type + "') did not go through strata::hooked_forward, so its own parameters "
-                      "were never gathered. Run that module's forward through hooked_forward "
-                      "(strata/core/module_hooks.h), as the units' forwards do");
+  } else {
+    // The units around this one must be computing: their parameters may be
+    // used around this forward. One that is not never ran hooked_forward.
+    for (std::optional<size_t> a = unit.parent; a; a = units[*a].parent) {
+      const Unit& around = units[*a];
+      if (around.entered || around.params.empty() || around.state == UnitState::kGathered) continue;
+      std::string which = around.root ? "the module passed to setup_module ('" + around.type + "')"
+                                      : "unit '" + around.name + "' (" + around.type + ")";
+      throw ConfigError("[fsdp] the forward of unit '" + unit.name + "' ran, but the forward of " + which +
+                        " around it did not go through strata::hooked_forward, so its parameters were never "
+                        "gathered. Run that module's forward through hooked_forward (strata/core/module_hooks.h), "
+                        "or choose units whose forwards do (a container such as ModuleList has no forward)");
+    }
   }
   ensure_gathered(u);
   if (!unit.entered) forward_order.push_back(u);
@@ -440,10 +468,21 @@ void FSDPStrategy::Impl::build(torch::nn::Module& root_module, const FSDPOptions
   }
   root = unit_modules.size() - 1;
   units[root].root = true;
-  // Unit paths, for reports.
+  // Unit paths, for reports; the nearest unit around each unit.
   for (const auto& item : root_module.named_modules("", /*include_self=*/false)) {
     auto it = unit_of.find(item.value().get());
     if (it != unit_of.end()) units[it->second].name = item.key();
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].root) continue;
+    size_t best = root;
+    for (size_t a = 0; a < units.size(); ++a) {
+      const std::string& path = units[a].name;
+      bool encloses = !units[a].root && a != u && units[u].name.size() > path.size() &&
+                      units[u].name.compare(0, path.size(), path) == 0 && units[u].name[path.size()] == '.';
+      if (encloses && (units[best].root || path.size() > units[best].name.size())) best = a;
+    }
+    units[u].parent = best;
   }
 
   std::vector<std::pair<at::Tensor, std::vector<Occurrence>>> found;

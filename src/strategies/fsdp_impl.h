@@ -53,6 +53,7 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
     std::string name;  ///< path from the root ("" for the root)
     std::string type;  ///< module.name()
     bool root = false;
+    std::optional<size_t> parent;  ///< the nearest unit around this one
     std::vector<size_t> params;
     int64_t shard_numel = 0;
     at::Tensor flat_shard;  ///< the shards of params, back to back
@@ -79,6 +80,9 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
   void free_storage(size_t u);
   void release(size_t u);
   std::optional<size_t> neighbour(size_t u, int direction) const;
+  /// Throws a ConfigError explaining `error` when units that never started
+  /// their forward may be why it failed; returns otherwise.
+  void explain_failed_forward(const c10::Error& error) const;
 
   void pre_forward(size_t u);
   at::Tensor post_forward(size_t u, const at::Tensor& output);

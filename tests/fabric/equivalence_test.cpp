@@ -111,14 +111,16 @@ RunResult train(Fabric& fabric, const RunConfig& c) {
 }
 
 // "ddp", "fsdp" (each Block a unit), "fsdp-ac" (and each Block
-// recomputed in backward), "fsdp-ac-nowrap" (one unit, Blocks recomputed).
+// recomputed in backward), "fsdp-ac-nowrap" (one unit, Blocks recomputed),
+// "fsdp-keep" (units stay gathered from forward to backward, no prefetch).
 std::shared_ptr<strata::strategies::Strategy> make_strategy(const std::string& spec) {
   using strata::strategies::FSDPOptions;
   using strata::strategies::ModuleTypes;
   if (spec == "ddp") return std::make_shared<strata::strategies::DDPStrategy>();
   FSDPOptions options;
   if (spec != "fsdp-ac-nowrap") options.with_auto_wrap_policy(ModuleTypes{"Block"});
-  if (spec != "fsdp") options.with_activation_checkpointing_policy({"Block"});
+  if (spec.rfind("fsdp-ac", 0) == 0) options.with_activation_checkpointing_policy({"Block"});
+  if (spec == "fsdp-keep") options.with_reshard_after_forward(false).with_prefetch(false);
   return std::make_shared<strata::strategies::FSDPStrategy>(strata::strategies::cpu_accelerator(), std::nullopt,
                                                            options);
 }
@@ -184,6 +186,7 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("fsdp-ac", 2, int64_t{1}, 0.0, 0.0),
                       std::make_tuple("fsdp-ac-nowrap", 3, int64_t{1}, 0.0, 0.0),
                       std::make_tuple("fsdp", 2, int64_t{2}, 0.0, 0.0),
+                      std::make_tuple("fsdp-keep", 2, int64_t{1}, 0.0, 0.0),
                       std::make_tuple("fsdp", 3, int64_t{2}, 0.5, 0.0),
                       std::make_tuple("fsdp-ac", 3, int64_t{1}, 0.0, 0.01)),
     [](const auto& info) {

@@ -93,6 +93,37 @@ TEST(FSDPTest, NameResolvesAndShardedContextNeedsTheProcessGroup) {
   EXPECT_TRUE(contains(what, "module_sharded_context needs the process group")) << what;
 }
 
+TEST(FSDPTest, WrapPolicyPredicateChoosesUnitsBottomUp) {
+  // Before launch the strategy runs as one rank, enough to see the units.
+  auto by_size = [](const torch::nn::Module&, bool recurse, int64_t nonwrapped_numel) {
+    return recurse || nonwrapped_numel >= 20000;  // descend everywhere; wrap big enough modules
+  };
+  auto strategy = fsdp(FSDPOptions().with_auto_wrap_policy(strata::strategies::WrapPredicate(by_size)));
+  GPT model(tiny());
+  strategy->setup_module(model.ptr());
+  std::vector<std::string> names;
+  for (const auto& unit : strategy->units()) names.push_back(unit.name);
+  // c_attn (64*192+192 = 12480) and each c_proj are too small alone; the
+  // MLP's c_fc (64*256+256 = 16640) too; an MLPBlock (33088) is not; what is
+  // left of a Block (attention + norms, 16896) is small, but what is left
+  // of the ModuleList holding both blocks (33792) is not:
+  EXPECT_EQ(names, (std::vector<std::string>{"blocks.0.mlp", "blocks.1.mlp", "blocks", ""}))
+      << ::testing::PrintToString(names);
+  // A ModuleList has no forward, so it cannot gather its parameters (the
+  // blocks' norms, here): the error names it.
+  std::string what = error_message([&] { model->forward(at::zeros({1, 8}, at::kLong)); });
+  EXPECT_TRUE(contains(what, "units whose forward had not started: 'blocks.0.mlp' (MLPBlock), 'blocks.1.mlp' "
+                             "(MLPBlock), 'blocks' (torch::nn::ModuleListImpl)")) << what;
+
+  // recurse=false everywhere: nothing below the root is visited.
+  auto none = [](const torch::nn::Module&, bool, int64_t) { return false; };
+  auto flat = fsdp(FSDPOptions().with_auto_wrap_policy(strata::strategies::WrapPredicate(none)));
+  GPT other(tiny());
+  flat->setup_module(other.ptr());
+  ASSERT_EQ(flat->units().size(), 1u);
+  EXPECT_EQ(flat->units()[0].params.size(), other->named_parameters().size());
+}
+
 // A small computation with dropout, so the recomputation must replay the
 // random numbers to give the same gradients.
 struct Body {
