@@ -203,8 +203,17 @@ STRATA_WORKER(fsdp_contract) {
     auto [input, target] = batch(f.global_rank(), world);
     std::vector<double> losses;
     for (int step = 0; step < 6; ++step) {
+      f.strategy().group().reset_stats();
       at::Tensor loss = model->loss(input, target);
       f.backward(loss);
+      if (step == 1) {
+        // Forward gathers the root and both blocks; each block is freed
+        // after its forward and gathered again for its backward; the root
+        // stays. Each of the three units reduce-scatters once.
+        strata::comm::CommStats stats = f.strategy().group().stats();
+        c.expect(stats.all_gather.calls == 5 && stats.reduce_scatter.calls == 3,
+                 "one step: 5 all-gathers and 3 reduce-scatters, got " + stats.summary());
+      }
       optimizer.step();
       optimizer.zero_grad();
       losses.push_back(f.all_reduce(loss.detach()).item<double>());
