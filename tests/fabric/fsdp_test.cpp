@@ -124,6 +124,48 @@ TEST(FSDPTest, WrapPolicyPredicateChoosesUnitsBottomUp) {
   EXPECT_EQ(flat->units()[0].params.size(), other->named_parameters().size());
 }
 
+// Two submodules registering one tensor (tied weights), each its own unit.
+struct HolderImpl : torch::nn::Module {
+  explicit HolderImpl(at::Tensor shared) : torch::nn::Module("Holder") { w = register_parameter("w", shared); }
+  at::Tensor forward(const at::Tensor& x) {
+    return strata::hooked_forward(*this, x, [this](const at::Tensor& in) { return at::matmul(in, w); });
+  }
+  at::Tensor w;
+};
+TORCH_MODULE(Holder);
+
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() : torch::nn::Module("Tied") {
+    at::Tensor shared = at::randn({4, 4});
+    h1 = register_module("h1", Holder(shared));
+    h2 = register_module("h2", Holder(shared));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return strata::hooked_forward(*this, x, [this](const at::Tensor& in) { return h2->forward(h1->forward(in)); });
+  }
+  Holder h1{nullptr}, h2{nullptr};
+};
+TORCH_MODULE(Tied);
+
+TEST(FSDPTest, TiedParameterIsShardedOnceInTheRootAndGetsBothGradients) {
+  Tied model;
+  at::Tensor w = model->h1->w.detach().clone().requires_grad_(true);
+  at::Tensor x = at::randn({3, 4});
+  at::matmul(at::matmul(x, w), w).sum().backward();  // the reference gradient: both uses
+  auto strategy = fsdp(FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Holder"}));
+  strategy->setup_module(model.ptr());
+  std::vector<strata::strategies::FSDPUnitInfo> units = strategy->units();
+  ASSERT_EQ(units.size(), 3u);
+  EXPECT_EQ(units[2].name, "");
+  EXPECT_EQ(units[2].params, std::vector<std::string>{"h1.w"}) << "the tied tensor belongs to the root, once";
+  EXPECT_TRUE(units[0].params.empty() && units[1].params.empty());
+  EXPECT_TRUE(model->named_parameters()["h1.w"].is_same(model->named_parameters()["h2.w"]));
+  strategy->backward(model->forward(x).sum());
+  at::Tensor grad = model->named_parameters()["h1.w"].grad();
+  ASSERT_TRUE(grad.defined());
+  EXPECT_TRUE(at::allclose(grad.view({4, 4}), w.grad(), 1e-5, 1e-6)) << grad << w.grad();
+}
+
 // A small computation with dropout, so the recomputation must replay the
 // random numbers to give the same gradients.
 struct Body {
