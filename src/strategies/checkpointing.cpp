@@ -102,6 +102,16 @@ void Strategy::save_checkpoint(const std::string& path, const State& state, cons
   barrier("save_checkpoint");
 }
 
+void Strategy::load_module_entry(const checkpoint::StateReader& reader, const std::string& key,
+                                 torch::nn::Module& module, bool strict, const std::string& source) {
+  checkpoint::load_module_state(module, read_prefixed(reader, key), strict, source);
+}
+
+checkpoint::NamedTensors Strategy::read_optimizer_tensors(const checkpoint::StateReader& reader,
+                                                          const std::string& key) {
+  return read_prefixed(reader, key);
+}
+
 nlohmann::json Strategy::load_checkpoint(const std::string& path, State& state, bool strict) {
   STRATA_CHECK(!state.empty(), ConfigError, "[", name(),
                "] load_checkpoint got an empty state: pass the modules, optimizers and values to restore");
@@ -130,9 +140,9 @@ nlohmann::json Strategy::load_checkpoint(const std::string& path, State& state, 
                  " in the checkpoint but a ", value.kind(), " in the state passed to load");
     std::string source = path + " entry '" + key + "'";
     if (value.is_module()) {
-      checkpoint::load_module_state(*value.module(), read_prefixed(reader, key), strict, source);
+      load_module_entry(reader, key, *value.module(), strict, source);
     } else if (value.is_optimizer()) {
-      checkpoint::OptimizerState optim{read_prefixed(reader, key), entry.at("state")};
+      checkpoint::OptimizerState optim{read_optimizer_tensors(reader, key), entry.at("state")};
       checkpoint::load_optimizer_state(value.optimizer(), names, optim, strict, source);
     } else if (value.is_tensor()) {
       at::Tensor stored = reader.full(key);

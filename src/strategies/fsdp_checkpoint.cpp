@@ -219,120 +219,87 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
   });
 }
 
-nlohmann::json FSDPStrategy::load_checkpoint(const std::string& path, State& state, bool strict) {
-  STRATA_CHECK(!state.empty(), ConfigError,
-               "[fsdp] load_checkpoint got an empty state: pass the modules, optimizers and values to restore");
-  STRATA_CHECK(impl_ != nullptr, ConfigError, "[fsdp] load_checkpoint before setup_module");
-  checkpoint::StateReader reader = checkpoint::StateReader::open(path);
-  const nlohmann::json& entries = reader.entries();
+namespace {
 
-  std::vector<std::string> missing_keys;
-  for (const auto& [key, value] : state) {
-    if (!entries.contains(key)) missing_keys.push_back(key);
-  }
-  if (strict && !missing_keys.empty()) {
-    throw CheckpointError("[checkpoint] " + path + " has no entry for state key(s) " + join(missing_keys) +
-                          "; it holds: " + entries.dump() + ". Load with strict=false to skip them");
-  }
+// This rank's padded piece of `name`, a tensor of the checkpoint sharded
+// like parameter `p` (a parameter, or its optimizer state).
+at::Tensor my_piece(const checkpoint::StateReader& reader, const std::string& name, const FSDPStrategy::Impl& impl,
+                    const FSDPStrategy::Impl::Param& p) {
+  std::vector<int64_t> shape = reader.shape(name);
+  STRATA_CHECK(shape == p.shape, CheckpointError, "[checkpoint] ", reader.path(), ": '", name, "' has shape ",
+               c10::IntArrayRef(shape), " in the checkpoint but ", c10::IntArrayRef(p.shape),
+               " in the model (a checkpoint of another model?)");
+  checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, impl.rank);
+  at::Tensor piece = at::zeros({p.chunk}, at::TensorOptions().dtype(reader.dtype(name)));
+  piece.narrow(0, 0, slice.size()).copy_(reader.flat_slice(name, slice.begin, slice.end));
+  return piece;
+}
 
-  std::unordered_map<std::string, size_t> param_by_name;
-  checkpoint::ParamNames names;
-  for (size_t i = 0; i < impl_->params.size(); ++i) {
-    param_by_name[impl_->params[i].name] = i;
-    names[impl_->params[i].shard.unsafeGetTensorImpl()] = impl_->params[i].name;
-  }
-  // This rank's padded piece of a tensor sharded like parameter i.
-  auto my_piece = [&](const std::string& full_name, size_t i, c10::ScalarType dtype) {
-    const auto& p = impl_->params[i];
-    std::vector<int64_t> shape = reader.shape(full_name);
-    STRATA_CHECK(shape == p.shape, CheckpointError, "[checkpoint] ", path, ": '", full_name, "' has shape ",
-                 c10::IntArrayRef(shape), " in the checkpoint but ", c10::IntArrayRef(p.shape),
-                 " in the model (a checkpoint of another model?)");
-    checkpoint::FlatSlice slice = shard_slice(p.numel, impl_->world, impl_->rank);
-    at::Tensor piece = at::zeros({p.chunk}, at::TensorOptions().dtype(dtype));
-    piece.narrow(0, 0, slice.size()).copy_(reader.flat_slice(full_name, slice.begin, slice.end));
-    return piece;
-  };
+}  // namespace
 
+void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, const std::string& key,
+                                     torch::nn::Module& module, bool strict, const std::string& source) {
+  if (!impl_ || &module != impl_->root_module.get()) {
+    Strategy::load_module_entry(reader, key, module, strict, source);
+    return;
+  }
+  std::vector<std::string> missing, unexpected;
+  std::unordered_map<std::string, bool> known;
   torch::NoGradGuard no_grad;
-  for (auto& [key, value] : state) {
-    if (!entries.contains(key)) continue;
-    const nlohmann::json& entry = entries[key];
-    std::string kind = entry.value("kind", "");
-    STRATA_CHECK(kind == value.kind(), CheckpointError, "[checkpoint] ", path, ": entry '", key, "' is a ", kind,
-                 " in the checkpoint but a ", value.kind(), " in the state passed to load");
-    std::string source = path + " entry '" + key + "'";
-    if (value.is_module() && value.module().get() == impl_->root_module.get()) {
-      std::vector<std::string> missing, unexpected;
-      std::unordered_map<std::string, bool> known;
-      for (const auto& p : impl_->params) {
-        known[p.name] = true;
-        std::string full_name = key + "/" + p.name;
-        if (!reader.contains(full_name)) {
-          missing.push_back(p.name);
-          continue;
-        }
-        STRATA_CHECK(reader.dtype(full_name) == p.shard.scalar_type(), CheckpointError, "[checkpoint] ", path,
-                     ": '", full_name, "' is ", reader.dtype(full_name), " in the checkpoint but ",
-                     p.shard.scalar_type(), " in the model");
-        p.shard.detach().copy_(my_piece(full_name, param_by_name[p.name], p.shard.scalar_type()));
-      }
-      for (const auto& item : value.module()->named_buffers()) {
-        known[item.key()] = true;
-        std::string full_name = key + "/" + item.key();
-        if (!reader.contains(full_name)) {
-          missing.push_back(item.key());
-          continue;
-        }
-        at::Tensor stored = reader.full(full_name);
-        STRATA_CHECK(stored.sizes() == item.value().sizes(), CheckpointError, "[checkpoint] ", path, ": '",
-                     full_name, "' has shape ", stored.sizes(), " in the checkpoint but ", item.value().sizes(),
-                     " in the model");
-        item.value().copy_(stored);
-      }
-      for (const std::string& name : reader.names_under(key)) {
-        if (!known.count(name)) unexpected.push_back(name);
-      }
-      if (strict && (!missing.empty() || !unexpected.empty())) {
-        throw CheckpointError("[checkpoint] " + source + " does not match the model: missing " +
-                              (missing.empty() ? "none" : join(missing)) + "; unexpected " +
-                              (unexpected.empty() ? "none" : join(unexpected)) +
-                              ". Load with strict=false to load what matches");
-      }
-    } else if (value.is_module()) {
-      checkpoint::NamedTensors tensors;
-      for (const std::string& name : reader.names_under(key)) tensors.emplace_back(name, reader.full(key + "/" + name));
-      checkpoint::load_module_state(*value.module(), tensors, strict, source);
-    } else if (value.is_optimizer()) {
-      checkpoint::OptimizerState optim;
-      optim.json = entry.at("state");
-      for (const std::string& name : reader.names_under(key)) {
-        std::string full_name = key + "/" + name;
-        size_t dot = name.rfind('.');
-        auto it = dot == std::string::npos ? param_by_name.end() : param_by_name.find(name.substr(0, dot));
-        if (it != param_by_name.end()) {
-          optim.tensors.emplace_back(name, my_piece(full_name, it->second, reader.dtype(full_name)));
-        } else {
-          optim.tensors.emplace_back(name, reader.full(full_name));
-        }
-      }
-      checkpoint::load_optimizer_state(value.optimizer(), names, optim, strict, source);
-    } else if (value.is_tensor()) {
-      at::Tensor stored = reader.full(key);
-      at::Tensor target = value.tensor();
-      STRATA_CHECK(target.sizes() == stored.sizes(), CheckpointError, "[checkpoint] ", source, ": shape ",
-                   stored.sizes(), " in the checkpoint, ", target.sizes(), " in the state");
-      target.copy_(stored);
+  for (const auto& p : impl_->params) {
+    known[p.name] = true;
+    std::string name = key + "/" + p.name;
+    if (!reader.contains(name)) {
+      missing.push_back(p.name);
+      continue;
+    }
+    STRATA_CHECK(reader.dtype(name) == p.shard.scalar_type(), CheckpointError, "[checkpoint] ", reader.path(),
+                 ": '", name, "' is ", reader.dtype(name), " in the checkpoint but ", p.shard.scalar_type(),
+                 " in the model");
+    p.shard.detach().copy_(my_piece(reader, name, *impl_, p));
+  }
+  for (const auto& item : module.named_buffers()) {
+    known[item.key()] = true;
+    std::string name = key + "/" + item.key();
+    if (!reader.contains(name)) {
+      missing.push_back(item.key());
+      continue;
+    }
+    at::Tensor stored = reader.full(name);
+    STRATA_CHECK(stored.sizes() == item.value().sizes(), CheckpointError, "[checkpoint] ", reader.path(), ": '",
+                 name, "' has shape ", stored.sizes(), " in the checkpoint but ", item.value().sizes(),
+                 " in the model");
+    item.value().copy_(stored);
+  }
+  for (const std::string& name : reader.names_under(key)) {
+    if (!known.count(name)) unexpected.push_back(name);
+  }
+  if (strict && (!missing.empty() || !unexpected.empty())) {
+    throw CheckpointError("[checkpoint] " + source + " does not match the model: missing " +
+                          (missing.empty() ? "none" : join(missing)) + "; unexpected " +
+                          (unexpected.empty() ? "none" : join(unexpected)) +
+                          ". Load with strict=false to load what matches");
+  }
+}
+
+checkpoint::NamedTensors FSDPStrategy::read_optimizer_tensors(const checkpoint::StateReader& reader,
+                                                              const std::string& key) {
+  if (!impl_) return Strategy::read_optimizer_tensors(reader, key);
+  std::unordered_map<std::string, size_t> param_by_name;
+  for (size_t i = 0; i < impl_->params.size(); ++i) param_by_name[impl_->params[i].name] = i;
+  checkpoint::NamedTensors tensors;
+  for (const std::string& name : reader.names_under(key)) {
+    std::string full_name = key + "/" + name;
+    // "<param name>.<state name>": sharded like its parameter.
+    size_t dot = name.rfind('.');
+    auto it = dot == std::string::npos ? param_by_name.end() : param_by_name.find(name.substr(0, dot));
+    if (it != param_by_name.end()) {
+      tensors.emplace_back(name, my_piece(reader, full_name, *impl_, impl_->params[it->second]));
     } else {
-      value = StateValue(entry.at("value"));
+      tensors.emplace_back(name, reader.full(full_name));
     }
   }
-  nlohmann::json remainder = nlohmann::json::object();
-  for (const auto& [key, entry] : entries.items()) {
-    if (state.count(key)) continue;
-    remainder[key] = entry.value("kind", "") == "value" ? entry.at("value") : nlohmann::json{{"kind", entry.value("kind", "")}};
-  }
-  return remainder;
+  return tensors;
 }
 
 }  // namespace strata::strategies

@@ -143,7 +143,6 @@ class FSDPStrategy : public Strategy {
 
   void save_checkpoint(const std::string& path, const State& state, const nlohmann::json& storage_options = nullptr,
                        const StateFilter& filter = {}) override;
-  nlohmann::json load_checkpoint(const std::string& path, State& state, bool strict = true) override;
 
   void teardown() override;
 
@@ -156,6 +155,13 @@ class FSDPStrategy : public Strategy {
 
  protected:
   at::Tensor reduce_norm(const at::Tensor& local, bool is_max) override;
+  /// The module set up: each rank reads only its slices (any saved layout
+  /// and world size); other modules: whole.
+  void load_module_entry(const checkpoint::StateReader& reader, const std::string& key, torch::nn::Module& module,
+                         bool strict, const std::string& source) override;
+  /// Optimizer state of sharded parameters: this rank's slices, padded.
+  std::vector<std::pair<std::string, at::Tensor>> read_optimizer_tensors(const checkpoint::StateReader& reader,
+                                                                         const std::string& key) override;
 
  public:
   /// Internal state (src/strategies/fsdp_impl.h).

@@ -26,6 +26,9 @@
 namespace strata::data {
 class Loader;
 }
+namespace strata::checkpoint {
+class StateReader;
+}
 
 namespace strata::strategies {
 
@@ -177,6 +180,14 @@ class Strategy {
   /// `local` is the max of |g| (is_max, the inf-norm) or the sum of |g|^p.
   /// Strategies whose ranks hold whole gradients return it as is.
   virtual at::Tensor reduce_norm(const at::Tensor& local, bool is_max) { return local; }
+  /// load_checkpoint's part for a module entry `key`: restores `module`
+  /// from the checkpoint's tensors "<key>/..." (whole, by default).
+  virtual void load_module_entry(const checkpoint::StateReader& reader, const std::string& key,
+                                 torch::nn::Module& module, bool strict, const std::string& source);
+  /// load_checkpoint's part for an optimizer entry `key`: the tensors
+  /// "<key>/<param>.<state>" as the optimizer holds them (whole, by default).
+  virtual std::vector<std::pair<std::string, at::Tensor>> read_optimizer_tensors(
+      const checkpoint::StateReader& reader, const std::string& key);
   /// Stops the background threads of the device loaders made by
   /// process_dataloader.
   void close_loaders();
