@@ -85,6 +85,19 @@ TEST(FSDPTest, LowPrecisionComputeNeedsAMixedPrecision) {
   EXPECT_NO_THROW(fsdp(FSDPOptions().with_compute_dtype(at::kBFloat16), "bf16-mixed"));
 }
 
+TEST(FSDPTest, EmptyInitSkipsTheModelsInitialisation) {
+  auto strategy = fsdp();
+  double skipped = 0;
+  {
+    auto scope = strategy->module_init_context(/*empty_init=*/true);
+    GPT model(tiny());
+    skipped = model->wte->weight.std().item<double>();  // LibTorch's Embedding default, N(0, 1)
+  }
+  GPT model(tiny());
+  EXPECT_GT(skipped, 0.5) << "GPT's own N(0, 0.02) initialisation was skipped";
+  EXPECT_LT(model->wte->weight.std().item<double>(), 0.03) << "and runs again outside the scope";
+}
+
 TEST(FSDPTest, NameResolvesAndShardedContextNeedsTheProcessGroup) {
   auto strategy = strata::strategies::make_strategy("fsdp", strata::strategies::cpu_accelerator(),
                                                     strata::strategies::Precision::parse("32-true"), 2);
