@@ -14,10 +14,23 @@ Command make_train_command() {
         "train",
         "Train the example GPT on byte-level text on several workers.\n"
         "Default data: the texts under /usr/share/common-licenses.\n"
-        "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt");
+        "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt\n"
+        "         strata train --devices 2 --strategy fsdp --activation-checkpointing --ckpt-dir ckpt");
     TrainConfig& c = *config;
-    sub->add_option("--strategy", c.strategy, "Training strategy: ddp, single_device (fsdp: later)")
+    sub->add_option("--strategy", c.strategy,
+                    "Training strategy: ddp (replicated), fsdp (fully sharded), single_device")
         ->capture_default_str();
+    sub->add_option("--wrap-policy", c.wrap_policy,
+                    "fsdp: comma-separated module types that become sharded units (default: Block, each "
+                    "transformer block; 'none': the whole model is one unit)");
+    sub->add_flag("--activation-checkpointing", c.activation_checkpointing,
+                  "fsdp: recompute every transformer block's forward during backward instead of keeping its "
+                  "activations");
+    sub->add_option("--state-dict-type", c.state_dict_type,
+                    "Checkpoint layout: sharded (one file per rank; fsdp's default) or full (one file; ddp "
+                    "writes only this)");
+    sub->add_flag("--sequential-save", c.sequential_save,
+                  "fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
     sub->add_option("--accelerator", c.accelerator, "Device kind: cpu, cuda, auto")->capture_default_str();
     sub->add_option("--devices", c.devices, "Workers on this host")->capture_default_str();
     sub->add_option("--num-nodes", c.num_nodes, "Hosts (start each with strata launch)")->capture_default_str();

@@ -7,6 +7,9 @@
 // union of the ranks' k-th micro-batches is the k-th micro-batch a single
 // process would take with batch_size / grad_accum, and the averaged
 // gradients (hence losses and parameters) match single-process training.
+// It holds for the fully-sharded strategy as well, and it makes a
+// checkpoint's loader position mean the same batch at any world size, so
+// a run resumes under another strategy or device count where it stopped.
 #include "cli/train_job.h"
 
 #include <torch/nn/module.h>
@@ -20,15 +23,18 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
+#include "strata/core/module_hooks.h"
 #include "strata/data/loader.h"
 #include "strata/data/text_dataset.h"
 #include "strata/fabric/fabric.h"
-#include "strata/strategies/ddp.h"
 #include "strata/models/gpt.h"
+#include "strata/strategies/ddp.h"
+#include "strata/strategies/fsdp.h"
 
 namespace strata::cli {
 namespace {
@@ -39,6 +45,91 @@ std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
   return buf;
+}
+
+std::string join(const std::set<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// Note [Which modules can be FSDP units]
+// --wrap-policy names module types as module.name() reports them. FSDP
+// gathers a unit's parameters in hooks around the unit's forward, and a
+// LibTorch C++ module has such hooks only where its forward runs through
+// strata::hooked_forward: in the GPT, the model and its blocks, not the
+// attention, the MLP or LibTorch's layers. A unit of another type would
+// fail at its first forward with a shape error, so the valid types are
+// found by running a forward of a one-layer copy of the model with hooks
+// that record which modules ran them, and the others are refused up front.
+class RecordingHooks : public ForwardHooks {
+ public:
+  explicit RecordingHooks(std::set<std::string>& ran) : ran_(ran) {}
+  at::Tensor run(torch::nn::Module& module, const at::Tensor& input, const ForwardBody& body) override {
+    ran_.insert(module.name());
+    return body(input);
+  }
+
+ private:
+  std::set<std::string>& ran_;
+};
+
+struct GPTModuleTypes {
+  std::set<std::string> all;    // every module type of the model
+  std::set<std::string> units;  // those whose forward runs through hooked_forward
+};
+
+GPTModuleTypes gpt_module_types(const std::string& model_size) {
+  models::GPTConfig config = models::GPTConfig::preset(model_size);
+  config.n_layer(1).n_head(1).n_embd(8).block_size(2);  // the same module types, small
+  models::GPT model(config);
+  GPTModuleTypes types;
+  std::vector<std::shared_ptr<torch::nn::Module>> modules = model->modules(/*include_self=*/true);
+  auto hooks = std::make_shared<RecordingHooks>(types.units);
+  struct Unhook {
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules;
+    ~Unhook() {
+      for (const auto& m : modules) set_forward_hooks(*m, nullptr);
+    }
+  } unhook{modules};
+  for (const auto& m : modules) {
+    types.all.insert(m->name());
+    set_forward_hooks(*m, hooks);
+  }
+  torch::NoGradGuard no_grad;
+  model->forward(at::zeros({1, 1}, at::kLong));
+  return types;
+}
+
+// The strategy object for --strategy fsdp (and ddp --debug); null: let
+// Fabric make the named strategy with its defaults.
+std::shared_ptr<strategies::Strategy> make_train_strategy(const TrainConfig& config) {
+  if (config.strategy != "fsdp" && !(config.strategy == "ddp" && config.debug)) return nullptr;
+  auto accelerator = strategies::make_accelerator(config.accelerator);
+  strategies::Precision precision = strategies::Precision::parse(config.precision, accelerator->name());
+  if (config.strategy == "ddp") {
+    return std::make_shared<strategies::DDPStrategy>(accelerator, precision,
+                                                     strategies::DDPOptions().with_debug(true));
+  }
+  strategies::FSDPOptions options;
+  strategies::ModuleTypes units = config.wrap_types();
+  if (!units.empty()) options.with_auto_wrap_policy(units);
+  if (config.activation_checkpointing) options.with_activation_checkpointing_policy({models::BlockImpl::kTypeName});
+  options.with_state_dict_type(config.checkpoint_layout())
+      .with_sequential_save(config.sequential_save)
+      .with_debug(config.debug);
+  return std::make_shared<strategies::FSDPStrategy>(accelerator, precision, options);
+}
+
+// The strategy and its settings, for the line that starts the run.
+std::string describe_strategy(const TrainConfig& config, const std::string& name) {
+  if (name != "fsdp") return name;
+  std::set<std::string> units = config.wrap_types();
+  std::string out = "fsdp (units: " + (units.empty() ? std::string("the whole model") : join(units));
+  if (config.activation_checkpointing) out += ", activation checkpointing";
+  out += ", " + config.checkpoint_layout() + " checkpoints";
+  if (config.sequential_save) out += " saved sequentially";
+  return out + ")";
 }
 
 std::string format_duration(double seconds) {
@@ -89,6 +180,7 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   Fabric::seed_everything(config.seed);
   models::GPT model(model_config);
+  const int64_t num_parameters = model->num_parameters();  // FSDP leaves each rank a shard of them
   fabric.setup_module(model);
   torch::optim::AdamW optimizer(model->parameters(),
                                 torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
@@ -153,8 +245,9 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
     STRATA_CHECK(metrics.good(), ConfigError, "[train] cannot open --metrics-file ", config.metrics_file,
                  " for appending: ", ec ? ec.message() : std::string("check the path and its permissions"));
   }
-  fabric.print("training a ", config.model_size, " GPT (", model->num_parameters(), " parameters) on ",
-               dataset->num_tokens(), " tokens with ", fabric.strategy().name(), " on ", world, " worker(s), ",
+  fabric.print("training a ", config.model_size, " GPT (", num_parameters, " parameters) on ",
+               dataset->num_tokens(), " tokens with ", describe_strategy(config, fabric.strategy().name()), " on ",
+               world, " worker(s), ",
                config.precision, ", global batch ", config.batch_size, " x ", seq_len, " tokens");
 
   Progress progress(config.max_steps, config.log_every);
@@ -202,13 +295,19 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
   }
   if (!config.ckpt_dir.empty() && (config.ckpt_every == 0 || step % config.ckpt_every != 0)) save(step);
 
-  if (fabric.is_global_zero() && config.sample_tokens > 0) {
+  // Note [Sampling under FSDP]
+  // A sharded model's forward gathers each unit's parameters from every
+  // rank, so under FSDP every rank samples, with the same seed (the same
+  // tokens, hence the same forwards and collectives), and rank 0 prints.
+  // Replicated strategies sample on rank 0 alone.
+  const bool sharded = fabric.strategy().name() == "fsdp";
+  if (config.sample_tokens > 0 && (sharded || fabric.is_global_zero())) {
     torch::NoGradGuard no_grad;
     model->eval();
     at::Generator generator = at::detail::createCPUGenerator(config.seed);
     at::Tensor prompt = models::encode_bytes("The ").to(fabric.device());
     at::Tensor out = model->generate(prompt, config.sample_tokens, 0.8, 40, generator);
-    std::cout << "sample: " << models::decode_bytes(out.cpu()) << std::endl;
+    if (fabric.is_global_zero()) std::cout << "sample: " << models::decode_bytes(out.cpu()) << std::endl;
   }
   return {{"steps", step}, {"loss", loss_value}};
 }
@@ -231,6 +330,50 @@ void TrainConfig::validate() const {
   STRATA_CHECK(batch_size % (world * grad_accum) == 0, ConfigError, "[train] --batch-size ", batch_size,
                " must be divisible by devices x num-nodes (", world, ") x --grad-accum (", grad_accum, ")");
   models::GPTConfig::preset(model_size);  // throws for an unknown size
+
+  const bool fsdp = strategy == "fsdp";
+  auto fsdp_only = [&](bool given, const char* flag) {
+    STRATA_CHECK(!given || fsdp, ConfigError, "[train] ", flag, " applies only to --strategy fsdp, but --strategy is '",
+                 strategy, "'; drop ", flag, " or train with --strategy fsdp");
+  };
+  fsdp_only(!wrap_policy.empty(), "--wrap-policy");
+  fsdp_only(activation_checkpointing, "--activation-checkpointing");
+  fsdp_only(sequential_save, "--sequential-save");
+  STRATA_CHECK(state_dict_type.empty() || state_dict_type == "full" || state_dict_type == "sharded", ConfigError,
+               "[train] --state-dict-type must be 'full' or 'sharded', got '", state_dict_type, "'");
+  STRATA_CHECK(fsdp || state_dict_type != "sharded", ConfigError,
+               "[train] --state-dict-type sharded needs --strategy fsdp: with --strategy '", strategy,
+               "' every rank holds the whole model and rank 0 writes one full checkpoint; drop the flag or pass "
+               "--state-dict-type full");
+  if (fsdp) wrap_types();  // throws for a type that cannot be a unit
+}
+
+std::set<std::string> TrainConfig::wrap_types() const {
+  if (wrap_policy.empty()) return {models::BlockImpl::kTypeName};
+  if (wrap_policy == "none") return {};
+  GPTModuleTypes types = gpt_module_types(model_size);
+  std::set<std::string> out;
+  std::stringstream list(wrap_policy);
+  for (std::string name; std::getline(list, name, ',');) {
+    size_t begin = name.find_first_not_of(' '), end = name.find_last_not_of(' ');
+    name = begin == std::string::npos ? "" : name.substr(begin, end - begin + 1);
+    STRATA_CHECK(!name.empty(), ConfigError, "[train] --wrap-policy '", wrap_policy,
+                 "' has an empty entry; give comma-separated module types, e.g. Block");
+    STRATA_CHECK(types.all.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
+                 "' is not a module type of the GPT; its types are: ", join(types.all),
+                 " (or pass 'none' for a single unit)");
+    STRATA_CHECK(types.units.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
+                 "' modules cannot be FSDP units: their forward does not run through strata::hooked_forward, so "
+                 "their parameters would never be gathered. Types that can: ",
+                 join(types.units), " (or 'none')");
+    out.insert(name);
+  }
+  return out;
+}
+
+std::string TrainConfig::checkpoint_layout() const {
+  if (!state_dict_type.empty()) return state_dict_type;
+  return strategy == "fsdp" ? "sharded" : "full";
 }
 
 std::string latest_checkpoint(const std::string& dir) {
@@ -253,19 +396,22 @@ int run_train(const TrainConfig& config) {
       .with_devices(config.devices)
       .with_num_nodes(config.num_nodes)
       .with_precision(config.precision);
-  if (config.strategy == "ddp" && config.debug) {
-    auto accelerator = strategies::make_accelerator(config.accelerator);
-    options.with_strategy(std::make_shared<strategies::DDPStrategy>(
-        accelerator, strategies::Precision::parse(config.precision, accelerator->name()),
-        strategies::DDPOptions().with_debug(true)));
+  if (std::shared_ptr<strategies::Strategy> strategy = make_train_strategy(config)) {
+    options.with_strategy(strategy);
   } else {
     options.with_strategy(config.strategy);
   }
   Fabric fabric(options);
   nlohmann::json result = fabric.launch([&](Fabric& f) { return train_worker(f, config); });
   if (!runtime::Environment::from_env().launched()) {
-    std::cout << "done: " << result.value("steps", 0) << " steps, final loss " << result.value("loss", 0.0)
-              << std::endl;
+    // No loss when a run resumed at its last step (NaN travels as null).
+    nlohmann::json loss = result.value("loss", nlohmann::json());
+    std::cout << "done: " << result.value("steps", 0) << " steps, final loss ";
+    if (loss.is_number() && std::isfinite(loss.get<double>())) {
+      std::cout << loss.get<double>() << std::endl;
+    } else {
+      std::cout << "none (no step ran)" << std::endl;
+    }
   }
   return 0;
 }

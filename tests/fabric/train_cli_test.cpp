@@ -1,6 +1,8 @@
 // `strata train`, the main job, run as users run it: resuming from a
-// checkpoint continues the same run, several workers train like one, and
-// bad flags get clear messages.
+// checkpoint continues the same run (also under another strategy or
+// device count), several workers train like one, the fully-sharded
+// strategy trains like the replicated one, and bad flags get clear
+// messages.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/safetensors.h"
@@ -46,6 +49,25 @@ std::vector<double> losses(const std::string& metrics_file) {
   return out;
 }
 
+nlohmann::json metadata(const std::string& checkpoint) {
+  std::ifstream in(checkpoint + "/metadata.json");
+  return nlohmann::json::parse(in);
+}
+
+// The text after "sample: " up to the end of its line, or "" when none.
+std::string sample_of(const std::string& output) {
+  size_t at = output.find("sample: ");
+  if (at == std::string::npos) return "";
+  return output.substr(at, output.find('\n', at) - at);
+}
+
+// The parameter count in "training a tiny GPT (N parameters)", or -1.
+long long parameter_count(const std::string& output) {
+  std::smatch match;
+  if (!std::regex_search(output, match, std::regex("GPT \\(([0-9]+) parameters\\)"))) return -1;
+  return std::stoll(match[1]);
+}
+
 class TrainCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -56,8 +78,9 @@ class TrainCliTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  static std::string common() {
-    return "train --model-size tiny --batch-size 8 --lr 3e-3 --sample-tokens 0 --log-every 5 --seed 3";
+  static std::string common(int batch_size = 8, int sample_tokens = 0) {
+    return "train --model-size tiny --batch-size " + std::to_string(batch_size) +
+           " --lr 3e-3 --sample-tokens " + std::to_string(sample_tokens) + " --log-every 5 --seed 3";
   }
   fs::path dir_;
 };
@@ -117,9 +140,151 @@ TEST_F(TrainCliTest, HelpDocumentsEveryFlag) {
   EXPECT_EQ(help.exit_code, 0);
   for (const char* flag : {"--strategy", "--devices", "--num-nodes", "--precision", "--max-steps", "--batch-size",
                            "--grad-accum", "--lr", "--seed", "--ckpt-dir", "--ckpt-every", "--resume",
-                           "--metrics-file", "--model-size", "--data"}) {
+                           "--metrics-file", "--model-size", "--data", "--wrap-policy",
+                           "--activation-checkpointing", "--state-dict-type", "--sequential-save"}) {
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag << " missing from:\n" << help.output;
   }
+}
+
+TEST_F(TrainCliTest, FsdpWithAndWithoutActivationCheckpointingTrainsLikeDdp) {
+  CommandResult ddp = run_strata(common() + " --devices 2 --max-steps 8 --ckpt-dir " + path("ddp") +
+                                 " --metrics-file " + path("ddp.jsonl"));
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  CommandResult fsdp = run_strata(common() + " --devices 2 --strategy fsdp --max-steps 8 --ckpt-dir " +
+                                  path("fsdp") + " --metrics-file " + path("fsdp.jsonl"));
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  CommandResult recompute = run_strata(common() + " --devices 2 --strategy fsdp --activation-checkpointing "
+                                       "--state-dict-type full --sequential-save --max-steps 8 --ckpt-dir " +
+                                       path("recompute") + " --metrics-file " + path("recompute.jsonl"));
+  ASSERT_EQ(recompute.exit_code, 0) << recompute.output;
+
+  // The settings are in the line that starts the run, and the parameter
+  // count is the whole model's, not a rank's shard.
+  EXPECT_NE(fsdp.output.find("with fsdp (units: Block, sharded checkpoints) on 2 worker(s)"), std::string::npos)
+      << fsdp.output;
+  EXPECT_NE(recompute.output.find("with fsdp (units: Block, activation checkpointing, full checkpoints saved "
+                                  "sequentially) on 2 worker(s)"),
+            std::string::npos)
+      << recompute.output;
+  EXPECT_GT(parameter_count(ddp.output), 0) << ddp.output;
+  EXPECT_EQ(parameter_count(fsdp.output), parameter_count(ddp.output)) << fsdp.output;
+
+  std::vector<double> a = losses(path("ddp.jsonl")), b = losses(path("fsdp.jsonl"));
+  std::vector<double> c = losses(path("recompute.jsonl"));
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  ASSERT_EQ(c.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(b[i], a[i], 1e-4) << "step " << i + 1;
+    EXPECT_NEAR(c[i], b[i], 1e-5) << "step " << i + 1;
+  }
+  EXPECT_LT(b.back(), b.front() - 0.1) << "the loss did not fall";
+  EXPECT_LT(c.back(), c.front() - 0.1) << "the loss did not fall";
+
+  // Sharded: one file per rank, no consolidated file.
+  const std::string sharded = path("fsdp/step-00000008");
+  nlohmann::json meta = metadata(sharded);
+  EXPECT_EQ(meta.at("strategy"), "fsdp");
+  EXPECT_EQ(meta.at("state_dict_type"), "sharded");
+  EXPECT_EQ(meta.at("world_size"), 2);
+  EXPECT_TRUE(fs::exists(sharded + "/shard-00000-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(sharded + "/shard-00001-of-00002.safetensors"));
+  EXPECT_FALSE(fs::exists(sharded + "/state.safetensors"));
+  EXPECT_EQ(meta.at("entries").at("step").at("value"), 8);
+
+  // Full: one consolidated file with the tensors DDP's checkpoint holds.
+  const std::string full = path("recompute/step-00000008");
+  EXPECT_EQ(metadata(full).at("state_dict_type"), "full");
+  EXPECT_FALSE(fs::exists(full + "/shard-00000-of-00002.safetensors"));
+  auto x = strata::checkpoint::CheckpointReader::open(path("ddp/step-00000008")).open_file("state.safetensors");
+  auto y = strata::checkpoint::CheckpointReader::open(full).open_file("state.safetensors");
+  ASSERT_EQ(x.keys(), y.keys());
+  for (const std::string& key : x.keys()) EXPECT_EQ(x.load(key).sizes(), y.load(key).sizes()) << key;
+}
+
+TEST_F(TrainCliTest, CheckpointsResumeAcrossDdpAndFsdpAndDeviceCounts) {
+  // --batch-size 12 splits over 2 and 3 workers; the loader position means
+  // the same batch at both (Note [Same batches at every world size]).
+  const std::string args = common(12);
+  CommandResult reference = run_strata(args + " --devices 2 --max-steps 16 --metrics-file " + path("ref.jsonl"));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  std::vector<double> ref = losses(path("ref.jsonl"));
+  ASSERT_EQ(ref.size(), 16u);
+
+  // ddp on 2 workers, then fsdp on 3.
+  CommandResult ddp = run_strata(args + " --devices 2 --max-steps 8 --ckpt-dir " + path("ddp-first"));
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  CommandResult fsdp_resumed = run_strata(args + " --devices 3 --strategy fsdp --max-steps 16 --ckpt-dir " +
+                                          path("ddp-first") + " --resume latest --metrics-file " + path("a.jsonl"));
+  ASSERT_EQ(fsdp_resumed.exit_code, 0) << fsdp_resumed.output;
+  EXPECT_NE(fsdp_resumed.output.find("step-00000008 at step 8"), std::string::npos) << fsdp_resumed.output;
+  std::vector<double> a = losses(path("a.jsonl"));
+  ASSERT_EQ(a.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], ref[8 + i], 1e-4) << "step " << 9 + i;
+  nlohmann::json meta = metadata(path("ddp-first/step-00000016"));
+  EXPECT_EQ(meta.at("strategy"), "fsdp");
+  EXPECT_EQ(meta.at("world_size"), 3);
+  EXPECT_TRUE(fs::exists(path("ddp-first/step-00000016/shard-00002-of-00003.safetensors")));
+
+  // fsdp on 3 workers (sharded, sampling on every rank), then ddp on 2.
+  CommandResult fsdp = run_strata(common(12, 24) + " --devices 3 --strategy fsdp --max-steps 8 --ckpt-dir " +
+                                  path("fsdp-first"));
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  CommandResult ddp_resumed = run_strata(args + " --devices 2 --max-steps 16 --ckpt-dir " + path("fsdp-first") +
+                                         " --resume latest --metrics-file " + path("b.jsonl"));
+  ASSERT_EQ(ddp_resumed.exit_code, 0) << ddp_resumed.output;
+  EXPECT_NE(ddp_resumed.output.find("step-00000008 at step 8"), std::string::npos) << ddp_resumed.output;
+  std::vector<double> b = losses(path("b.jsonl"));
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(b[i], ref[8 + i], 1e-4) << "step " << 9 + i;
+
+  // The text FSDP sampled is what the same weights sample under ddp (the
+  // checkpoint at its max step: no training, only the sample).
+  CommandResult ddp_sample = run_strata(common(12, 24) + " --devices 3 --max-steps 8 --resume " +
+                                        path("fsdp-first/step-00000008"));
+  ASSERT_EQ(ddp_sample.exit_code, 0) << ddp_sample.output;
+  EXPECT_NE(sample_of(fsdp.output), "") << fsdp.output;
+  EXPECT_EQ(sample_of(fsdp.output), sample_of(ddp_sample.output)) << fsdp.output << ddp_sample.output;
+}
+
+TEST_F(TrainCliTest, FsdpFlagsAreCheckedAndRefusedWithOtherStrategies) {
+  for (const char* flag : {"--wrap-policy Block", "--activation-checkpointing", "--sequential-save"}) {
+    CommandResult r = run_strata(std::string("train --model-size tiny ") + flag);
+    EXPECT_NE(r.exit_code, 0) << flag;
+    std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    EXPECT_NE(r.output.find(name + " applies only to --strategy fsdp, but --strategy is 'ddp'"), std::string::npos)
+        << r.output;
+  }
+  CommandResult sharded = run_strata("train --model-size tiny --state-dict-type sharded");
+  EXPECT_NE(sharded.exit_code, 0);
+  EXPECT_NE(sharded.output.find("--state-dict-type sharded needs --strategy fsdp"), std::string::npos)
+      << sharded.output;
+  CommandResult layout = run_strata("train --model-size tiny --strategy fsdp --state-dict-type partial");
+  EXPECT_NE(layout.exit_code, 0);
+  EXPECT_NE(layout.output.find("--state-dict-type must be 'full' or 'sharded', got 'partial'"), std::string::npos)
+      << layout.output;
+  CommandResult unknown = run_strata("train --model-size tiny --strategy fsdp --wrap-policy Block,Blok");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.output.find("'Blok' is not a module type of the GPT; its types are: "), std::string::npos)
+      << unknown.output;
+  for (const char* type : {"Block", "CausalSelfAttention", "GPT", "MLPBlock", "torch::nn::LinearImpl",
+                           "torch::nn::EmbeddingImpl", "torch::nn::LayerNormImpl"}) {
+    EXPECT_NE(unknown.output.find(type), std::string::npos) << type << " missing from:\n" << unknown.output;
+  }
+  CommandResult layer = run_strata("train --model-size tiny --strategy fsdp --wrap-policy torch::nn::LinearImpl");
+  EXPECT_NE(layer.exit_code, 0);
+  EXPECT_NE(layer.output.find("'torch::nn::LinearImpl' modules cannot be FSDP units"), std::string::npos)
+      << layer.output;
+  EXPECT_NE(layer.output.find("Types that can: Block, GPT (or 'none')"), std::string::npos) << layer.output;
+
+  // What the flags allow: ddp writes full checkpoints; fsdp may keep the
+  // whole model in one unit.
+  CommandResult ddp_full = run_strata(common() + " --devices 1 --max-steps 1 --state-dict-type full");
+  EXPECT_EQ(ddp_full.exit_code, 0) << ddp_full.output;
+  CommandResult one_unit = run_strata(common() + " --devices 2 --strategy fsdp --wrap-policy none --max-steps 2");
+  EXPECT_EQ(one_unit.exit_code, 0) << one_unit.output;
+  EXPECT_NE(one_unit.output.find("with fsdp (units: the whole model, sharded checkpoints)"), std::string::npos)
+      << one_unit.output;
 }
 
 }  // namespace

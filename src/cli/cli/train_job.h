@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 namespace strata::cli {
@@ -12,11 +13,16 @@ namespace strata::cli {
 struct TrainConfig {
   // placement
   std::string accelerator = "cpu";
-  std::string strategy = "ddp";
+  std::string strategy = "ddp";  ///< ddp, fsdp, single_device
   int devices = 2;
   int num_nodes = 1;
   std::string precision = "32-true";
   bool debug = false;
+  // fully-sharded training (--strategy fsdp only)
+  std::string wrap_policy;  ///< comma-separated module types made FSDP units; "none": only the root; "": Block
+  bool activation_checkpointing = false;  ///< recompute every transformer block during backward
+  std::string state_dict_type;  ///< "full" or "sharded"; "": the strategy's own (fsdp: sharded, ddp: full)
+  bool sequential_save = false;  ///< local ranks write their checkpoint shards one after another
   // model and data
   std::string model_size = "small";
   std::string data;  ///< file or folder; empty: the default text
@@ -37,8 +43,17 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t sample_tokens = 200;  ///< text sampled at the end (0: none)
 
-  /// Throws ConfigError naming the first bad value.
+  /// Throws ConfigError naming the first bad value (an FSDP-only flag
+  /// with another strategy names the flag).
   void validate() const;
+
+  /// The module types --wrap-policy makes FSDP units: {"Block"} when
+  /// empty, {} for "none". Throws ConfigError for a name that is not a
+  /// module type of the GPT, or one that cannot be a unit (listing those
+  /// that can).
+  std::set<std::string> wrap_types() const;
+  /// "full" or "sharded": state_dict_type, or the strategy's default.
+  std::string checkpoint_layout() const;
 };
 
 /// Runs the job (launching the workers) and returns the process exit code.
