@@ -140,12 +140,16 @@ std::string format_duration(double seconds) {
 }
 
 // Progress on rank 0: a live line on a terminal, plain lines otherwise.
+// Steps count from the start of the run (a resumed run shows "step 11/20"),
+// the ETA from the steps this process trained.
 class Progress {
  public:
-  Progress(int64_t total, int64_t log_every) : total_(total), log_every_(log_every), tty_(::isatty(1) != 0) {}
+  Progress(int64_t first, int64_t total, int64_t log_every)
+      : first_(first), total_(total), log_every_(log_every), tty_(::isatty(1) != 0) {}
 
   void update(int64_t step, double loss, double tokens_per_s, double elapsed) {
-    double eta = step > 0 ? elapsed / step * (total_ - step) : 0.0;
+    int64_t done = step - first_;
+    double eta = done > 0 ? elapsed / done * (total_ - step) : 0.0;
     char line[160];
     std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | %.1fk tok/s | elapsed %s | eta %s",
                   static_cast<long long>(step), static_cast<long long>(total_), loss, tokens_per_s / 1000.0,
@@ -153,12 +157,13 @@ class Progress {
     if (tty_) {
       std::cout << "\r" << line << "\033[K" << std::flush;
       if (step == total_) std::cout << "\n";
-    } else if (step % log_every_ == 0 || step == total_ || step == 1) {
+    } else if (step % log_every_ == 0 || step == total_ || step == first_ + 1) {
       std::cout << line << std::endl;
     }
   }
 
  private:
+  int64_t first_;
   int64_t total_;
   int64_t log_every_;
   bool tty_;
@@ -250,11 +255,10 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
                world, " worker(s), ",
                config.precision, ", global batch ", config.batch_size, " x ", seq_len, " tokens");
 
-  Progress progress(config.max_steps, config.log_every);
+  Progress progress(step, config.max_steps, config.log_every);
   const auto start = Clock::now();
   auto last = start;
   double loss_value = std::nan("");
-  const int64_t first_step = step;
   while (step < config.max_steps) {
     at::Tensor step_loss = at::zeros({}, at::kFloat);
     for (int64_t micro = 0; micro < config.grad_accum; ++micro) {
@@ -282,7 +286,7 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
     double tokens_per_s = static_cast<double>(config.batch_size * seq_len) / std::max(step_s, 1e-9);
     double elapsed = std::chrono::duration<double>(now - start).count();
     if (fabric.is_global_zero()) {
-      progress.update(step - first_step, loss_value, tokens_per_s, elapsed);
+      progress.update(step, loss_value, tokens_per_s, elapsed);
       if (metrics.is_open()) {
         metrics << nlohmann::json{{"step", step},     {"loss", loss_value},          {"lr", config.lr},
                                   {"epoch", epoch},   {"tokens_per_s", tokens_per_s}, {"elapsed_s", elapsed}}

@@ -218,6 +218,7 @@ TEST_F(TrainCliTest, CheckpointsResumeAcrossDdpAndFsdpAndDeviceCounts) {
                                           path("ddp-first") + " --resume latest --metrics-file " + path("a.jsonl"));
   ASSERT_EQ(fsdp_resumed.exit_code, 0) << fsdp_resumed.output;
   EXPECT_NE(fsdp_resumed.output.find("step-00000008 at step 8"), std::string::npos) << fsdp_resumed.output;
+  EXPECT_NE(fsdp_resumed.output.find("step 9/16 | loss"), std::string::npos) << fsdp_resumed.output;
   std::vector<double> a = losses(path("a.jsonl"));
   ASSERT_EQ(a.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], ref[8 + i], 1e-4) << "step " << 9 + i;
