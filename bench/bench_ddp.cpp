@@ -1,18 +1,21 @@
-// Data-parallel training benchmark: strata's DDPStrategy through Fabric,
-// the counterpart of bench/ddp_peer.py (PyTorch's DistributedDataParallel).
-// Both train the same model (a GPT preset or the 512-2048-512 MLP) with
-// AdamW on the same fixed random batches, with the same per-rank batch,
-// warm-up and timed steps, and print one JSON line on rank 0:
+// Data-parallel training benchmark: strata's DDPStrategy (or, with
+// --strategy fsdp, FSDPStrategy) through Fabric, the counterpart of
+// bench/ddp_peer.py (PyTorch's DistributedDataParallel). Both train the
+// same model (a GPT preset or the 512-2048-512 MLP) with AdamW on the same
+// fixed random batches, with the same per-rank batch, warm-up and timed
+// steps, and print one JSON line on rank 0:
 //
-//   {"impl":"strata","model":"gpt-small","world":2,"threads":1,"batch":16,
-//    "step_ms_median":..,"step_ms_mean":..,"tokens_per_s":..,
-//    "peak_rss_mb_per_rank":[..,..],"loss_after_k":..,"k":..}
+//   {"impl":"strata","strategy":"ddp","model":"gpt-small","world":2,
+//    "threads":1,"batch":16,"step_ms_median":..,"step_ms_mean":..,
+//    "tokens_per_s":..,"peak_rss_mb_per_rank":[..,..],"loss_after_k":..,
+//    "k":..,"memory":{..}}
 //
-// (MLP runs report "samples_per_s" instead of "tokens_per_s".)
+// (MLP runs report "samples_per_s" instead of "tokens_per_s"; "memory" is
+// described in Note [Memory figures].)
 //
 // Started plainly it launches --devices copies of itself (Fabric); under
 // `strata launch -n N` it joins. bench/run_ddp.sh runs both sides and
-// prints the table.
+// prints the table; bench/run_fsdp.sh compares FSDP with DDP.
 //
 // Note [Same data and initial weights as the peer]
 // Debian's python3-torch and LibTorch are the same libtorch_cpu, with the
@@ -28,6 +31,25 @@
 // optimizer step + zero_grad of every timed step. The per-step times are
 // reduced with MAX across ranks at the end (the slowest rank sets the
 // pace), so no extra collective runs inside the timed region.
+//
+// Note [Memory figures]
+// Each rank reports, in MB ("memory" of the result, one value per rank):
+// - "baseline": VmRSS when the worker starts, before the model exists
+//   (LibTorch, OpenBLAS and Gloo already loaded);
+// - "setup_peak": VmHWM right after the model is built and set up
+//   (plainly then setup_module, or, with --sharded-init, inside FSDP's
+//   module_sharded_context then setup_module);
+// - "train_peak": VmHWM at the end of the run, after resetting the
+//   high-water mark to the current RSS once set-up is done (writing "5" to
+//   /proc/self/clear_refs; "hwm_reset" says whether the kernel allowed it:
+//   without it, train_peak includes set-up). Memory freed after set-up
+//   but kept in malloc's heap still counts (strata's workers keep their
+//   heap, Note [Allocator settings]);
+// - "state": the bytes of the tensors that hold the training state, summed
+//   after the run: model->parameters() (FSDP: this rank's shards), their
+//   gradients and AdamW's exp_avg / exp_avg_sq. DDP's gradient buckets and
+//   FSDP's gathered units are transient or internal and not counted here;
+//   "largest_unit_mb" gives the size of FSDP's largest unit, in full.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
@@ -40,6 +62,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <numeric>
 #include <string>
@@ -51,6 +74,7 @@
 #include "strata/models/mlp.h"
 #include "strata/runtime/env.h"
 #include "strata/strategies/ddp.h"
+#include "strata/strategies/fsdp.h"
 
 namespace {
 
@@ -60,6 +84,10 @@ using Clock = std::chrono::steady_clock;
 struct BenchConfig {
   std::string model = "gpt";  ///< "gpt" or "mlp"
   std::string size = "small"; ///< GPT preset
+  int64_t seq_len = 0;         ///< GPT context (block_size); 0: the preset's
+  std::string strategy = "ddp";  ///< "ddp" or "fsdp" (each GPT Block a unit)
+  bool activation_checkpointing = false;  ///< FSDP: recompute each Block in backward
+  bool sharded_init = false;  ///< FSDP: build the model inside module_sharded_context
   int devices = 2;
   int threads = 1;
   int64_t batch = 16;  ///< per rank
@@ -72,13 +100,70 @@ struct BenchConfig {
   bool phases = false;  ///< also report forward / backward / optimizer times
   std::string impl = "strata";  ///< the "impl" field of the result (run_ddp.sh tags variants)
 
-  std::string label() const { return model == "gpt" ? "gpt-" + size : "mlp-512-2048-512"; }
+  std::string label() const {
+    if (model != "gpt") return "mlp-512-2048-512";
+    return "gpt-" + size + (seq_len > 0 ? "-T" + std::to_string(seq_len) : "");
+  }
 };
 
 double peak_rss_mb() {
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+/// A "VmRSS" / "VmHWM" line of /proc/self/status, in MB (-1 if absent).
+double proc_status_mb(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stod(line.substr(key.size() + 1)) / 1024.0;  // in kB
+  }
+  return -1.0;
+}
+
+/// Sets VmHWM back to the current RSS; false where the kernel refuses.
+bool reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return static_cast<bool>(clear);
+}
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+/// Parameters, their gradients and AdamW's moments, in bytes (Note [Memory figures]).
+int64_t training_state_bytes(torch::nn::Module& module, torch::optim::AdamW& optimizer) {
+  int64_t total = 0;
+  for (const at::Tensor& p : module.parameters()) total += bytes_of(p) + bytes_of(p.grad());
+  for (const auto& item : optimizer.state()) {
+    const auto& state = static_cast<const torch::optim::AdamWParamState&>(*item.second);
+    total += bytes_of(state.exp_avg()) + bytes_of(state.exp_avg_sq()) + bytes_of(state.max_exp_avg_sq());
+  }
+  return total;
+}
+
+/// Elements of the model's parameters in full (FSDP's module holds shards).
+int64_t full_numel(torch::nn::Module& module, const strata::strategies::FSDPStrategy* fsdp) {
+  int64_t total = 0;
+  if (fsdp) {
+    for (const auto& unit : fsdp->units()) total += unit.numel;
+  } else {
+    for (const at::Tensor& p : module.parameters()) total += p.numel();
+  }
+  return total;
+}
+
+std::shared_ptr<strata::strategies::Strategy> make_strategy(const BenchConfig& c) {
+  using namespace strata::strategies;
+  if (c.strategy == "ddp") {
+    return std::make_shared<DDPStrategy>(cpu_accelerator(), std::nullopt,
+                                         DDPOptions().with_bucket_cap_mb(c.bucket_cap_mb));
+  }
+  FSDPOptions options;
+  options.with_auto_wrap_policy(ModuleTypes{"Block"});
+  if (c.activation_checkpointing) options.with_activation_checkpointing_policy({"Block"});
+  return std::make_shared<FSDPStrategy>(cpu_accelerator(), std::nullopt, options);
 }
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -102,6 +187,8 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   at::set_num_threads(c.threads);
   const int world = fabric.world_size();
   const int rank = fabric.global_rank();
+  const double baseline_mb = proc_status_mb("VmRSS");
+  auto* fsdp = dynamic_cast<strata::strategies::FSDPStrategy*>(&fabric.strategy());
 
   // The batches: see Note [Same data and initial weights as the peer].
   at::Generator gen = at::detail::createCPUGenerator(c.seed);
@@ -111,6 +198,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   strata::models::MLP mlp{nullptr};
   if (c.model == "gpt") {
     strata::models::GPTConfig config = strata::models::GPTConfig::preset(c.size);
+    if (c.seq_len > 0) config.block_size(c.seq_len);
     seq_len = config.block_size();
     at::Tensor pool = at::randint(0, config.vocab_size(), {c.pool, world * c.batch, seq_len + 1}, gen, at::kLong);
     for (int64_t i = 0; i < c.pool; ++i) {
@@ -119,7 +207,14 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
       targets.push_back(mine.narrow(1, 1, seq_len).contiguous());
     }
     strata::Fabric::seed_everything(c.seed);
-    gpt = strata::models::GPT(config);
+    if (c.sharded_init) {
+      // Each Block is sharded as soon as it is built (other initial values
+      // than a plain build: Note [Sharded construction] in gpt.cpp).
+      strata::strategies::Scope sharded = fsdp->module_sharded_context();
+      gpt = strata::models::GPT(config);
+    } else {
+      gpt = strata::models::GPT(config);
+    }
     fabric.setup_module(gpt);
   } else {
     at::Tensor x = at::randn({c.pool, world * c.batch, 512}, gen);
@@ -133,6 +228,9 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
     fabric.setup_module(mlp);
   }
   torch::nn::Module& module = gpt ? static_cast<torch::nn::Module&>(*gpt) : static_cast<torch::nn::Module&>(*mlp);
+  const double setup_peak_mb = proc_status_mb("VmHWM");
+  const double setup_maxrss_mb = peak_rss_mb();  // the reset below also resets ru_maxrss
+  const bool hwm_reset = reset_peak_rss();
   torch::optim::AdamW optimizer(module.parameters(), torch::optim::AdamWOptions(c.lr).weight_decay(0.01));
   fabric.setup_optimizer(optimizer);
 
@@ -164,12 +262,22 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   }
 
   step_ms = slowest_rank(fabric, step_ms);
-  at::Tensor rss = fabric.all_gather(at::full({1}, peak_rss_mb(), at::kDouble)).reshape({-1});
+  const double maxrss_mb = std::max(setup_maxrss_mb, peak_rss_mb());
+  at::Tensor rss = fabric.all_gather(at::full({1}, maxrss_mb, at::kDouble)).reshape({-1});
+  const double state_mb = static_cast<double>(training_state_bytes(module, optimizer)) / (1024.0 * 1024.0);
+  at::Tensor mine = at::tensor({baseline_mb, setup_peak_mb, proc_status_mb("VmHWM"), state_mb}, at::kDouble);
+  at::Tensor memory = fabric.all_gather(mine).reshape({world, -1}).t().contiguous();
+  auto per_rank = [&](int64_t i) {
+    return std::vector<double>(memory[i].data_ptr<double>(), memory[i].data_ptr<double>() + world);
+  };
   double loss_after_k = fabric.all_reduce(at::full({}, last_loss, at::kDouble), "mean").item<double>();
 
   const double step_s = median(step_ms) / 1000.0;
   nlohmann::json out = {{"impl", c.impl},
+                        {"strategy", c.strategy + (c.activation_checkpointing ? "+ac" : "")},
+                        {"init", c.sharded_init ? "sharded" : "plain"},
                         {"model", c.label()},
+                        {"params", full_numel(module, fsdp)},
                         {"world", world},
                         {"threads", c.threads},
                         {"batch", c.batch},
@@ -184,6 +292,13 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   out["peak_rss_mb_per_rank"] = std::vector<double>(rss.data_ptr<double>(), rss.data_ptr<double>() + rss.numel());
   out["loss_after_k"] = loss_after_k;
   out["k"] = c.warmup + c.steps;
+  out["memory"] = {{"baseline", per_rank(0)}, {"setup_peak", per_rank(1)}, {"train_peak", per_rank(2)},
+                   {"state", per_rank(3)}, {"hwm_reset", hwm_reset}};
+  if (fsdp) {
+    int64_t largest = 0;
+    for (const auto& unit : fsdp->units()) largest = std::max(largest, unit.numel);
+    out["largest_unit_mb"] = static_cast<double>(largest) * 4.0 / (1024.0 * 1024.0);
+  }
   if (c.phases) {
     // Rank-local medians (not reduced): where a step's time goes.
     out["phases_ms_median"] = {{"forward", median(fwd_ms)},
@@ -197,9 +312,16 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
 
 int main(int argc, char** argv) {
   BenchConfig c;
-  CLI::App app{"strata DDP benchmark: trains a model with DDPStrategy and prints one JSON line of timings"};
+  CLI::App app{"strata data-parallel benchmark: trains a model with DDPStrategy or FSDPStrategy and prints one JSON "
+               "line of timings and memory"};
   app.add_option("--model", c.model, "gpt or mlp (512-2048-512)")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
   app.add_option("--size", c.size, "GPT preset: tiny, small, medium, large")->capture_default_str();
+  app.add_option("--seq-len", c.seq_len, "GPT context length (block_size); 0: the preset's")->capture_default_str();
+  app.add_option("--strategy", c.strategy, "ddp, or fsdp (each GPT Block a unit)")
+      ->check(CLI::IsMember({"ddp", "fsdp"}))
+      ->capture_default_str();
+  app.add_flag("--activation-checkpointing", c.activation_checkpointing, "FSDP: recompute each Block in backward");
+  app.add_flag("--sharded-init", c.sharded_init, "FSDP: build the model inside module_sharded_context");
   app.add_option("--devices", c.devices, "Workers to launch (ignored under strata launch)")->capture_default_str();
   app.add_option("--threads", c.threads, "Intra-op threads per rank")->capture_default_str();
   app.add_option("--batch", c.batch, "Batch per rank")->capture_default_str();
@@ -216,10 +338,10 @@ int main(int argc, char** argv) {
   try {
     STRATA_CHECK(c.threads >= 1 && c.batch >= 1 && c.steps >= 1 && c.warmup >= 0 && c.pool >= 1,
                  ConfigError, "[bench] --threads, --batch, --steps and --pool must be >= 1, --warmup >= 0");
-    auto strategy = std::make_shared<strata::strategies::DDPStrategy>(
-        strata::strategies::cpu_accelerator(), std::nullopt,
-        strata::strategies::DDPOptions().with_bucket_cap_mb(c.bucket_cap_mb));
-    strata::Fabric fabric(strata::FabricOptions().with_devices(c.devices).with_strategy(strategy));
+    STRATA_CHECK(c.strategy == "fsdp" || (!c.activation_checkpointing && !c.sharded_init), ConfigError,
+                 "[bench] --activation-checkpointing and --sharded-init need --strategy fsdp (got --strategy ",
+                 c.strategy, ")");
+    strata::Fabric fabric(strata::FabricOptions().with_devices(c.devices).with_strategy(make_strategy(c)));
     nlohmann::json result = fabric.launch([&](strata::Fabric& f) { return run_worker(f, c); });
     // Fabric's own workers end inside launch(); here is either the process
     // that launched them, or every rank of an outside launcher's job.

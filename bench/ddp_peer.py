@@ -39,6 +39,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+import tables
+
 # The presets of strata::models::GPTConfig::preset: (n_layer, n_head, n_embd, block_size).
 PRESETS = {
     "tiny": (2, 2, 64, 64),
@@ -252,49 +254,6 @@ def worker(rank, args, port):
     os._exit(0)
 
 
-def print_table(path):
-    """Prints the JSON lines in `path` (both impls, any repeats) as a table:
-    per model and impl the median over repeats of each run's median step."""
-    runs = {}
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{"):
-            r = json.loads(line)
-            runs.setdefault((r["model"], r["impl"]), []).append(r)
-    header = ("model", "impl", "step ms (median)", "spread", "throughput", "peak RSS MB per rank", "loss after K",
-              "x pytorch")
-    rows = []
-    models = list(dict.fromkeys(m for m, _ in runs))
-    impls = list(dict.fromkeys(i for _, i in runs))
-    for model in models:
-        step = {}
-        for impl in impls:
-            rs = runs.get((model, impl))
-            if not rs:
-                continue
-            medians = [r["step_ms_median"] for r in rs]
-            step[impl] = statistics.median(medians)
-            best = min(rs, key=lambda r: abs(r["step_ms_median"] - step[impl]))
-            if "tokens_per_s" in best:
-                tput = f"{statistics.median(r['tokens_per_s'] for r in rs):,.0f} tok/s"
-            else:
-                tput = f"{statistics.median(r['samples_per_s'] for r in rs):,.0f} samples/s"
-            spread = f"{min(medians):.1f}-{max(medians):.1f}" if len(medians) > 1 else "-"
-            rss = ", ".join(f"{x:.0f}" for x in best["peak_rss_mb_per_rank"])
-            rows.append([model, impl, f"{step[impl]:.1f}", spread, tput, rss,
-                         f"{best['loss_after_k']:.4f} (K={best['k']})", ""])
-        # Each row's step time over plain PyTorch's for the same model.
-        if "pytorch" in step:
-            for row in rows[-len(step):]:
-                row[-1] = f"{step[row[1]] / step['pytorch']:.2f}"
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    fmt = " | ".join("{:<%d}" % w for w in widths)
-    print(fmt.format(*header))
-    print("-+-".join("-" * w for w in widths))
-    for row in rows:
-        print(fmt.format(*row))
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -319,7 +278,7 @@ def main():
     p.add_argument("--table", metavar="FILE", help="print the table of the JSON lines in FILE and exit")
     args = p.parse_args()
     if args.table:
-        print_table(args.table)
+        tables.speed_table(tables.load(args.table))
         return
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     mp.spawn(worker, args=(args, free_port()), nprocs=args.devices, join=True)

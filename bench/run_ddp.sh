@@ -40,23 +40,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bench="$build_dir/bench/bench_ddp"
-if [ ! -x "$bench" ]; then
-  echo "[bench] $bench not found; build it first: cmake --build $build_dir --target bench_ddp strata_cli" >&2
-  exit 1
-fi
-python=/usr/bin/python3
-cores="$(nproc)"  # before OMP_NUM_THREADS is set: GNU nproc honours it
-
-# Both sides get the same thread count, explicitly.
-export OMP_NUM_THREADS="$threads"
-export MKL_NUM_THREADS="$threads"
-
-blas_alt=/etc/alternatives/libblas.so.3-x86_64-linux-gnu
-blas="$(readlink -f "$blas_alt" 2>/dev/null || echo unknown)"
-echo "machine: $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-echo "BLAS (libblas.so.3, used by LibTorch and python3-torch alike): $blas"
-echo "torch $("$python" -c 'import torch; print(torch.__version__)'); ranks: $ranks; threads per rank: $threads (OMP_NUM_THREADS=$OMP_NUM_THREADS)"
+# shellcheck source=bench/bench_env.sh
+source bench/bench_env.sh
+echo "ranks: $ranks"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); $repeats run(s) per impl and model, $warmup warm-up + $steps timed steps"
 
 configs=("--model gpt --size small --batch 16" "--model mlp --batch 64")
