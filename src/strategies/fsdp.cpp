@@ -355,31 +355,41 @@ void FSDPStrategy::Impl::launch_reduction(size_t u) {
   unit.reduce_output = at::empty({unit.shard_numel}, packed.options());
   unit.reduce_work = group.reduce_scatter_async(packed, unit.reduce_output, comm::ReduceOp::kMean);
   ++launched_reductions;
+  // Keep two reductions in flight at most: each holds a unit's full
+  // gradients, and holding them all would cost a whole model's worth.
+  in_flight.push_back(u);
+  while (in_flight.size() > 2) {
+    complete_reduction(in_flight.front());
+    in_flight.pop_front();
+  }
+}
+
+void FSDPStrategy::Impl::complete_reduction(size_t u) {
+  Unit& unit = units[u];
+  unit.reduce_work->wait();
+  unit.reduce_work.reset();
+  torch::NoGradGuard no_grad;
+  at::Tensor reduced = unit.reduce_output.to(unit.flat_shard.scalar_type());
+  for (size_t i : unit.params) {
+    Param& p = params[i];
+    if (!p.trainable) continue;
+    at::Tensor piece = reduced.narrow(0, p.offset, p.chunk);
+    if (p.shard.grad().defined()) {
+      p.shard.mutable_grad().add_(piece);
+    } else {
+      p.shard.mutable_grad() = piece.clone();
+    }
+  }
+  unit.reduce_input = at::Tensor();
+  unit.reduce_output = at::Tensor();
 }
 
 void FSDPStrategy::Impl::finish() {
   if (sync) {
     for (Unit& unit : units) unit.complete = true;  // what did not arrive counts as zero
     launch_ready_reductions();
-    torch::NoGradGuard no_grad;
-    for (Unit& unit : units) {
-      if (!unit.reduce_work) continue;
-      unit.reduce_work->wait();
-      unit.reduce_work.reset();
-      at::Tensor reduced = unit.reduce_output.to(unit.flat_shard.scalar_type());
-      for (size_t i : unit.params) {
-        Param& p = params[i];
-        if (!p.trainable) continue;
-        at::Tensor piece = reduced.narrow(0, p.offset, p.chunk);
-        if (p.shard.grad().defined()) {
-          p.shard.mutable_grad().add_(piece);
-        } else {
-          p.shard.mutable_grad() = piece.clone();
-        }
-      }
-      unit.reduce_input = at::Tensor();
-      unit.reduce_output = at::Tensor();
-    }
+    for (size_t u : in_flight) complete_reduction(u);
+    in_flight.clear();
     launched_reductions = 0;
   }
   for (size_t u = 0; u < units.size(); ++u) release(u);
@@ -520,6 +530,9 @@ void FSDPStrategy::Impl::build(torch::nn::Module& root_module, const FSDPOptions
     params.push_back(std::move(p));
   }
 
+  found.clear();  // the last handles to pieces sharded at construction, besides the params'
+
+  // Unit by unit, so that at most one unit's pieces exist twice.
   for (Unit& unit : units) {
     int64_t offset = 0;
     for (size_t i : unit.params) {
@@ -529,44 +542,45 @@ void FSDPStrategy::Impl::build(torch::nn::Module& root_module, const FSDPOptions
     }
     unit.shard_numel = offset;
     unit.flat_shard = at::zeros({offset}, at::TensorOptions().dtype(at::kFloat));
-  }
-
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    Unit& unit = units[p.unit];
-    if (p.preshard.defined()) {
-      // Sharded while the model was built: move the piece into the unit.
-      unit.flat_shard.narrow(0, p.offset, p.chunk).copy_(p.preshard.detach());
-      p.preshard = at::Tensor();
-      p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
-      if (p.accumulator) p.hook_key = p.accumulator->add_post_hook(std::make_unique<FSDPGradHook>(this, i));
-      for (auto& [owner, local_name] : p.owners) ModuleAccess::parameters_of(*owner)[local_name] = p.shard;
-      continue;
-    }
-    at::Tensor full = p.compute.detach();
-    if (options.sync_module_states && world > 1) {
-      full = full.clone().contiguous();
-      group.broadcast(full, 0);
-    }
-    checkpoint::FlatSlice slice = shard_slice(p.numel, world, rank);
-    at::Tensor flat = full.reshape({-1}).to(at::kFloat);
-    unit.flat_shard.narrow(0, p.offset, slice.size()).copy_(flat.narrow(0, slice.begin, slice.size()));
-    p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
-    // The accumulator must exist while the compute tensor is full-sized in
-    // the compute dtype (autograd checks gradients against that), and must
-    // be kept alive, or the hook dies with it.
-    p.compute.set_data(full.to(compute_dtype));
-    p.compute.mutable_grad() = at::Tensor();
-    if (p.trainable) {
-      p.accumulator = torch::autograd::impl::grad_accumulator(p.compute);
-      p.hook_key = p.accumulator->add_post_hook(std::make_unique<FSDPGradHook>(this, i));
-    }
-    p.compute.set_data(empty_compute(p));
-    for (auto& [owner, local_name] : p.owners) ModuleAccess::parameters_of(*owner)[local_name] = p.shard;
+    for (size_t i : unit.params) shard_param(i, options);
   }
   if (options.sync_module_states && world > 1) {
     for (at::Tensor buffer : root_module.buffers()) group.broadcast(buffer, 0);
   }
+}
+
+void FSDPStrategy::Impl::shard_param(size_t i, const FSDPOptions& options) {
+  Param& p = params[i];
+  Unit& unit = units[p.unit];
+  if (p.preshard.defined()) {
+    // Sharded while the model was built: move the piece into the unit.
+    unit.flat_shard.narrow(0, p.offset, p.chunk).copy_(p.preshard.detach());
+    p.preshard = at::Tensor();
+    p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
+    if (p.accumulator) p.hook_key = p.accumulator->add_post_hook(std::make_unique<FSDPGradHook>(this, i));
+    for (auto& [owner, local_name] : p.owners) ModuleAccess::parameters_of(*owner)[local_name] = p.shard;
+    return;
+  }
+  at::Tensor full = p.compute.detach();
+  if (options.sync_module_states && world > 1) {
+    full = full.clone().contiguous();
+    group.broadcast(full, 0);
+  }
+  checkpoint::FlatSlice slice = shard_slice(p.numel, world, rank);
+  at::Tensor flat = full.reshape({-1}).to(at::kFloat);
+  unit.flat_shard.narrow(0, p.offset, slice.size()).copy_(flat.narrow(0, slice.begin, slice.size()));
+  p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
+  // The accumulator must exist while the compute tensor is full-sized in
+  // the compute dtype (autograd checks gradients against that), and must
+  // be kept alive, or the hook dies with it.
+  p.compute.set_data(full.to(compute_dtype));
+  p.compute.mutable_grad() = at::Tensor();
+  if (p.trainable) {
+    p.accumulator = torch::autograd::impl::grad_accumulator(p.compute);
+    p.hook_key = p.accumulator->add_post_hook(std::make_unique<FSDPGradHook>(this, i));
+  }
+  p.compute.set_data(empty_compute(p));
+  for (auto& [owner, local_name] : p.owners) ModuleAccess::parameters_of(*owner)[local_name] = p.shard;
 }
 
 void FSDPStrategy::Impl::unhook() {

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/autograd/function.h>
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +74,9 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
   /// sharded already).
   void build(torch::nn::Module& root_module, const FSDPOptions& options, const Presharded* presharded);
   void unhook();
+  /// Puts params[i]'s piece into its unit's flat shard and the shard into
+  /// the module's dictionaries; hooks its gradient.
+  void shard_param(size_t i, const FSDPOptions& options);
 
   at::Tensor empty_compute(const Param& p) const;
   void issue_gather(size_t u);
@@ -91,6 +95,8 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
   std::vector<size_t> reduction_order() const;
   void launch_ready_reductions();
   void launch_reduction(size_t u);
+  /// Waits for unit u's reduce-scatter and adds it to the shards' gradients.
+  void complete_reduction(size_t u);
   void finish();
 
   /// The full value of params[i] (a collective: every rank calls it).
@@ -111,6 +117,7 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
   std::vector<size_t> forward_order, last_forward_order;
   std::vector<size_t> order_cache;
   size_t next_reduction = 0;
+  std::deque<size_t> in_flight;  ///< units whose reduce-scatter runs, oldest first
   int64_t launched_reductions = 0;
   bool sync = true;
   bool in_backward = false;
