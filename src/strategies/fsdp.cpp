@@ -615,12 +615,7 @@ FSDPStrategy::~FSDPStrategy() {
 
 void FSDPStrategy::setup_environment() {
   Strategy::setup_environment();
-  if (options_.parallel_devices) {
-    STRATA_CHECK(static_cast<int>(options_.parallel_devices->size()) == env_.local_world_size, ConfigError,
-                 "[fsdp] parallel_devices lists ", options_.parallel_devices->size(),
-                 " devices but this host runs ", env_.local_world_size,
-                 " workers; pass one device per local worker or leave parallel_devices unset");
-  }
+  check_parallel_devices(options_.parallel_devices);
   group_.set_debug(options_.debug);
 }
 

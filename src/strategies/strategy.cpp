@@ -192,6 +192,13 @@ at::Tensor Strategy::broadcast(const at::Tensor& tensor, int src) {
 
 void Strategy::barrier(const std::string& name) { group_.barrier(name); }
 
+void Strategy::check_parallel_devices(const std::optional<std::vector<c10::Device>>& devices) const {
+  if (!devices) return;
+  STRATA_CHECK(static_cast<int>(devices->size()) == env_.local_world_size, ConfigError, "[", name(),
+               "] parallel_devices lists ", devices->size(), " devices but this host runs ", env_.local_world_size,
+               " workers; pass one device per local worker or leave parallel_devices unset");
+}
+
 void Strategy::remove_checkpoint(const std::string& path) {
   // Ranks may still be reading the checkpoint: remove only once all are done.
   barrier("remove_checkpoint:begin");

@@ -188,6 +188,9 @@ class Strategy {
   /// "<key>/<param>.<state>" as the optimizer holds them (whole, by default).
   virtual std::vector<std::pair<std::string, at::Tensor>> read_optimizer_tensors(
       const checkpoint::StateReader& reader, const std::string& key);
+  /// Checks a strategy's parallel_devices option (the seed signature)
+  /// against this host: one device per local worker, or unset.
+  void check_parallel_devices(const std::optional<std::vector<c10::Device>>& devices) const;
   /// Stops the background threads of the device loaders made by
   /// process_dataloader.
   void close_loaders();
