@@ -66,6 +66,14 @@ bool matches(const ModuleTypes& types, const torch::nn::Module& module) {
   return !types.empty() && types.count(module.name()) > 0;
 }
 
+// Whether `policy` makes `module` a unit, given the elements of its
+// parameters not already in a unit below it.
+bool wraps(const AutoWrapPolicy& policy, const torch::nn::Module& module, int64_t nonwrapped_numel) {
+  if (auto* types = std::get_if<ModuleTypes>(&policy)) return matches(*types, module);
+  if (auto* predicate = std::get_if<WrapPredicate>(&policy)) return (*predicate)(module, false, nonwrapped_numel);
+  return false;
+}
+
 int64_t numel_of(const torch::nn::Module& module, bool recurse) {
   std::unordered_set<const c10::TensorImpl*> seen;
   int64_t n = 0;
@@ -73,6 +81,23 @@ int64_t numel_of(const torch::nn::Module& module, bool recurse) {
     if (seen.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
   }
   return n;
+}
+
+// Creates the gradient accumulator of a module tensor while it holds its
+// full value `full` in the compute dtype (autograd checks gradients against
+// that shape and dtype; the accumulator must then be kept alive, or the
+// hook on it dies with it), then empties the tensor. Null when the tensor
+// does not train.
+std::shared_ptr<torch::autograd::Node> accumulator_then_empty(at::Tensor& compute, const at::Tensor& full,
+                                                             c10::ScalarType dtype, bool trainable) {
+  std::shared_ptr<torch::autograd::Node> accumulator;
+  compute.mutable_grad() = at::Tensor();
+  if (trainable) {
+    compute.set_data(full.to(dtype));
+    accumulator = torch::autograd::impl::grad_accumulator(compute);
+  }
+  compute.set_data(at::empty({0}, full.options().dtype(dtype).requires_grad(false)));
+  return accumulator;
 }
 
 // A tensor over `storage` that does not share `of`'s version counter, so
@@ -235,7 +260,8 @@ std::optional<size_t> FSDPStrategy::Impl::neighbour(size_t u, int direction) con
 void FSDPStrategy::Impl::pre_forward(size_t u) {
   Unit& unit = units[u];
   if (unit.root) {
-    STRATA_CHECK(launched_reductions == 0, ConfigError,
+    // Reductions started since the last finish(): a backward ran without it.
+    STRATA_CHECK(next_reduction == 0, ConfigError,
                  "[fsdp] the previous backward ran through loss.backward() instead of fabric.backward(): its "
                  "gradients were never reduced into the shards. Call fabric.backward(loss) (or "
                  "strategy.backward)");
@@ -285,7 +311,6 @@ at::Tensor FSDPStrategy::Impl::post_forward(size_t u, const at::Tensor& output) 
 }
 
 void FSDPStrategy::Impl::pre_backward(size_t u) {
-  in_backward = true;
   ensure_gathered(u);
   if (prefetch) {
     if (auto previous = neighbour(u, -1); previous && units[*previous].state == UnitState::kFreed) {
@@ -295,7 +320,6 @@ void FSDPStrategy::Impl::pre_backward(size_t u) {
 }
 
 void FSDPStrategy::Impl::on_grad_ready(size_t i) {
-  in_backward = true;
   Param& p = params[i];
   if (p.grad_ready) return;
   p.grad_ready = true;
@@ -311,8 +335,7 @@ void FSDPStrategy::Impl::on_grad_ready(size_t i) {
   launch_ready_reductions();
 }
 
-std::vector<size_t> FSDPStrategy::Impl::reduction_order() const {
-  std::vector<size_t> order(forward_order.rbegin(), forward_order.rend());
+std::vector<size_t> FSDPStrategy::Impl::with_the_rest(std::vector<size_t> order) const {
   std::vector<bool> listed(units.size(), false);
   for (size_t u : order) listed[u] = true;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -322,7 +345,8 @@ std::vector<size_t> FSDPStrategy::Impl::reduction_order() const {
 }
 
 void FSDPStrategy::Impl::launch_ready_reductions() {
-  if (order_cache.empty()) order_cache = reduction_order();
+  // Reverse forward order: the order backward completes units in.
+  if (order_cache.empty()) order_cache = with_the_rest({forward_order.rbegin(), forward_order.rend()});
   while (next_reduction < order_cache.size()) {
     Unit& unit = units[order_cache[next_reduction]];
     if (unit.trainable > 0 && !unit.complete) break;
@@ -354,7 +378,6 @@ void FSDPStrategy::Impl::launch_reduction(size_t u) {
   unit.reduce_input = packed;
   unit.reduce_output = at::empty({unit.shard_numel}, packed.options());
   unit.reduce_work = group.reduce_scatter_async(packed, unit.reduce_output, comm::ReduceOp::kMean);
-  ++launched_reductions;
   // Keep two reductions in flight at most: each holds a unit's full
   // gradients, and holding them all would cost a whole model's worth.
   in_flight.push_back(u);
@@ -390,7 +413,6 @@ void FSDPStrategy::Impl::finish() {
     launch_ready_reductions();
     for (size_t u : in_flight) complete_reduction(u);
     in_flight.clear();
-    launched_reductions = 0;
   }
   for (size_t u = 0; u < units.size(); ++u) release(u);
   for (Param& p : params) p.grad_ready = false;
@@ -402,13 +424,18 @@ void FSDPStrategy::Impl::finish() {
   order_cache.clear();
   if (!forward_order.empty()) last_forward_order = forward_order;
   forward_order.clear();
-  in_backward = false;
 }
 
-at::Tensor FSDPStrategy::Impl::gather_full(size_t i) {
-  Param& p = params[i];
-  at::Tensor gathered = group.all_gather(p.shard.detach());  // (world, chunk)
-  return gathered.reshape({-1}).narrow(0, 0, p.numel).view(p.shape).clone();
+const FSDPStrategy::Impl::Param* FSDPStrategy::Impl::param_of_state(const std::string& state_name) const {
+  size_t dot = state_name.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  auto it = param_index.find(state_name.substr(0, dot));
+  return it == param_index.end() ? nullptr : &params[it->second];
+}
+
+at::Tensor FSDPStrategy::Impl::gather_full(const Param& p, const at::Tensor& piece) {
+  at::Tensor gathered = group.all_gather(piece.detach());  // (world, chunk)
+  return gathered.reshape({-1}).narrow(0, 0, p.numel).view(p.shape);
 }
 
 // ---- building the units ---------------------------------------------------------------
@@ -428,11 +455,7 @@ int64_t apply_policy(torch::nn::Module& module, const AutoWrapPolicy& policy, bo
   if (!descend) return total;
   int64_t nonwrapped = numel_of(module, false);
   for (const auto& child : module.children()) nonwrapped += apply_policy(*child, policy, false, units);
-  if (is_root) return nonwrapped;
-  bool wrap = false;
-  if (auto* types = std::get_if<ModuleTypes>(&policy)) wrap = matches(*types, module);
-  if (auto* predicate = std::get_if<WrapPredicate>(&policy)) wrap = (*predicate)(module, false, nonwrapped);
-  if (!wrap) return nonwrapped;
+  if (is_root || !wraps(policy, module, nonwrapped)) return nonwrapped;
   units.push_back(&module);
   return 0;
 }
@@ -444,12 +467,19 @@ struct Occurrence {
   std::string full_name;
 };
 
+// Walks the module tree below `module` (inside unit `unit`, at path
+// `prefix`): every parameter with where it is registered, and the nearest
+// unit around each unit.
 void collect(torch::nn::Module& module, const std::string& prefix, size_t unit,
              const std::unordered_map<const torch::nn::Module*, size_t>& unit_of,
              std::vector<std::pair<at::Tensor, std::vector<Occurrence>>>& found,
-             std::unordered_map<const c10::TensorImpl*, size_t>& index) {
+             std::unordered_map<const c10::TensorImpl*, size_t>& index,
+             std::vector<std::optional<size_t>>& parents) {
   auto it = unit_of.find(&module);
-  if (it != unit_of.end()) unit = it->second;
+  if (it != unit_of.end()) {
+    if (it->second != unit) parents[it->second] = unit;
+    unit = it->second;
+  }
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     const at::Tensor& tensor = item.value();
     Occurrence occurrence{unit, &module, item.key(), prefix.empty() ? item.key() : prefix + "." + item.key()};
@@ -458,7 +488,8 @@ void collect(torch::nn::Module& module, const std::string& prefix, size_t unit,
     found[slot->second].second.push_back(std::move(occurrence));
   }
   for (const auto& child : module.named_children()) {
-    collect(*child.value(), prefix.empty() ? child.key() : prefix + "." + child.key(), unit, unit_of, found, index);
+    collect(*child.value(), prefix.empty() ? child.key() : prefix + "." + child.key(), unit, unit_of, found, index,
+            parents);
   }
 }
 
@@ -478,26 +509,17 @@ void FSDPStrategy::Impl::build(torch::nn::Module& root_module, const FSDPOptions
   }
   root = unit_modules.size() - 1;
   units[root].root = true;
-  // Unit paths, for reports; the nearest unit around each unit.
+  // Unit paths, for reports.
   for (const auto& item : root_module.named_modules("", /*include_self=*/false)) {
     auto it = unit_of.find(item.value().get());
     if (it != unit_of.end()) units[it->second].name = item.key();
   }
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].root) continue;
-    size_t best = root;
-    for (size_t a = 0; a < units.size(); ++a) {
-      const std::string& path = units[a].name;
-      bool encloses = !units[a].root && a != u && units[u].name.size() > path.size() &&
-                      units[u].name.compare(0, path.size(), path) == 0 && units[u].name[path.size()] == '.';
-      if (encloses && (units[best].root || path.size() > units[best].name.size())) best = a;
-    }
-    units[u].parent = best;
-  }
 
   std::vector<std::pair<at::Tensor, std::vector<Occurrence>>> found;
   std::unordered_map<const c10::TensorImpl*, size_t> index;
-  collect(root_module, "", root, unit_of, found, index);
+  std::vector<std::optional<size_t>> parents(units.size());
+  collect(root_module, "", root, unit_of, found, index, parents);
+  for (size_t u = 0; u < units.size(); ++u) units[u].parent = parents[u];
 
   torch::NoGradGuard no_grad;
   for (auto& [tensor, occurrences] : found) {
@@ -527,6 +549,7 @@ void FSDPStrategy::Impl::build(torch::nn::Module& root_module, const FSDPOptions
     p.unit = unit;
     for (const Occurrence& o : occurrences) p.owners.emplace_back(o.owner, o.local_name);
     units[unit].params.push_back(params.size());
+    param_index[p.name] = params.size();
     params.push_back(std::move(p));
   }
 
@@ -566,20 +589,11 @@ void FSDPStrategy::Impl::shard_param(size_t i, const FSDPOptions& options) {
     full = full.clone().contiguous();
     group.broadcast(full, 0);
   }
-  checkpoint::FlatSlice slice = shard_slice(p.numel, world, rank);
-  at::Tensor flat = full.reshape({-1}).to(at::kFloat);
-  unit.flat_shard.narrow(0, p.offset, slice.size()).copy_(flat.narrow(0, slice.begin, slice.size()));
+  at::Tensor mine = checkpoint::shard_of(full, world, rank);
+  unit.flat_shard.narrow(0, p.offset, mine.numel()).copy_(mine);
   p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
-  // The accumulator must exist while the compute tensor is full-sized in
-  // the compute dtype (autograd checks gradients against that), and must
-  // be kept alive, or the hook dies with it.
-  p.compute.set_data(full.to(compute_dtype));
-  p.compute.mutable_grad() = at::Tensor();
-  if (p.trainable) {
-    p.accumulator = torch::autograd::impl::grad_accumulator(p.compute);
-    p.hook_key = p.accumulator->add_post_hook(std::make_unique<FSDPGradHook>(this, i));
-  }
-  p.compute.set_data(empty_compute(p));
+  p.accumulator = accumulator_then_empty(p.compute, full, compute_dtype, p.trainable);
+  if (p.accumulator) p.hook_key = p.accumulator->add_post_hook(std::make_unique<FSDPGradHook>(this, i));
   for (auto& [owner, local_name] : p.owners) ModuleAccess::parameters_of(*owner)[local_name] = p.shard;
 }
 
@@ -701,10 +715,7 @@ Scope FSDPStrategy::module_sharded_context() {
   // Shards a complete unit on the spot: each parameter keeps only this
   // rank's piece; setup_module later adopts the pieces.
   auto shard_unit = [presharded, policy, world, rank, compute](torch::nn::Module& module) {
-    bool wrap = false;
-    if (auto* types = std::get_if<ModuleTypes>(&policy)) wrap = matches(*types, module);
-    if (auto* predicate = std::get_if<WrapPredicate>(&policy)) wrap = (*predicate)(module, false, numel_of(module, true));
-    if (!wrap) return;
+    if (!wraps(policy, module, numel_of(module, true))) return;
     torch::NoGradGuard no_grad;
     std::unordered_map<const c10::TensorImpl*, at::Tensor> done;
     for (const auto& item : module.named_modules("", /*include_self=*/true)) {
@@ -719,16 +730,12 @@ Scope FSDPStrategy::module_sharded_context() {
           entry.compute = tensor;
           entry.shape = tensor.sizes().vec();
           entry.trainable = tensor.requires_grad();
-          int64_t numel = tensor.numel();
-          checkpoint::FlatSlice slice = shard_slice(numel, world, rank);
-          at::Tensor shard = at::zeros({shard_chunk(numel, world)}, at::kFloat);
-          shard.narrow(0, 0, slice.size()).copy_(tensor.detach().reshape({-1}).narrow(0, slice.begin, slice.size()));
+          at::Tensor full = tensor.detach();
+          at::Tensor mine = checkpoint::shard_of(full, world, rank);
+          at::Tensor shard = at::zeros({shard_chunk(full.numel(), world)}, at::kFloat);
+          shard.narrow(0, 0, mine.numel()).copy_(mine);
           shard.requires_grad_(entry.trainable);
-          if (entry.trainable) {  // the accumulator must see the full shape (see build)
-            tensor.set_data(tensor.detach().to(compute));
-            entry.accumulator = torch::autograd::impl::grad_accumulator(tensor);
-          }
-          tensor.set_data(at::empty({0}, tensor.options().dtype(compute).requires_grad(false)));
+          entry.accumulator = accumulator_then_empty(tensor, full, compute, entry.trainable);
           presharded->by_shard.emplace(shard.unsafeGetTensorImpl(), std::move(entry));
           it = done.emplace(impl, shard).first;
         }
@@ -778,13 +785,7 @@ void FSDPStrategy::teardown() {
 std::vector<FSDPUnitInfo> FSDPStrategy::units() const {
   std::vector<FSDPUnitInfo> out;
   if (!impl_) return out;
-  std::vector<size_t> order = impl_->last_forward_order;
-  std::vector<bool> listed(impl_->units.size(), false);
-  for (size_t u : order) listed[u] = true;
-  for (size_t u = 0; u < impl_->units.size(); ++u) {
-    if (!listed[u]) order.push_back(u);
-  }
-  for (size_t u : order) {
+  for (size_t u : impl_->with_the_rest(impl_->last_forward_order)) {
     const Impl::Unit& unit = impl_->units[u];
     FSDPUnitInfo info;
     info.name = unit.name;
@@ -800,10 +801,11 @@ std::vector<FSDPUnitInfo> FSDPStrategy::units() const {
 
 at::Tensor FSDPStrategy::full_parameter(const std::string& name) {
   STRATA_CHECK(impl_ != nullptr, ConfigError, "[fsdp] full_parameter before setup_module");
-  for (size_t i = 0; i < impl_->params.size(); ++i) {
-    if (impl_->params[i].name == name) return impl_->gather_full(i);
-  }
-  throw ConfigError("[fsdp] the module set up has no parameter named '" + name + "'");
+  auto it = impl_->param_index.find(name);
+  STRATA_CHECK(it != impl_->param_index.end(), ConfigError, "[fsdp] the module set up has no parameter named '",
+               name, "'");
+  const Impl::Param& p = impl_->params[it->second];
+  return impl_->gather_full(p, p.shard);
 }
 
 }  // namespace strata::strategies

@@ -30,11 +30,20 @@ struct Piece {
   at::Tensor local;       // what this rank writes (its slice, or the whole tensor on rank 0)
   std::vector<int64_t> shape;  // full shape
   c10::ScalarType dtype;
-  bool sharded;
-  std::optional<size_t> param;  // the FSDP parameter it belongs to (gathered for full saves)
+  // Sharded tensors: the parameter it is sharded like, and this rank's
+  // padded piece (what a full save gathers).
+  const FSDPStrategy::Impl::Param* param = nullptr;
+  at::Tensor padded;
+  bool sharded() const { return param != nullptr; }
 };
 
-}  // namespace
+// A tensor sharded like `p`, from this rank's padded piece.
+Piece sharded_piece(std::string name, const FSDPStrategy::Impl& impl, const FSDPStrategy::Impl::Param& p,
+                    const at::Tensor& padded) {
+  checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, impl.rank);
+  return {std::move(name), padded.detach().narrow(0, 0, slice.size()), p.shape, padded.scalar_type(), &p,
+          padded.detach()};
+}
 
 // Everything this rank saves, and the metadata rank 0 writes.
 struct FSDPSavePlan {
@@ -42,16 +51,10 @@ struct FSDPSavePlan {
   nlohmann::json entries = nlohmann::json::object();
 };
 
-namespace {
-
-FSDPSavePlan plan_save(FSDPStrategy::Impl& impl, const State& state, const StateFilter& filter, int rank) {
+FSDPSavePlan plan_save(const FSDPStrategy::Impl& impl, const State& state, const StateFilter& filter) {
   FSDPSavePlan plan;
-  std::unordered_map<std::string, size_t> param_by_name;
   checkpoint::ParamNames names;
-  for (size_t i = 0; i < impl.params.size(); ++i) {
-    param_by_name[impl.params[i].name] = i;
-    names[impl.params[i].shard.unsafeGetTensorImpl()] = impl.params[i].name;
-  }
+  for (const auto& p : impl.params) names[p.shard.unsafeGetTensorImpl()] = p.name;
   bool found_sharded = false;
   for (const auto& [key, value] : state) {
     STRATA_CHECK(key.find('/') == std::string::npos, ConfigError, "[checkpoint] state key '", key,
@@ -61,25 +64,21 @@ FSDPSavePlan plan_save(FSDPStrategy::Impl& impl, const State& state, const State
       return it == filter.end() || it->second(name, t);
     };
     auto whole = [&](const std::string& name, const at::Tensor& t) {
-      plan.pieces.push_back({name, rank == 0 ? t.detach().contiguous() : at::Tensor(), t.sizes().vec(),
-                             t.scalar_type(), false, std::nullopt});
+      plan.pieces.push_back({name, impl.rank == 0 ? t.detach().contiguous() : at::Tensor(), t.sizes().vec(),
+                             t.scalar_type()});
     };
     if (value.is_module()) {
       plan.entries[key] = {{"kind", "module"}};
       bool sharded_module = value.module().get() == impl.root_module.get();
       found_sharded = found_sharded || sharded_module;
       if (sharded_module) {
-        for (size_t i = 0; i < impl.params.size(); ++i) {
-          const auto& p = impl.params[i];
-          if (!keep(p.name, p.shard)) continue;
-          checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, rank);
-          plan.pieces.push_back({key + "/" + p.name, p.shard.detach().narrow(0, 0, slice.size()), p.shape,
-                                 p.shard.scalar_type(), true, i});
+        for (const auto& p : impl.params) {
+          if (keep(p.name, p.shard)) plan.pieces.push_back(sharded_piece(key + "/" + p.name, impl, p, p.shard));
         }
       }
       checkpoint::NamedTensors tensors = checkpoint::module_state(*value.module());
       for (const auto& [name, t] : tensors) {
-        if (sharded_module && param_by_name.count(name)) continue;  // a shard, planned above
+        if (sharded_module && impl.param_index.count(name)) continue;  // a shard, planned above
         if (keep(name, t)) whole(key + "/" + name, t);
       }
     } else if (value.is_optimizer()) {
@@ -87,14 +86,9 @@ FSDPSavePlan plan_save(FSDPStrategy::Impl& impl, const State& state, const State
       plan.entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
       for (const auto& [name, t] : optim.tensors) {
         if (!keep(name, t)) continue;
-        // "<param name>.<state name>": sharded like its parameter.
-        size_t dot = name.rfind('.');
-        auto it = dot == std::string::npos ? param_by_name.end() : param_by_name.find(name.substr(0, dot));
-        if (it != param_by_name.end() && t.numel() == impl.params[it->second].chunk) {
-          const auto& p = impl.params[it->second];
-          checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, rank);
-          plan.pieces.push_back({key + "/" + name, t.detach().narrow(0, 0, slice.size()), p.shape, t.scalar_type(),
-                                 true, it->second});
+        const FSDPStrategy::Impl::Param* p = impl.param_of_state(name);  // sharded like its parameter
+        if (p && t.numel() == p->chunk) {
+          plan.pieces.push_back(sharded_piece(key + "/" + name, impl, *p, t));
         } else {
           whole(key + "/" + name, t);
         }
@@ -140,7 +134,7 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
   STRATA_CHECK(impl_ != nullptr, ConfigError, "[fsdp] save_checkpoint before setup_module");
   // Every rank writes where rank 0 was told to.
   std::string path = group_.broadcast_object(requested_path, 0);
-  FSDPSavePlan plan = plan_save(*impl_, state, filter, global_rank());
+  FSDPSavePlan plan = plan_save(*impl_, state, filter);
   nlohmann::json metadata = {{"strategy", name()},
                              {"world_size", world_size()},
                              {"state_dict_type", options_.state_dict_type},
@@ -167,14 +161,7 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
     });
     std::string failure;  // rank 0 keeps joining the gathers after a failed write, then reports it
     for (const Piece& piece : plan.pieces) {
-      at::Tensor value = piece.local;
-      if (piece.sharded) {
-        at::Tensor local = piece.local.contiguous();
-        const auto& p = impl_->params[*piece.param];
-        at::Tensor padded = at::zeros({p.chunk}, local.options());
-        padded.narrow(0, 0, local.numel()).copy_(local);
-        value = group_.all_gather(padded).reshape({-1}).narrow(0, 0, p.numel).view(p.shape);
-      }
+      at::Tensor value = piece.sharded() ? impl_->gather_full(*piece.param, piece.padded) : piece.local;
       if (!is_global_zero() || !failure.empty()) continue;
       try {
         file->write(piece.name, value);
@@ -189,7 +176,7 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
   } else {
     nlohmann::json tensors = nlohmann::json::object();
     for (const Piece& piece : plan.pieces) {
-      tensors[piece.name] = checkpoint::tensor_record(piece.shape, piece.dtype, piece.sharded);
+      tensors[piece.name] = checkpoint::tensor_record(piece.shape, piece.dtype, piece.sharded());
     }
     metadata["tensors"] = tensors;
     auto write_mine = [&] {
@@ -285,16 +272,11 @@ void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, cons
 checkpoint::NamedTensors FSDPStrategy::read_optimizer_tensors(const checkpoint::StateReader& reader,
                                                               const std::string& key) {
   if (!impl_) return Strategy::read_optimizer_tensors(reader, key);
-  std::unordered_map<std::string, size_t> param_by_name;
-  for (size_t i = 0; i < impl_->params.size(); ++i) param_by_name[impl_->params[i].name] = i;
   checkpoint::NamedTensors tensors;
   for (const std::string& name : reader.names_under(key)) {
     std::string full_name = key + "/" + name;
-    // "<param name>.<state name>": sharded like its parameter.
-    size_t dot = name.rfind('.');
-    auto it = dot == std::string::npos ? param_by_name.end() : param_by_name.find(name.substr(0, dot));
-    if (it != param_by_name.end()) {
-      tensors.emplace_back(name, my_piece(reader, full_name, *impl_, impl_->params[it->second]));
+    if (const Impl::Param* p = impl_->param_of_state(name)) {  // sharded like its parameter
+      tensors.emplace_back(name, my_piece(reader, full_name, *impl_, *p));
     } else {
       tensors.emplace_back(name, reader.full(full_name));
     }

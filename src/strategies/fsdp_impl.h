@@ -92,15 +92,20 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
   at::Tensor post_forward(size_t u, const at::Tensor& output);
   void pre_backward(size_t u);
   void on_grad_ready(size_t param);
-  std::vector<size_t> reduction_order() const;
+  /// `order`, then every unit not in it, by index.
+  std::vector<size_t> with_the_rest(std::vector<size_t> order) const;
   void launch_ready_reductions();
   void launch_reduction(size_t u);
   /// Waits for unit u's reduce-scatter and adds it to the shards' gradients.
   void complete_reduction(size_t u);
   void finish();
 
-  /// The full value of params[i] (a collective: every rank calls it).
-  at::Tensor gather_full(size_t i);
+  /// The parameter an optimizer state tensor "<param name>.<state name>"
+  /// belongs to, or null.
+  const Param* param_of_state(const std::string& state_name) const;
+  /// The full value of a tensor sharded like `p`, from this rank's padded
+  /// piece (p.shard, or its optimizer state); a collective.
+  at::Tensor gather_full(const Param& p, const at::Tensor& piece);
 
   comm::Group group;
   int world = 1;
@@ -111,6 +116,7 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
   bool prefetch = true;
   ModulePtr root_module;
   std::vector<Param> params;
+  std::unordered_map<std::string, size_t> param_index;  ///< params by name
   std::vector<Unit> units;
   size_t root = 0;
   std::vector<torch::nn::Module*> checkpointed;  ///< checkpointed modules that are not units
@@ -118,9 +124,7 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
   std::vector<size_t> order_cache;
   size_t next_reduction = 0;
   std::deque<size_t> in_flight;  ///< units whose reduce-scatter runs, oldest first
-  int64_t launched_reductions = 0;
   bool sync = true;
-  bool in_backward = false;
   int64_t step = 0;
 };
 
