@@ -63,7 +63,7 @@ function(strata_add_test_suite name)
   target_link_libraries(${target} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock Threads::Threads)
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   strata_use_pch(${target})
-  # Tests find the tool and the source tree through these variables.
-  set(env "STRATA_BINARY_DIR=${PROJECT_BINARY_DIR};STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
-  gtest_discover_tests(${target} DISCOVERY_TIMEOUT 60 PROPERTIES ENVIRONMENT "${env}" TIMEOUT 300)
+  # Tests find the tool, the source tree and the reference readers' Python
+  # through the paths test_main sets (tests/support/test_paths.h.in).
+  gtest_discover_tests(${target} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300)
 endfunction()

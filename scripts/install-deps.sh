@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Installs the Debian packages strata needs to build, test and benchmark.
-# Idempotent and quiet: packages already present are not touched, and
-# apt-get runs only when something is missing. Needs root (or sudo).
+# Installs what strata needs to build, test and benchmark. Idempotent and
+# quiet when nothing is missing.
+#  - Debian packages: compiler, CMake, Ninja, nlohmann-json, CLI11,
+#    GoogleTest, Google Benchmark (apt-get runs only when one is missing;
+#    needs root or sudo).
+#  - A Python venv (scripts/env.sh says where: a cache folder outside the
+#    clone) with scripts/requirements.txt: torch==2.13.0, whose LibTorch
+#    (and the Gloo inside it) strata builds against, and the peers and
+#    reference readers of the benchmarks and tests. It is rebuilt when the
+#    requirements change.
+# Neither Debian's LibTorch nor its libgloo is installed: one LibTorch, and
+# one Gloo, per process.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev            # LibTorch 1.13: tensors, autograd, nn, optim, c10d
-  libgloo-dev             # CPU collectives over TCP
-  libopenblas0-openmp     # fast BLAS for LibTorch (the default reference BLAS is ~30x slower)
   nlohmann-json3-dev      # checkpoint metadata
   libcli11-dev            # command-line parsing
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-torch   # the PyTorch peer for benchmarks and the safetensors reader test
 )
+python_bin="$(command -v python3 || true)"
+if [ -z "$python_bin" ]; then
+  packages+=(python3 python3-venv)
+elif ! "$python_bin" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  packages+=(python3-venv)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -22,22 +35,37 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
-
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then
-    sudo_cmd=(sudo)
-  else
-    echo "[install-deps] missing packages: ${missing[*]}; run this script as root or install sudo" >&2
-    exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo_cmd=(sudo)
+    else
+      echo "[install-deps] missing packages: ${missing[*]}; run this script as root or install sudo" >&2
+      exit 1
+    fi
   fi
+  echo "[install-deps] installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "[install-deps] installing: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "[install-deps] done"
+# The venv: made once, refreshed when requirements.txt changes (its hash is
+# kept inside the venv). A half-made venv (interrupted install) has no
+# stamp and is made again.
+stamp="$STRATA_VENV/.strata-requirements.sha256"
+want="$(sha256sum scripts/requirements.txt | cut -d' ' -f1)"
+if [ ! -x "$STRATA_PYTHON" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[install-deps] Python environment in $STRATA_VENV (torch 2.13.0 CPU and the test/benchmark peers; a few minutes the first time)"
+  rm -f "$stamp"
+  if [ ! -x "$STRATA_PYTHON" ]; then
+    rm -rf "$STRATA_VENV"
+    mkdir -p "$(dirname "$STRATA_VENV")"
+    python3 -m venv "$STRATA_VENV"
+  fi
+  "$STRATA_PYTHON" -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
+  "$STRATA_PYTHON" -c 'import torch, safetensors, lightning; assert torch.__version__.startswith("2.13.0"), torch.__version__'
+  echo "$want" > "$stamp"
+  echo "[install-deps] done"
+fi

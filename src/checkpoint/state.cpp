@@ -144,13 +144,8 @@ OptimizerKind kind_of(const torch::optim::Optimizer& optimizer, const std::strin
                             " is not supported; supported: torch::optim::SGD, Adam, AdamW"));
 }
 
-// The key LibTorch's optimizers use in state(): the TensorImpl address as
-// c10::guts::to_string prints it (an ostream of the pointer).
-std::string state_key(const at::Tensor& param) {
-  std::ostringstream out;
-  out << param.unsafeGetTensorImpl();
-  return out.str();
-}
+// The key LibTorch's optimizers use in state(): the parameter's TensorImpl.
+void* state_key(const at::Tensor& param) { return param.unsafeGetTensorImpl(); }
 
 // The per-parameter tensors each kind keeps, in the order they are saved.
 std::vector<std::string> tensor_fields(OptimizerKind kind, bool amsgrad) {
@@ -332,7 +327,7 @@ LoadReport load_optimizer_state(torch::optim::Optimizer& optimizer, const ParamN
   // Pass 1: match names and build every new state object, changing nothing.
   LoadReport report;
   struct Pending {
-    std::string key;
+    void* key;
     std::unique_ptr<torch::optim::OptimizerParamState> state;  // null: clear
   };
   std::vector<Pending> pending;

@@ -23,6 +23,7 @@
 #include <mutex>
 
 #include "strata/core/error.h"
+#include "grad_accumulator.h"
 
 namespace strata::strategies {
 
@@ -42,7 +43,7 @@ struct DDPStrategy::Reducer {
   std::vector<std::pair<size_t, size_t>> location;  // param -> (bucket, slot)
   std::vector<Bucket> buckets;
   std::vector<bool> ready;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive: hooks live on them
+  std::vector<GradAccumulator> accumulators;  // kept alive: hooks live on them
   std::vector<uintptr_t> hook_keys;
   size_t next_to_launch = 0;
   bool sync_enabled = true;
@@ -203,7 +204,7 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
   reducer_ = std::make_unique<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
   for (size_t i = 0; i < params.size(); ++i) {
     // Note: the accumulator must be kept alive, or the hook dies with it.
-    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(params[i]);
+    GradAccumulator accumulator = torch::autograd::impl::grad_accumulator(params[i]);
     reducer_->hook_keys.push_back(accumulator->add_post_hook(std::make_unique<Reducer::Hook>(reducer_.get(), i)));
     reducer_->accumulators.push_back(std::move(accumulator));
   }

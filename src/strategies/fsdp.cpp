@@ -29,8 +29,8 @@
 #include "strata/strategies/fsdp.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/Resize.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -83,14 +83,40 @@ int64_t numel_of(const torch::nn::Module& module, bool recurse) {
   return n;
 }
 
+// Note [Meta-device construction]
+// Inside module_init_context(empty_init=true) a model is built on the meta
+// device (c10's dispatch-key guard routes every tensor factory there): its
+// tensors have shapes and dtypes but no memory, and the layers' own
+// initialisation runs as no-ops (LibTorch has no C++ default-device
+// context; Python's torch.device("meta") is a TorchFunctionMode).
+// setup_module then gives each tensor a real
+// value: zeros, sharded, as the weights are to be loaded from a checkpoint.
+// set_data refuses to turn a meta tensor into a CPU one, so the tensor's
+// dispatch keys are switched to the real device first (leave_meta); the
+// Tensor object stays the same, so a layer's typed members (LinearImpl::
+// weight) follow.
+
+/// A module tensor's value at setup: itself, or zeros for one built on the
+/// meta device.
+at::Tensor value_at_setup(const at::Tensor& t) {
+  return t.is_meta() ? at::zeros(t.sizes(), t.options().device(at::kCPU).requires_grad(false)) : t.detach();
+}
+
+/// Lets a tensor built on the meta device take a value on `device` through
+/// set_data (Note [Meta-device construction]).
+void leave_meta(at::Tensor& t, c10::Device device) {
+  if (t.is_meta()) t.unsafeGetTensorImpl()->_change_backend_component_keys(device);
+}
+
 // Creates the gradient accumulator of a module tensor while it holds its
 // full value `full` in the compute dtype (autograd checks gradients against
 // that shape and dtype; the accumulator must then be kept alive, or the
 // hook on it dies with it), then empties the tensor. Null when the tensor
 // does not train.
-std::shared_ptr<torch::autograd::Node> accumulator_then_empty(at::Tensor& compute, const at::Tensor& full,
+GradAccumulator accumulator_then_empty(at::Tensor& compute, const at::Tensor& full,
                                                              c10::ScalarType dtype, bool trainable) {
-  std::shared_ptr<torch::autograd::Node> accumulator;
+  GradAccumulator accumulator;
+  leave_meta(compute, full.device());
   compute.mutable_grad() = at::Tensor();
   if (trainable) {
     compute.set_data(full.to(dtype));
@@ -106,6 +132,21 @@ at::Tensor alias_storage(const at::Tensor& of) {
   at::Tensor alias = at::empty({0}, of.options().requires_grad(false));
   alias.set_(of.storage(), of.storage_offset(), of.sizes(), of.strides());
   return alias;
+}
+
+// Frees (bytes == 0) or refills the storage that a gathered parameter and
+// every view autograd saved of it share, on any device: the storage keeps
+// its identity and takes new memory from its own allocator (the old bytes
+// are not copied; the gather overwrites them). LibTorch 2's StorageImpl
+// API, where 1.13 needed the CPU-only resize_bytes_cpu.
+void resize_storage(const c10::Storage& storage, size_t bytes) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (bytes == 0) {
+    impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  } else {
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  }
+  impl->set_nbytes(bytes);
 }
 
 }  // namespace
@@ -191,7 +232,7 @@ void FSDPStrategy::Impl::ensure_gathered(size_t u) {
     if (unit.state == UnitState::kFreed) {
       // Refill the storage autograd's saved views point at.
       at::Tensor& data = p.compute;
-      at::native::resize_bytes_cpu(data.storage().unsafeGetStorageImpl(), p.storage_bytes);
+      resize_storage(data.storage(), p.storage_bytes);
       at::Tensor padded = alias_storage(data);
       padded.set_(data.storage(), 0, {world, p.chunk}, {p.chunk, 1});
       padded.copy_(pieces);
@@ -212,7 +253,7 @@ void FSDPStrategy::Impl::free_storage(size_t u) {
   Unit& unit = units[u];
   if (unit.state != UnitState::kGathered) return;
   for (size_t i : unit.params) {
-    at::native::resize_bytes_cpu(params[i].compute.storage().unsafeGetStorageImpl(), 0);
+    resize_storage(params[i].compute.storage(), 0);
   }
   unit.state = UnitState::kFreed;
 }
@@ -567,6 +608,12 @@ void FSDPStrategy::Impl::build(torch::nn::Module& root_module, const FSDPOptions
     unit.flat_shard = at::zeros({offset}, at::TensorOptions().dtype(at::kFloat));
     for (size_t i : unit.params) shard_param(i, options);
   }
+  for (at::Tensor buffer : root_module.buffers()) {
+    if (!buffer.is_meta()) continue;
+    at::Tensor value = value_at_setup(buffer);
+    leave_meta(buffer, value.device());
+    buffer.set_data(value);
+  }
   if (options.sync_module_states && world > 1) {
     for (at::Tensor buffer : root_module.buffers()) group.broadcast(buffer, 0);
   }
@@ -584,7 +631,7 @@ void FSDPStrategy::Impl::shard_param(size_t i, const FSDPOptions& options) {
     for (auto& [owner, local_name] : p.owners) ModuleAccess::parameters_of(*owner)[local_name] = p.shard;
     return;
   }
-  at::Tensor full = p.compute.detach();
+  at::Tensor full = value_at_setup(p.compute);
   if (options.sync_module_states && world > 1) {
     full = full.clone().contiguous();
     group.broadcast(full, 0);
@@ -697,8 +744,17 @@ void FSDPStrategy::module_to_device(torch::nn::Module&) {}
 
 Scope FSDPStrategy::module_init_context(std::optional<bool> empty_init) {
   if (!empty_init.value_or(false)) return Scope();
-  auto skip = std::make_shared<SkipParameterInit>();
-  return Scope([skip]() mutable { skip.reset(); });
+  // Note [Meta-device construction]. The example models also skip their own
+  // initialisation (it would be a no-op on meta tensors anyway).
+  struct Guards {
+    c10::impl::IncludeDispatchKeyGuard meta{c10::DispatchKey::Meta};
+    // Factories (empty, ones, ...) pick their kernel by their device
+    // argument in BackendSelect; without it they reach the meta kernels.
+    c10::impl::ExcludeDispatchKeyGuard no_backend_select{c10::DispatchKey::BackendSelect};
+    SkipParameterInit skip;
+  };
+  auto guards = std::make_shared<Guards>();
+  return Scope([guards]() mutable { guards.reset(); });
 }
 
 Scope FSDPStrategy::module_sharded_context() {
@@ -730,7 +786,7 @@ Scope FSDPStrategy::module_sharded_context() {
           entry.compute = tensor;
           entry.shape = tensor.sizes().vec();
           entry.trainable = tensor.requires_grad();
-          at::Tensor full = tensor.detach();
+          at::Tensor full = value_at_setup(tensor);
           at::Tensor mine = checkpoint::shard_of(full, world, rank);
           at::Tensor shard = at::zeros({shard_chunk(full.numel(), world)}, at::kFloat);
           shard.narrow(0, 0, mine.numel()).copy_(mine);

@@ -13,6 +13,7 @@
 
 #include "strata/comm/group.h"
 #include "strata/strategies/fsdp.h"
+#include "grad_accumulator.h"
 
 namespace strata::strategies {
 
@@ -23,7 +24,7 @@ struct FSDPStrategy::Presharded {
     at::Tensor compute;          ///< the module's own tensor, now empty
     std::vector<int64_t> shape;  ///< its full shape
     bool trainable = false;
-    std::shared_ptr<torch::autograd::Node> accumulator;  ///< made while it was full-sized
+    GradAccumulator accumulator;  ///< made while it was full-sized
   };
   std::unordered_map<const c10::TensorImpl*, Entry> by_shard;
 };
@@ -43,7 +44,7 @@ struct FSDPStrategy::Impl : std::enable_shared_from_this<FSDPStrategy::Impl> {
     bool grad_ready = false;
     std::vector<std::pair<torch::nn::Module*, std::string>> owners;  ///< where it is registered
     at::Tensor preshard;         ///< this rank's piece when sharded at construction (until build ends)
-    std::shared_ptr<torch::autograd::Node> accumulator;             ///< kept alive: the hook lives on it
+    GradAccumulator accumulator;             ///< kept alive: the hook lives on it
     uintptr_t hook_key = 0;
   };
 

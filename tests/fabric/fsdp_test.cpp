@@ -8,6 +8,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <optional>
 
 #include "strata/core/error.h"
 #include "strata/core/module_hooks.h"
@@ -85,17 +86,33 @@ TEST(FSDPTest, LowPrecisionComputeNeedsAMixedPrecision) {
   EXPECT_NO_THROW(fsdp(FSDPOptions().with_compute_dtype(at::kBFloat16), "bf16-mixed"));
 }
 
-TEST(FSDPTest, EmptyInitSkipsTheModelsInitialisation) {
+TEST(FSDPTest, EmptyInitBuildsOnTheMetaDeviceAndSetupMaterialisesZeroShards) {
   auto strategy = fsdp();
-  double skipped = 0;
+  std::optional<GPT> model;
   {
     auto scope = strategy->module_init_context(/*empty_init=*/true);
-    GPT model(tiny());
-    skipped = model->wte->weight.std().item<double>();  // LibTorch's Embedding default, N(0, 1)
+    model.emplace(tiny());
+    at::Tensor outside_a_module = at::ones({3});
+    EXPECT_TRUE(outside_a_module.is_meta()) << "every tensor made in the scope is on the meta device";
   }
-  GPT model(tiny());
-  EXPECT_GT(skipped, 0.5) << "GPT's own N(0, 0.02) initialisation was skipped";
-  EXPECT_LT(model->wte->weight.std().item<double>(), 0.03) << "and runs again outside the scope";
+  for (const auto& p : (*model)->named_parameters()) EXPECT_TRUE(p.value().is_meta()) << p.key();
+  EXPECT_FALSE(at::ones({3}).is_meta()) << "and none after it";
+
+  strategy->setup_module(model->ptr());
+  for (const auto& p : (*model)->named_parameters()) {
+    EXPECT_TRUE(p.value().device().is_cpu()) << p.key();
+    EXPECT_EQ(p.value().abs().sum().item<double>(), 0.0) << p.key() << ": materialised as zeros, to be loaded";
+  }
+  // The zero model runs and trains: every logit is 0, every shard gets a
+  // gradient, and the layers' own tensors (LinearImpl::weight) took part.
+  at::Tensor x = at::randint(0, 256, {2, 8}, at::kLong);
+  at::Tensor logits = (*model)->forward(x);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 8, 256}));
+  EXPECT_EQ(logits.abs().sum().item<double>(), 0.0);
+  strategy->backward((*model)->loss(x, x));
+  for (const auto& p : (*model)->named_parameters()) EXPECT_TRUE(p.value().grad().defined()) << p.key();
+  EXPECT_EQ((*model)->blocks[0]->as<BlockImpl>()->attn->c_attn->weight.numel(), 0)
+      << "a unit's full tensors are empty again between steps";
 }
 
 TEST(FSDPTest, NameResolvesAndShardedContextNeedsTheProcessGroup) {

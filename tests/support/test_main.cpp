@@ -2,11 +2,13 @@
 // started by a multi-process test (see worker.h).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <map>
 
 #include "support/worker.h"
+#include "test_paths.h"
 
 namespace strata::testing {
 namespace {
@@ -42,6 +44,11 @@ int maybe_run_worker(int argc, char** argv) {
 }  // namespace strata::testing
 
 int main(int argc, char** argv) {
+  // Tests (and the workers they start, which inherit the environment) read
+  // these; a value already in the environment wins.
+  ::setenv("STRATA_BINARY_DIR", STRATA_TEST_BINARY_DIR, /*overwrite=*/0);
+  ::setenv("STRATA_SOURCE_DIR", STRATA_TEST_SOURCE_DIR, 0);
+  if (*STRATA_TEST_PYTHON) ::setenv("STRATA_PYTHON", STRATA_TEST_PYTHON, 0);
   int worker_rc = strata::testing::maybe_run_worker(argc, argv);
   if (worker_rc >= 0) return worker_rc;
   ::testing::InitGoogleTest(&argc, argv);

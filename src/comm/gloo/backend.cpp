@@ -1,24 +1,17 @@
-// The Gloo backend: CPU collectives over Gloo's TCP transport.
+// The Gloo backend: CPU collectives over TCP with the Gloo inside
+// LibTorch, through c10d's ProcessGroupGloo (process_group_gloo.h).
 //
 // Rendezvous goes through strata's runtime::Store (one key prefix per
-// group). all_reduce, all_gather, broadcast and barrier are Gloo's
-// algorithms with strata's reduce kernels (reduce.h); reduce_scatter is a
-// ring over unbound buffers (Note [Ring reduce-scatter]). Every call has the
+// group). all_reduce, all_gather, broadcast and barrier are c10d's Gloo
+// collectives; reduce_scatter is strata's ring over c10d's point-to-point
+// send/recv (Note [Ring reduce-scatter]), which moves (N-1)/N of the input
+// where an all-reduce and a slice would move 2(N-1)/N. Every call has the
 // backend's timeout; failures name the operation, this rank and the peers
 // that never reached the call (Note [Finding missing peers]).
 #include "strata/comm/gloo/backend.h"
 
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/common/error.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/types.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "process_group_gloo.h"
 #include "reduce.h"
 #include "strata/core/error.h"
 #include "strata/runtime/store.h"
@@ -37,19 +31,29 @@ namespace {
 
 using std::chrono::milliseconds;
 
-/// Gloo's rendezvous Store interface over strata's Store.
-class StoreAdapter final : public ::gloo::rendezvous::Store {
+/// c10d's Store interface over strata's Store (c10d's Gloo rendezvous
+/// exchanges its addresses through it).
+class StoreAdapter final : public c10d::Store {
  public:
   StoreAdapter(std::shared_ptr<runtime::Store> store, milliseconds timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
+      : c10d::Store(timeout), store_(std::move(store)) {}
 
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(key, std::string(data.begin(), data.end()));
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<StoreAdapter>(store_, timeout_);
   }
-  std::vector<char> get(const std::string& key) override {
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store_->set(key, std::string(value.begin(), value.end()));
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
     store_->wait({key}, timeout_);
-    std::string value = store_->get(key);
-    return std::vector<char>(value.begin(), value.end());
+    const std::string value = store_->get(key);
+    return std::vector<uint8_t>(value.begin(), value.end());
+  }
+  int64_t add(const std::string& key, int64_t value) override { return store_->add(key, value); }
+  bool deleteKey(const std::string& key) override { return store_->remove(key); }
+  bool check(const std::vector<std::string>& keys) override { return store_->check(keys); }
+  int64_t getNumKeys() override {
+    throw CommError("[gloo] the rendezvous store cannot count its keys (c10d asked for getNumKeys)");
   }
   void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
@@ -58,7 +62,6 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
 
  private:
   std::shared_ptr<runtime::Store> store_;
-  milliseconds timeout_;
 };
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -91,29 +94,37 @@ std::string address_towards(const std::string& host) {
   return out;
 }
 
-std::shared_ptr<::gloo::transport::Device> make_device() {
-  ::gloo::transport::tcp::attr attr;
+DeviceAddress device_address() {
+  DeviceAddress address;
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
-    attr.iface = ifname;
+    address.interface = ifname;
+    return address;
+  }
+  const char* master = std::getenv("MASTER_ADDR");
+  const std::string m = master ? master : "";
+  if (m.empty() || m == "localhost" || m.rfind("127.", 0) == 0 || m == "::1") {
+    address.hostname = "127.0.0.1";
   } else {
-    const char* master = std::getenv("MASTER_ADDR");
-    std::string m = master ? master : "";
-    if (m.empty() || m == "localhost" || m.rfind("127.", 0) == 0 || m == "::1") {
-      attr.hostname = "127.0.0.1";
-    } else {
-      std::string local = address_towards(m);
-      STRATA_CHECK(!local.empty(), CommError, "[gloo] cannot find a network interface that reaches MASTER_ADDR=",
-                   m, "; set GLOO_SOCKET_IFNAME to the interface to use");
-      attr.hostname = local;
-    }
+    address.hostname = address_towards(m);
+    STRATA_CHECK(!address.hostname.empty(), CommError, "[gloo] cannot find a network interface that reaches MASTER_ADDR=",
+                 m, "; set GLOO_SOCKET_IFNAME to the interface to use");
   }
-  try {
-    return ::gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception& e) {
-    throw CommError(detail::cat("[gloo] cannot open a TCP device on ",
-                                attr.iface.empty() ? attr.hostname : "interface " + attr.iface, ": ", e.what()));
-  }
+  return address;
 }
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::kProduct: return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kMean: break;
+  }
+  STRATA_ASSERT(false, "[gloo] mean must be lowered to sum by comm::Group");
+}
+
+/// `t`'s bytes as a flat uint8 tensor sharing its storage (t is contiguous).
+at::Tensor bytes_of(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
 
 /// Calls `fn` with the element type of `t`'s dtype.
 template <class Fn>
@@ -130,6 +141,12 @@ void dispatch(const at::Tensor& t, const char* op, Fn&& fn) {
   }
 }
 
+/// Refuses the dtypes the collectives do not reduce (the ones dispatch
+/// does not list).
+void check_dtype(const at::Tensor& t, const char* op) {
+  dispatch(t, op, [](auto) {});
+}
+
 // Note [Ring reduce-scatter]
 // Rank r ends with chunk r of the reduction. Chunk c's partial sum starts
 // at rank c+1 (its own input chunk, sent straight from the input) and
@@ -140,7 +157,6 @@ void dispatch(const at::Tensor& t, const char* op, Fn&& fn) {
 // scratch buffers alternate so a step's receive never lands in the buffer
 // still being sent. The scratch buffers are kept between calls: fresh pages
 // for every call cost more than the transfer on some machines.
-constexpr uint8_t kReduceScatterSlotPrefix = 0x20;
 constexpr size_t kMaxSegments = 16;
 constexpr size_t kMinSegmentBytes = 256 << 10;
 
@@ -150,18 +166,18 @@ class GlooBackend final : public Backend {
               milliseconds connect_timeout)
       : store_(std::move(store)), rank_(rank), size_(size), timeout_(timeout) {
     join(connect_timeout);
-    auto device = make_device();
-    context_ = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-    context_->setTimeout(connect_timeout);
-    StoreAdapter adapter(runtime::prefix_store(store_, "mesh"), connect_timeout);
+    const DeviceAddress address = device_address();
+    auto mesh = c10::make_intrusive<StoreAdapter>(runtime::prefix_store(store_, "mesh"), connect_timeout);
     try {
-      context_->connectFullMesh(adapter, device);
+      pg_ = make_process_group_gloo(mesh, rank_, size_, address, connect_timeout);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw CommError(detail::cat("[gloo] rank ", rank_, " of ", size_, " could not connect to its peers: ", e.what()));
+      throw CommError(detail::cat("[gloo] rank ", rank_, " of ", size_, " could not connect to its peers on ",
+                                  address.interface.empty() ? address.hostname : "interface " + address.interface,
+                                  ": ", e.what()));
     }
-    context_->setTimeout(timeout_);
+    pg_->setTimeout(timeout_);
   }
 
   std::string name() const override { return "gloo"; }
@@ -172,25 +188,23 @@ class GlooBackend final : public Backend {
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     const int64_t seq = begin("all_reduce", tensor);
     if (tensor.numel() == 0) return;
-    dispatch(tensor, "all_reduce", [&](auto type) {
-      using T = decltype(type);
-      ::gloo::AllreduceOptions opts(context_);
-      opts.setOutput<T>(tensor.data_ptr<T>(), tensor.numel());
-      opts.setReduceFunction(kernels::reduce_function<T>(op));
-      opts.setTimeout(timeout_);
-      guarded("all_reduce", seq, [&] { ::gloo::allreduce(opts); });
-    });
+    check_dtype(tensor, "all_reduce");
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.timeout = timeout_;
+    guarded("all_reduce", seq, [&] { pg_->allreduce(tensors, opts)->wait(); });
   }
 
   void all_gather(const at::Tensor& input, at::Tensor& output) override {
     const int64_t seq = begin("all_gather", input);
     STRATA_ASSERT(output.is_contiguous() && output.nbytes() == input.nbytes() * size_);
     if (input.numel() == 0) return;
-    ::gloo::AllgatherOptions opts(context_);
-    opts.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
-    opts.setOutput<uint8_t>(static_cast<uint8_t*>(output.data_ptr()), output.nbytes());
-    opts.setTimeout(timeout_);
-    guarded("all_gather", seq, [&] { ::gloo::allgather(opts); });
+    at::Tensor in = bytes_of(input);
+    at::Tensor out = bytes_of(output);
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    guarded("all_gather", seq, [&] { pg_->_allgather_base(out, in, opts)->wait(); });
   }
 
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
@@ -211,18 +225,18 @@ class GlooBackend final : public Backend {
     const int64_t seq = begin("broadcast", tensor);
     STRATA_CHECK(src >= 0 && src < size_, ConfigError, "[gloo] broadcast from rank ", src, " in a group of ", size_);
     if (tensor.numel() == 0) return;
-    ::gloo::BroadcastOptions opts(context_);
-    opts.setOutput<uint8_t>(static_cast<uint8_t*>(tensor.data_ptr()), tensor.nbytes());
-    opts.setRoot(src);
-    opts.setTimeout(timeout_);
-    guarded("broadcast", seq, [&] { ::gloo::broadcast(opts); });
+    std::vector<at::Tensor> tensors{bytes_of(tensor)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
+    opts.timeout = timeout_;
+    guarded("broadcast", seq, [&] { pg_->broadcast(tensors, opts)->wait(); });
   }
 
   void barrier() override {
     const int64_t seq = ++seq_;
-    ::gloo::BarrierOptions opts(context_);
-    opts.setTimeout(timeout_);
-    guarded("barrier", seq, [&] { ::gloo::barrier(opts); });
+    c10d::BarrierOptions opts;
+    opts.timeout = timeout_;
+    guarded("barrier", seq, [&] { pg_->barrier(opts)->wait(); });
   }
 
  private:
@@ -302,7 +316,6 @@ class GlooBackend final : public Backend {
   }
 
   void ring_reduce_scatter(const at::Tensor& input, at::Tensor& output, const kernels::ReduceFn& fn, int64_t seq) {
-    using Buffer = std::unique_ptr<::gloo::transport::UnboundBuffer>;
     const size_t es = output.element_size();
     const size_t chunk = output.nbytes();
     // Note [Ring reduce-scatter]: segments let the reduction of one piece
@@ -311,35 +324,48 @@ class GlooBackend final : public Backend {
     const size_t nseg = (chunk + seg - 1) / seg;
     const int left = (rank_ - 1 + size_) % size_;
     const int right = (rank_ + 1) % size_;
-    const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, static_cast<uint32_t>(seq));
-    auto* in = static_cast<char*>(const_cast<void*>(input.data_ptr()));
+    at::Tensor in_bytes = bytes_of(input);
+    auto* in = static_cast<char*>(in_bytes.data_ptr());
     auto* out = static_cast<char*>(output.data_ptr());
     if (scratch_.numel() < static_cast<int64_t>(2 * chunk)) scratch_ = at::empty({static_cast<int64_t>(2 * chunk)}, at::kByte);
-    char* tmp[2] = {static_cast<char*>(scratch_.data_ptr()), static_cast<char*>(scratch_.data_ptr()) + chunk};
-    Buffer in_buf = context_->createUnboundBuffer(in, input.nbytes());
-    Buffer half_bufs[2] = {context_->createUnboundBuffer(tmp[0], chunk), context_->createUnboundBuffer(tmp[1], chunk)};
+    at::Tensor halves[2] = {scratch_.narrow(0, 0, chunk), scratch_.narrow(0, chunk, chunk)};
     auto length = [&](size_t j) { return std::min(seg, chunk - j * seg); };
     auto mod = [&](int x) { return ((x % size_) + size_) % size_; };
+    auto piece = [&](const at::Tensor& bytes, size_t offset, size_t n) {
+      return bytes.narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(n));
+    };
+    // Tags tell the messages of one call apart; calls run in the same order
+    // on every rank, and a call's messages all arrive before the next starts.
+    const int64_t tags_per_call = static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(nseg);
+    auto tag = [&](int s, size_t j) {
+      return static_cast<int>((seq * tags_per_call + s * static_cast<int64_t>(nseg) + static_cast<int64_t>(j)) %
+                              (int64_t{1} << 30));
+    };
     for (int s = 0; s < size_ - 1; ++s) {
-      const uint64_t step_slot = slot + static_cast<uint64_t>(s) * nseg;
       // Send what the previous step reduced (step 0: this rank's own chunk).
-      ::gloo::transport::UnboundBuffer* sending = s == 0 ? in_buf.get() : half_bufs[(s - 1) % 2].get();
+      const at::Tensor& sending = s == 0 ? in_bytes : halves[(s - 1) % 2];
       const size_t base = s == 0 ? mod(rank_ - 1) * chunk : 0;
-      for (size_t j = 0; j < nseg; ++j) sending->send(right, step_slot + j, base + j * seg, length(j));
-      char* recv_ptr = tmp[s % 2];
-      std::vector<Buffer> receiving;
-      receiving.reserve(nseg);
+      std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+      sends.reserve(nseg);
       for (size_t j = 0; j < nseg; ++j) {
-        receiving.push_back(context_->createUnboundBuffer(recv_ptr + j * seg, length(j)));
-        receiving.back()->recv(left, step_slot + j, 0, length(j));
+        std::vector<at::Tensor> t{piece(sending, base + j * seg, length(j))};
+        sends.push_back(pg_->send(t, right, tag(s, j)));
+      }
+      const at::Tensor& receiving = halves[s % 2];
+      char* recv_ptr = static_cast<char*>(receiving.data_ptr());
+      std::vector<c10::intrusive_ptr<c10d::Work>> recvs;
+      recvs.reserve(nseg);
+      for (size_t j = 0; j < nseg; ++j) {
+        std::vector<at::Tensor> t{piece(receiving, j * seg, length(j))};
+        recvs.push_back(pg_->recv(t, left, tag(s, j)));
       }
       const int c = mod(rank_ - s - 2);
       char* dst = s == size_ - 2 ? out : recv_ptr;
       for (size_t j = 0; j < nseg; ++j) {
-        receiving[j]->waitRecv(timeout_);
+        recvs[j]->wait(timeout_);
         fn(dst + j * seg, recv_ptr + j * seg, in + c * chunk + j * seg, length(j) / es);
       }
-      for (size_t j = 0; j < nseg; ++j) sending->waitSend(timeout_);
+      for (auto& w : sends) w->wait(timeout_);
     }
   }
 
@@ -347,7 +373,7 @@ class GlooBackend final : public Backend {
   int rank_, size_;
   milliseconds timeout_;
   int64_t seq_ = 0;
-  std::shared_ptr<::gloo::rendezvous::Context> context_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
   at::Tensor scratch_;  // reduce_scatter's two chunk buffers, kept between calls
 };
 

@@ -1,14 +1,13 @@
-// Element-wise reduction kernels for the Gloo backend, one per (dtype, op),
-// with the signature Gloo's algorithms take: c[i] = a[i] (op) b[i] over n
+// Element-wise reduction kernels for the Gloo backend's ring
+// reduce-scatter, one per (dtype, op): c[i] = a[i] (op) b[i] over n
 // elements (c may alias a or b).
 //
 // Note [Half-precision reductions]
-// Gloo has no bfloat16 type, and reducing 16-bit floats as raw integers (or
-// with Gloo's float16 only) would be wrong for bfloat16. Each element is
+// Reducing 16-bit floats as raw integers would be wrong. Each element is
 // widened to float, combined, and rounded back once, which is exact for
-// max/min and correctly rounded per step for sum/product (what NCCL does
-// for these types). Accumulation across ranks happens one step per peer, so
-// the error is at most one rounding per rank.
+// max/min and correctly rounded per step for sum/product (what NCCL, and
+// c10d's Gloo all-reduce, do for these types). Accumulation across ranks
+// happens one step per peer, so the error is at most one rounding per rank.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -36,7 +35,7 @@ struct Accumulate<c10::Half> { using type = float; };
 // Note [Vectorized kernels]
 // The project builds at -O2, where GCC 12 only vectorizes loops without a
 // scalar remainder, so these loops ran one element at a time and made
-// all_reduce slower than PyTorch's (whose copy of Gloo's kernels is built
+// reduce_scatter slower than it should be (PyTorch's Gloo kernels are built
 // at -O3). Each kernel asks for -O3 itself; `ivdep` is valid because c may
 // only alias a or b exactly (element i reads and writes index i only).
 template <class T, class Combine>

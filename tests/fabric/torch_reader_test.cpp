@@ -1,0 +1,81 @@
+// A real client reads what strata writes: PyTorch, through the safetensors
+// package, loads a checkpoint that `strata train --strategy fsdp` saved
+// (consolidated to one file), with load_state_dict(strict=True), and its
+// logits equal strata's on the same token ids (tests/fabric/torch_reader.py).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+
+#include "strata/checkpoint/safetensors.h"
+#include "strata/checkpoint/sharded.h"
+#include "strata/checkpoint/state.h"
+#include "strata/models/gpt.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+CommandResult run(const std::string& command) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, "popen failed"};
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? value : fallback;
+}
+
+TEST(TorchReader, PyTorchLoadsAStrataCheckpointStrictlyAndComputesTheSameLogits) {
+  const std::string python = env_or("STRATA_PYTHON", "");
+  ASSERT_FALSE(python.empty()) << "STRATA_PYTHON is not set: run the suite through scripts/test.sh, whose "
+                                  "scripts/install-deps.sh makes the Python environment with torch and safetensors";
+  const fs::path dir = fs::temp_directory_path() / ("strata-torch-reader-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+
+  const CommandResult trained =
+      run(env_or("STRATA_BINARY_DIR", ".") + "/strata train --devices 2 --strategy fsdp --state-dict-type full "
+          "--model-size tiny --max-steps 3 --batch-size 4 --sample-tokens 0 --ckpt-dir " + (dir / "ckpt").string());
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string checkpoint = (dir / "ckpt" / "step-00000003").string();
+
+  // strata's logits from the checkpoint it wrote.
+  strata::models::GPT model(strata::models::GPTConfig::preset("tiny"));
+  const auto reader = strata::checkpoint::StateReader::open(checkpoint);
+  ASSERT_FALSE(reader.sharded());
+  strata::checkpoint::NamedTensors state;
+  for (const std::string& name : reader.names_under("model")) state.emplace_back(name, reader.full("model/" + name));
+  strata::checkpoint::load_module_state(*model, state, /*strict=*/true);
+  at::Tensor idx = at::arange(2 * 40, at::kLong).mul_(37).remainder_(256).view({2, 40});
+  at::Tensor logits;
+  {
+    torch::NoGradGuard no_grad;
+    logits = model->forward(idx);
+  }
+  const std::string logits_file = (dir / "strata_logits.safetensors").string();
+  strata::checkpoint::write_safetensors(logits_file, {{"idx", idx}, {"logits", logits}});
+
+  const std::string script = env_or("STRATA_SOURCE_DIR", ".") + "/tests/fabric/torch_reader.py";
+  const CommandResult read = run(python + " " + script + " " + checkpoint + " " + logits_file);
+  EXPECT_EQ(read.exit_code, 0) << read.output;
+  EXPECT_NE(read.output.find("tensors loaded: " + std::to_string(state.size())), std::string::npos) << read.output;
+  EXPECT_NE(read.output.find("max_abs_diff "), std::string::npos) << read.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
