@@ -8,10 +8,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/exception.h>
 
@@ -54,21 +57,28 @@ bool port_in_use(int port) {
 // any timeout we stop using that connection and open a fresh client one
 // (the server-side TCPStore object is kept alive for as long as this store
 // lives, because it owns the listening socket and the data).
-// Note [Whole-second connect timeout]
-// LibTorch 1.13's client connect loop counts its deadline in whole seconds
-// and stops retrying about one second early (measured: a 3 s timeout gives
-// up after 2 s, a 1 s timeout at once, before rank 0 had a chance to
-// listen). c10d therefore gets the timeout rounded up to whole seconds plus
-// one, which makes the connect wait about as long as asked; our own waits
-// (get, wait) keep the exact timeout.
-std::chrono::milliseconds connect_timeout(std::chrono::milliseconds timeout) {
-  return std::chrono::ceil<std::chrono::seconds>(timeout) + std::chrono::seconds(1);
-}
-
 bool is_timeout(const std::exception& e) {
   return dynamic_cast<const c10d::TimeoutError*>(&e) != nullptr ||
          std::string(e.what()).find("timed out") != std::string::npos;
 }
+
+// Note [Quiet c10d]
+// c10d logs every failed connect attempt at error level, each with a stack
+// of frames, before strata reports the failure in one line of its own. While
+// strata opens a connection, c10d's log level is raised to fatal, unless the
+// user chose a level with TORCH_CPP_LOG_LEVEL.
+class QuietC10d {
+ public:
+  QuietC10d() : previous_(FLAGS_caffe2_log_level) {
+    if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = std::max(previous_, 3);
+  }
+  ~QuietC10d() { FLAGS_caffe2_log_level = previous_; }
+  QuietC10d(const QuietC10d&) = delete;
+  QuietC10d& operator=(const QuietC10d&) = delete;
+
+ private:
+  int previous_;
+};
 
 class TcpStore final : public Store {
  public:
@@ -78,9 +88,10 @@ class TcpStore final : public Store {
     opts.isServer = options.is_server;
     opts.numWorkers = c10::nullopt;  // do not block the constructor on the others
     opts.waitWorkers = false;
-    opts.timeout = connect_timeout(options.timeout);  // Note [Whole-second connect timeout]
+    opts.timeout = options.timeout;
     auto start = Clock::now();
     try {
+      QuietC10d quiet;
       server_or_client_ = c10::make_intrusive<c10d::TCPStore>(options.host, opts);
     } catch (const std::exception& e) {
       auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
@@ -193,8 +204,9 @@ class TcpStore final : public Store {
     opts.isServer = false;
     opts.numWorkers = c10::nullopt;
     opts.waitWorkers = false;
-    opts.timeout = connect_timeout(options_.timeout);
+    opts.timeout = options_.timeout;
     try {
+      QuietC10d quiet;
       ops_ = c10::make_intrusive<c10d::TCPStore>(options_.is_server ? std::string("127.0.0.1") : options_.host, opts);
     } catch (const std::exception& e) {
       throw CommError(detail::cat("[store] lost the rendezvous store at ", address(options_.host, port_),

@@ -23,7 +23,6 @@
 #include <mutex>
 
 #include "strata/core/error.h"
-#include "grad_accumulator.h"
 
 namespace strata::strategies {
 
@@ -43,8 +42,6 @@ struct DDPStrategy::Reducer {
   std::vector<std::pair<size_t, size_t>> location;  // param -> (bucket, slot)
   std::vector<Bucket> buckets;
   std::vector<bool> ready;
-  std::vector<GradAccumulator> accumulators;  // kept alive: hooks live on them
-  std::vector<uintptr_t> hook_keys;
   size_t next_to_launch = 0;
   bool sync_enabled = true;
   bool in_backward = false;
@@ -148,19 +145,26 @@ struct DDPStrategy::Reducer {
   }
 
   // Runs after the accumulator of params[index] added a gradient.
-  class Hook : public torch::autograd::FunctionPostHook {
+  // Runs after autograd accumulated parameter `index`'s gradient (a
+  // post-accumulate-grad hook, which lives on the tensor itself). It holds
+  // the reducer weakly: after teardown, or once the strategy is gone, it
+  // does nothing.
+  class Hook : public torch::autograd::PostAccumulateGradHook {
    public:
-    Hook(Reducer* reducer, size_t index) : reducer_(reducer), index_(index) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list&) override {
-      reducer_->on_grad_ready(index_);
-      return outputs;
+    Hook(std::weak_ptr<Reducer> reducer, size_t index) : reducer_(std::move(reducer)), index_(index) {}
+    void operator()(const torch::autograd::Variable&) override {
+      if (auto reducer = reducer_.lock()) reducer->on_grad_ready(index_);
     }
 
    private:
-    Reducer* reducer_;
+    std::weak_ptr<Reducer> reducer_;
     size_t index_;
   };
+
+  // Removes the hooks this reducer installed.
+  void unhook() {
+    for (at::Tensor& p : params) torch::autograd::impl::post_acc_grad_hooks(p).reset();
+  }
 
   void reset() {
     std::fill(ready.begin(), ready.end(), false);
@@ -179,7 +183,9 @@ DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::optional
                "[ddp] checkpoint_io plugins are not supported; leave checkpoint_io empty");
 }
 
-DDPStrategy::~DDPStrategy() = default;
+DDPStrategy::~DDPStrategy() {
+  if (reducer_) reducer_->unhook();
+}
 
 void DDPStrategy::setup_environment() {
   Strategy::setup_environment();
@@ -201,12 +207,12 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
   for (const at::Tensor& p : module->parameters()) {
     if (p.requires_grad()) params.push_back(p);
   }
-  reducer_ = std::make_unique<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
+  reducer_ = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
   for (size_t i = 0; i < params.size(); ++i) {
-    // Note: the accumulator must be kept alive, or the hook dies with it.
-    GradAccumulator accumulator = torch::autograd::impl::grad_accumulator(params[i]);
-    reducer_->hook_keys.push_back(accumulator->add_post_hook(std::make_unique<Reducer::Hook>(reducer_.get(), i)));
-    reducer_->accumulators.push_back(std::move(accumulator));
+    STRATA_CHECK(torch::autograd::impl::post_acc_grad_hooks(params[i]) == nullptr, ConfigError,
+                 "[ddp] parameter ", i, " already has a post-accumulate-grad hook; DDP needs that slot to "
+                 "start its gradient all-reduce");
+    torch::autograd::impl::set_post_acc_grad_hooks(params[i], std::make_unique<Reducer::Hook>(reducer_, i));
   }
   return module;
 }
@@ -228,7 +234,7 @@ void DDPStrategy::backward(const at::Tensor& loss) {
 
 Scope DDPStrategy::no_backward_sync(torch::nn::Module&, bool enabled) {
   if (!enabled || !reducer_) return Scope();
-  Reducer* reducer = reducer_.get();
+  std::shared_ptr<Reducer> reducer = reducer_;
   bool previous = reducer->sync_enabled;
   reducer->sync_enabled = false;
   return Scope([reducer, previous] { reducer->sync_enabled = previous; });
@@ -237,9 +243,7 @@ Scope DDPStrategy::no_backward_sync(torch::nn::Module&, bool enabled) {
 void DDPStrategy::teardown() {
   if (reducer_) {
     // Drop the hooks before the module outlives the strategy.
-    for (size_t i = 0; i < reducer_->accumulators.size(); ++i) {
-      reducer_->accumulators[i]->del_post_hook(reducer_->hook_keys[i]);
-    }
+    reducer_->unhook();
     reducer_.reset();
   }
   Strategy::teardown();

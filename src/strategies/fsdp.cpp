@@ -137,8 +137,7 @@ at::Tensor alias_storage(const at::Tensor& of) {
 // Frees (bytes == 0) or refills the storage that a gathered parameter and
 // every view autograd saved of it share, on any device: the storage keeps
 // its identity and takes new memory from its own allocator (the old bytes
-// are not copied; the gather overwrites them). LibTorch 2's StorageImpl
-// API, where 1.13 needed the CPU-only resize_bytes_cpu.
+// are not copied; the gather overwrites them).
 void resize_storage(const c10::Storage& storage, size_t bytes) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (bytes == 0) {

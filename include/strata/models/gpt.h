@@ -5,7 +5,8 @@
 // pre-norm transformer blocks (causal self-attention and a GELU MLP), a
 // final LayerNorm and a language-model head, optionally tied to the token
 // embedding. Attention is written with matmul + masked_fill + softmax
-// (LibTorch 1.13 has no scaled_dot_product_attention).
+// (not scaled_dot_product_attention), so that PyTorch peers reproduce it
+// operation for operation.
 //
 // Parameter names (what state dicts and checkpoints use):
 //   wte.weight, wpe.weight,
@@ -54,7 +55,7 @@ struct GPTConfig {
   /// Whether the language-model head reuses the token embedding's weight.
   TORCH_ARG(bool, tie_weights) = true;
   /// Whether the Linear layers have biases (LayerNorms always have one:
-  /// LibTorch 1.13's LayerNorm cannot drop it).
+  /// LibTorch's C++ LayerNormOptions has no bias switch).
   TORCH_ARG(bool, bias) = true;
 
   // (TORCH_ARG leaves the access at private.)

@@ -59,7 +59,7 @@ class DDPStrategy : public Strategy {
  private:
   struct Reducer;
   DDPOptions options_;
-  std::unique_ptr<Reducer> reducer_;
+  std::shared_ptr<Reducer> reducer_;
   int64_t step_ = 0;
 };
 
