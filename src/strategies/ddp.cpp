@@ -232,7 +232,8 @@ void DDPStrategy::backward(const at::Tensor& loss) {
   }
 }
 
-Scope DDPStrategy::no_backward_sync(torch::nn::Module&, bool enabled) {
+Scope DDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
+  require_set_up(module, "no_backward_sync");
   if (!enabled || !reducer_) return Scope();
   std::shared_ptr<Reducer> reducer = reducer_;
   bool previous = reducer->sync_enabled;

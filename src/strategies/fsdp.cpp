@@ -814,7 +814,8 @@ void FSDPStrategy::backward(const at::Tensor& loss) {
   }
 }
 
-Scope FSDPStrategy::no_backward_sync(torch::nn::Module&, bool enabled) {
+Scope FSDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
+  require_set_up(module, "no_backward_sync");
   if (!enabled || !impl_) return Scope();
   std::shared_ptr<Impl> impl = impl_;
   bool previous = impl->sync;

@@ -118,8 +118,19 @@ void Strategy::backward(const at::Tensor& loss) {
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
 
+void Strategy::require_set_up(const torch::nn::Module& module, const std::string& what) const {
+  for (const ModulePtr& m : modules_) {
+    if (m.get() == &module) return;
+  }
+  throw ConfigError(detail::cat(
+      "[", name(), "] ", what, " got a module that was not set up (", module.name(), ", ",
+      modules_.empty() ? "and no module has been set up yet" : "not the one setup_module returned",
+      "); pass the module returned by setup_module (fabric.setup_module(model)), as Lightning requires"));
+}
+
 at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer&, double max_norm,
                                          double norm_type, bool error_if_nonfinite) {
+  require_set_up(module, "clip_gradients");
   std::vector<at::Tensor> grads = grads_of(module);
   // The local part (max of |g|, or the sum of |g|^p) is reduced across ranks
   // by reduce_norm: a no-op where every rank holds whole gradients, a sum or
@@ -147,10 +158,14 @@ at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim
 
 void Strategy::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer&, double clip_val) {
   STRATA_CHECK(clip_val >= 0, ConfigError, "[", name(), "] clip_val must be >= 0, got ", clip_val);
+  require_set_up(module, "clip_gradients");
   for (at::Tensor& g : grads_of(module)) g.detach().clamp_(-clip_val, clip_val);
 }
 
-Scope Strategy::no_backward_sync(torch::nn::Module&, bool) { return Scope(); }
+Scope Strategy::no_backward_sync(torch::nn::Module& module, bool) {
+  require_set_up(module, "no_backward_sync");
+  return Scope();
+}
 
 at::Tensor Strategy::all_gather(const at::Tensor& tensor, bool sync_grads) {
   // A 0-d tensor gathers to shape (world_size,), as (world_size, *shape) says.

@@ -272,6 +272,14 @@ STRATA_WORKER(fsdp_contract) {
 
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
     f.setup_optimizer(optimizer);
+    GPT stranger(tiny());
+    what = error_message([&] { f.clip_gradients(*stranger, optimizer, 1.0); });
+    c.expect(contains(what, "[fsdp] clip_gradients got a module that was not set up") &&
+                 contains(what, "pass the module returned by setup_module"),
+             "clipping a module FSDP did not set up is refused (its norm would be summed over ranks): " + what);
+    what = error_message([&] { f.no_backward_sync(*stranger); });
+    c.expect(contains(what, "[fsdp] no_backward_sync got a module that was not set up"),
+             "no_backward_sync of another module is refused: " + what);
     auto [input, target] = batch(f.global_rank(), world);
     std::vector<double> losses;
     for (int step = 0; step < 6; ++step) {

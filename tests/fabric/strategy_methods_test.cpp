@@ -106,7 +106,18 @@ STRATA_WORKER(strategy_ddp_module) {
     const int world = f.world_size();
     Fabric::seed_everything(100 + f.global_rank());  // different init on every rank
     TwoLinear model;
+    TwoLinear stranger;
+    std::string refused = strata::testing::error_message([&] { f.no_backward_sync(*model); });
+    c.expect(contains(refused, "[ddp] no_backward_sync got a module that was not set up (") &&
+                 contains(refused, "and no module has been set up yet"),
+             "no_backward_sync before setup_module is refused: " + refused);
     f.setup_module(model);
+    refused = strata::testing::error_message([&] { f.no_backward_sync(*stranger); });
+    c.expect(contains(refused, "not the one setup_module returned"), "no_backward_sync of another module: " + refused);
+    torch::optim::SGD stranger_opt(stranger->parameters(), torch::optim::SGDOptions(0.1));
+    refused = strata::testing::error_message([&] { f.clip_gradients(*stranger, stranger_opt, 1.0); });
+    c.expect(contains(refused, "[ddp] clip_gradients got a module that was not set up"),
+             "clip_gradients of another module: " + refused);
     at::Tensor rows = f.all_gather(model->a->weight.detach());
     bool all_equal = true;
     for (int k = 1; k < world; ++k) all_equal = all_equal && rows[k].equal(rows[0]);
@@ -268,6 +279,16 @@ TEST(StrategyTest, ClipByNormReturnsTheNormAndScalesAndHonoursNonFinite) {
   fabric.launch([&](Fabric& f) {
     TwoLinear model;
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    TwoLinear stranger;
+    std::string refused = strata::testing::error_message([&] { f.clip_gradients(*model, optimizer, 1.0); });
+    EXPECT_EQ(refused, "[single_device] clip_gradients got a module that was not set up ((anonymous namespace)::TwoLinearImpl, and no module "
+                       "has been set up yet); pass the module returned by setup_module (fabric.setup_module(model)), "
+                       "as Lightning requires");
+    model = f.setup_module(model);
+    refused = strata::testing::error_message([&] { f.clip_gradients(*stranger, optimizer, std::nullopt, 0.5); });
+    EXPECT_TRUE(contains(refused, "TwoLinearImpl, not the one setup_module returned)")) << refused;
+    refused = strata::testing::error_message([&] { f.no_backward_sync(*stranger); });
+    EXPECT_TRUE(contains(refused, "[single_device] no_backward_sync got a module that was not set up")) << refused;
     for (auto& p : model->parameters()) p.mutable_grad() = at::full_like(p, 2.0);
     int64_t n = 0;
     for (auto& p : model->parameters()) n += p.numel();

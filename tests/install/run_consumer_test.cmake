@@ -10,7 +10,7 @@ function(run_step)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "step failed (${rc}): ${ARGN}\n${out}\n${err}")
   endif()
-  set(step_output "${out}" PARENT_SCOPE)
+  set(step_output "${out}${err}" PARENT_SCOPE)
 endfunction()
 
 run_step(${CMAKE_COMMAND} --install ${STRATA_BINARY_DIR} --prefix ${prefix})
@@ -22,3 +22,14 @@ if(NOT step_output MATCHES "consumer: world size 1, all_reduce ok")
   message(FATAL_ERROR "consumer printed unexpected output:\n${step_output}")
 endif()
 message(STATUS "consumer output: ${step_output}")
+
+# The installed tool starts from a clean environment (no LD_LIBRARY_PATH:
+# its RUNPATH finds libstrata and LibTorch) and trains a few steps on 2
+# workers.
+run_step(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+         ${prefix}/bin/strata train --devices 2 --model-size tiny --max-steps 3 --batch-size 4
+         --sample-tokens 0 --log-every 1 --ckpt-dir ${work}/ckpt)
+if(NOT step_output MATCHES "done: 3 steps" OR NOT EXISTS ${work}/ckpt/step-00000003/metadata.json)
+  message(FATAL_ERROR "the installed strata did not train 3 steps:\n${step_output}")
+endif()
+message(STATUS "installed strata trained: ${step_output}")

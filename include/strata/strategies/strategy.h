@@ -120,16 +120,20 @@ class Strategy {
   virtual void optimizer_step(torch::optim::Optimizer& optimizer);
   /// Scales the gradients of `module`'s parameters so their global p-norm
   /// is at most `max_norm`; returns the norm before clipping. Throws
-  /// strata::Error when the norm is NaN or infinite and error_if_nonfinite.
+  /// strata::Error when the norm is NaN or infinite and error_if_nonfinite,
+  /// and ConfigError when `module` is not one setup_module returned (its
+  /// gradients may not be what this strategy synchronised or sharded).
   virtual at::Tensor clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                          double max_norm, double norm_type = 2.0,
                                          bool error_if_nonfinite = true);
-  /// Clamps every gradient of `module` to [-clip_val, clip_val].
+  /// Clamps every gradient of `module` to [-clip_val, clip_val]. ConfigError
+  /// when `module` is not one setup_module returned.
   virtual void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                     double clip_val);
   /// While the returned scope is alive (and `enabled`), backward() does not
   /// synchronise gradients: they accumulate locally, and the next
   /// synchronised backward reduces the sum (gradient accumulation).
+  /// ConfigError when `module` is not one setup_module returned.
   virtual Scope no_backward_sync(torch::nn::Module& module, bool enabled = true);
 
   // ---- collectives (the `group` argument of the seeds is implied) ----------
@@ -188,6 +192,9 @@ class Strategy {
   /// "<key>/<param>.<state>" as the optimizer holds them (whole, by default).
   virtual std::vector<std::pair<std::string, at::Tensor>> read_optimizer_tensors(
       const checkpoint::StateReader& reader, const std::string& key);
+  /// Throws ConfigError unless `module` is one that setup_module returned
+  /// (`what` names the call that needs it, e.g. "clip_gradients").
+  void require_set_up(const torch::nn::Module& module, const std::string& what) const;
   /// Checks a strategy's parallel_devices option (the seed signature)
   /// against this host: one device per local worker, or unset.
   void check_parallel_devices(const std::optional<std::vector<c10::Device>>& devices) const;
