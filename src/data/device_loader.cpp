@@ -72,6 +72,10 @@ void DeviceLoader::stop() {
 
 void DeviceLoader::reset() {
   stop();
+  if (loader_->resumable() && !epoch_chosen_) epoch_ = loader_->state().epoch;
+  if (advance_epoch_ && passes_ > 0 && !epoch_chosen_) loader_->set_epoch(++epoch_);
+  epoch_chosen_ = false;
+  ++passes_;
   loader_->reset();
   pass_start_ = loader_->resumable() ? loader_->state() : LoaderState{};
   consumed_ = 0;
@@ -110,6 +114,8 @@ void DeviceLoader::close() {
 void DeviceLoader::set_epoch(uint64_t epoch) {
   stop();
   loader_->set_epoch(epoch);
+  epoch_ = epoch;
+  epoch_chosen_ = true;
   phase_ = Phase::kIdle;
   have_pass_ = false;
 }
@@ -117,6 +123,7 @@ void DeviceLoader::set_epoch(uint64_t epoch) {
 LoaderState DeviceLoader::state() const {
   STRATA_CHECK(resumable(), ConfigError,
                "[data] the loader wrapped by this DeviceLoader cannot save its position");
+  if (have_pass_ && advance_epoch_ && phase_ == Phase::kFinished) return {pass_start_.epoch + 1, 0};
   if (have_pass_) return {pass_start_.epoch, pass_start_.position + consumed_};
   return loader_->state();
 }
@@ -124,6 +131,8 @@ LoaderState DeviceLoader::state() const {
 void DeviceLoader::load_state(const LoaderState& state) {
   stop();
   loader_->load_state(state);
+  epoch_ = state.epoch;
+  epoch_chosen_ = true;
   phase_ = Phase::kIdle;
   have_pass_ = false;
 }

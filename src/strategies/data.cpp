@@ -8,8 +8,15 @@ namespace strata::strategies {
 
 std::shared_ptr<data::Loader> Strategy::process_dataloader(std::shared_ptr<data::Loader> loader) {
   STRATA_CHECK(loader != nullptr, ConfigError, "[", name(), "] process_dataloader got a null loader");
+  // Each pass starts the next epoch (Lightning's loaders call set_epoch on
+  // every iteration); an explicit set_epoch/load_state still decides.
+  if (auto existing = std::dynamic_pointer_cast<data::DeviceLoader>(loader)) {
+    existing->advance_epoch_each_pass(true);
+    return loader;
+  }
   if (loader->is_device_loader()) return loader;
   auto device_loader = std::make_shared<data::DeviceLoader>(std::move(loader), root_device());
+  device_loader->advance_epoch_each_pass(true);
   loaders_.push_back(device_loader);
   return device_loader;
 }

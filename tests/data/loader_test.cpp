@@ -253,3 +253,50 @@ TEST(DeviceLoaderTest, LoadersWithoutStateSaySo) {
 }
 
 }  // namespace
+
+TEST(DeviceLoaderTest, EachPassStartsTheNextEpochWhenAskedAndExplicitEpochsAndRestoresWin) {
+  auto ds = numbered(20);
+  DistributedSampler reference(20, 1, 0, true, 3);
+  auto expect_epoch = [&](uint64_t epoch, size_t from_batch = 0) {
+    reference.set_epoch(epoch);
+    auto order = reference.indices();
+    std::vector<std::vector<int64_t>> expected;
+    for (size_t k = from_batch; k < 4; ++k) expected.emplace_back(order.begin() + 5 * k, order.begin() + 5 * k + 5);
+    return expected;
+  };
+  auto make = [&] {
+    auto loader = std::make_shared<DeviceLoader>(std::make_shared<DataLoader>(ds, 5, true, 3), at::kCPU, 2);
+    loader->advance_epoch_each_pass(true);
+    return loader;
+  };
+  auto loader = make();
+  EXPECT_EQ(drain(*loader), expect_epoch(0));
+  EXPECT_EQ(loader->state(), (LoaderState{1, 0})) << "a finished pass: the next one starts epoch 1";
+  EXPECT_EQ(drain(*loader), expect_epoch(1));
+  for (Batch& b : *loader) {  // an early break still counts as a pass (as in Lightning)
+    (void)b;
+    break;
+  }
+  EXPECT_EQ(drain(*loader), expect_epoch(3));
+  loader->set_epoch(7);  // explicit control wins over the advance
+  EXPECT_EQ(drain(*loader), expect_epoch(7));
+  EXPECT_EQ(drain(*loader), expect_epoch(8));
+
+  // Mid-epoch state, restored into a new loader: the pass continues there,
+  // and the one after it starts the next epoch.
+  auto first = make();
+  drain(*first);
+  auto it = first->begin();
+  ++it;  // epoch 1: batches 0 and 1 consumed
+  const LoaderState saved = first->state();
+  EXPECT_EQ(saved, (LoaderState{1, 2}));
+  auto resumed = make();
+  resumed->load_state(saved);
+  EXPECT_EQ(drain(*resumed), expect_epoch(1, 2));
+  EXPECT_EQ(drain(*resumed), expect_epoch(2));
+
+  // Without the option, passes repeat the epoch (a plain DeviceLoader).
+  DeviceLoader plain(std::make_shared<DataLoader>(ds, 5, true, 3), at::kCPU, 2);
+  EXPECT_EQ(drain(plain), expect_epoch(0));
+  EXPECT_EQ(drain(plain), expect_epoch(0));
+}

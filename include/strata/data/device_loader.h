@@ -48,11 +48,20 @@ class DeviceLoader : public Loader {
   /// reset() (or range-for) starts again.
   void close();
 
-  /// Stops the running pass, then forwards to the wrapped loader.
+  /// Stops the running pass, then forwards to the wrapped loader. The next
+  /// pass uses this epoch, also when passes advance the epoch by themselves.
   void set_epoch(uint64_t epoch) override;
+  /// With `on`, every pass after the first starts the next epoch (the
+  /// wrapped loader's set_epoch(epoch + 1) before its reset), as Lightning
+  /// Fabric's loaders do; an explicit set_epoch() or load_state() since the
+  /// last pass takes precedence. process_dataloader turns it on. Off by
+  /// default.
+  void advance_epoch_each_pass(bool on) { advance_epoch_ = on; }
   bool resumable() const override { return loader_->resumable(); }
   /// The wrapped loader's state as the consumer sees it: batches still in
   /// the queue (prefetched, not yet returned) do not count as consumed.
+  /// When passes advance the epoch and the last pass ran to its end, the
+  /// next pass's start: {epoch + 1, 0}.
   LoaderState state() const override;
   /// Stops the running pass, then forwards to the wrapped loader; the next
   /// pass continues at `state`.
@@ -90,6 +99,10 @@ class DeviceLoader : public Loader {
   enum class Phase { kIdle, kRunning, kFinished, kClosed };
   Phase phase_ = Phase::kIdle;
   bool have_pass_ = false;  // pass_start_/consumed_ describe a pass
+  bool advance_epoch_ = false;  // advance_epoch_each_pass
+  bool epoch_chosen_ = false;   // set_epoch/load_state since the last pass
+  uint64_t passes_ = 0;         // passes started
+  uint64_t epoch_ = 0;          // the epoch of the last pass (or the chosen one)
   LoaderState pass_start_;
   uint64_t consumed_ = 0;
 };
