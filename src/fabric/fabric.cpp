@@ -132,6 +132,15 @@ strategies::ModulePtr Fabric::setup_module(strategies::ModulePtr module) {
   return strategy_->setup_module(std::move(module));
 }
 
+strategies::ModulePtr Fabric::setup(strategies::ModulePtr module,
+                                    const std::vector<torch::optim::Optimizer*>& optimizers) {
+  return strategy_->setup_module_and_optimizers(std::move(module), optimizers);
+}
+
+strategies::Scope Fabric::init_module(std::optional<bool> empty_init) {
+  return strategy_->module_init_context(empty_init);
+}
+
 void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) { strategy_->setup_optimizer(optimizer); }
 
 void Fabric::setup_optimizers(const std::vector<torch::optim::Optimizer*>& optimizers) {
@@ -163,6 +172,15 @@ at::Tensor Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optim
   return strategy_->clip_gradients_norm(module, optimizer, *max_norm, norm_type, error_if_nonfinite);
 }
 
+at::Tensor Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                  const ClipByNorm& clip) {
+  return clip_gradients(module, optimizer, clip.max_norm, std::nullopt, clip.norm_type, clip.error_if_nonfinite);
+}
+
+void Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const ClipByValue& clip) {
+  clip_gradients(module, optimizer, std::nullopt, clip.value);
+}
+
 strategies::Scope Fabric::no_backward_sync(torch::nn::Module& module, bool enabled) {
   return strategy_->no_backward_sync(module, enabled);
 }
@@ -180,6 +198,54 @@ at::Tensor Fabric::all_reduce(const at::Tensor& tensor, const std::string& op) {
 }
 at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) { return strategy_->broadcast(tensor, src); }
 void Fabric::barrier(const std::string& name) { strategy_->barrier(name); }
+
+// Collections: one collective per element, in the vector's order or the
+// map's (sorted) key order, the same on every rank.
+std::vector<at::Tensor> Fabric::all_gather(const std::vector<at::Tensor>& tensors, bool sync_grads) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(all_gather(t, sync_grads));
+  return out;
+}
+
+std::map<std::string, at::Tensor> Fabric::all_gather(const std::map<std::string, at::Tensor>& tensors,
+                                                     bool sync_grads) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [key, t] : tensors) out[key] = all_gather(t, sync_grads);
+  return out;
+}
+
+std::vector<at::Tensor> Fabric::all_reduce(const std::vector<at::Tensor>& tensors, comm::ReduceOp op) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(all_reduce(t, op));
+  return out;
+}
+
+std::map<std::string, at::Tensor> Fabric::all_reduce(const std::map<std::string, at::Tensor>& tensors,
+                                                     comm::ReduceOp op) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [key, t] : tensors) out[key] = all_reduce(t, op);
+  return out;
+}
+
+std::vector<at::Tensor> Fabric::broadcast(const std::vector<at::Tensor>& tensors, int src) {
+  // The source's element count first, so other ranks may pass anything.
+  const size_t count = broadcast(static_cast<uint64_t>(tensors.size()), src);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < count; ++i) out.push_back(broadcast(i < tensors.size() ? tensors[i] : at::Tensor(), src));
+  return out;
+}
+
+std::map<std::string, at::Tensor> Fabric::broadcast(const std::map<std::string, at::Tensor>& tensors, int src) {
+  std::vector<std::string> keys;
+  for (const auto& item : tensors) keys.push_back(item.first);
+  keys = broadcast(keys, src);
+  std::map<std::string, at::Tensor> out;
+  for (const std::string& key : keys) {
+    auto it = tensors.find(key);
+    out[key] = broadcast(it == tensors.end() ? at::Tensor() : it->second, src);
+  }
+  return out;
+}
 
 void Fabric::save(const std::string& path, const strategies::State& state, const strategies::StateFilter& filter) {
   strategy_->save_checkpoint(path, state, nullptr, filter);

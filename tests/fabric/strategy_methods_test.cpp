@@ -93,6 +93,29 @@ STRATA_WORKER(strategy_collectives) {
     c.expect(f.broadcast(std::string(f.global_rank() == 0 ? "hello" : "x"), 0) == "hello", "broadcast string");
     f.barrier("after-broadcast");
     c.expect(contains(strata::testing::error_message([&] { f.broadcast(mine, world); }), "src"), "broadcast src out of range");
+
+    // Collections: element by element, vectors in order, maps by key.
+    std::vector<at::Tensor> pair{at::full({2}, r), at::full({1, 3}, 10 * r)};
+    std::vector<at::Tensor> gathered = f.all_gather(pair);
+    c.expect(gathered.size() == 2 && gathered[0].sizes() == at::IntArrayRef({world, 2}) &&
+                 gathered[1].sizes() == at::IntArrayRef({world, 1, 3}) && gathered[1][world - 1].eq(10 * (world - 1)).all().item<bool>(),
+             "all_gather of a vector");
+    std::map<std::string, at::Tensor> named{{"loss", at::full({}, r + 1)}, {"acc", at::full({2}, 2 * r)}};
+    std::map<std::string, at::Tensor> summed = f.all_reduce(named, strata::comm::ReduceOp::kSum);
+    c.expect(summed.size() == 2 && summed["loss"].item<double>() == sum && summed["acc"].eq(world * (world - 1)).all().item<bool>(),
+             "all_reduce of a map (sum)");
+    c.expect(f.all_gather(named)["acc"].sizes() == at::IntArrayRef({world, 2}), "all_gather of a map");
+    std::vector<at::Tensor> sent;
+    if (f.global_rank() == 1) sent = {at::arange(3, at::kLong), at::ones({2, 2})};
+    std::vector<at::Tensor> vec = f.broadcast(sent, 1);
+    c.expect(vec.size() == 2 && vec[0].equal(at::arange(3, at::kLong)) && vec[1].equal(at::ones({2, 2})),
+             "broadcast of a vector: other ranks passed none");
+    std::map<std::string, at::Tensor> state;
+    if (f.global_rank() == 0) state = {{"w", at::full({2}, 7.0)}, {"step", at::full({}, 3, at::kLong)}};
+    std::map<std::string, at::Tensor> got_state = f.broadcast(state, 0);
+    c.expect(got_state.size() == 2 && got_state["w"].equal(at::full({2}, 7.0)) &&
+                 got_state["step"].scalar_type() == at::kLong && got_state["step"].item<int64_t>() == 3,
+             "broadcast of a map with its dtypes");
   });
   return c.failures == 0 ? 0 : 1;
 }
@@ -389,6 +412,36 @@ TEST(StrategyTest, SetupModuleAndOptimizersSetsUpBoth) {
     f.strategy().setup_module_and_optimizers(model.ptr(), {&optimizer});
     EXPECT_GT(static_cast<DDPStrategy&>(f.strategy()).num_buckets(), 0u);
     auto scope = f.strategy().module_init_context(true);
+  });
+}
+
+}  // namespace
+
+namespace {
+
+TEST(StrategyTest, FabricConveniencesSetupInitModuleAndNamedClipping) {
+  Fabric fabric(FabricOptions().with_strategy(ddp()));
+  fabric.launch([&](Fabric& f) {
+    TwoLinear model;
+    {
+      auto scope = f.init_module(/*empty_init=*/true);  // DDP builds plainly, as Lightning's DDP does
+      TwoLinear inside;
+      EXPECT_TRUE(inside->a->weight.device().is_cpu());
+    }
+    torch::optim::SGD first(model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD second(model->parameters(), torch::optim::SGDOptions(0.2));
+    TwoLinear same = f.setup(model, first, second);
+    EXPECT_EQ(same.ptr().get(), model.ptr().get());
+    EXPECT_GT(static_cast<DDPStrategy&>(f.strategy()).num_buckets(), 0u) << "setup registered the gradient hooks";
+
+    for (auto& p : model->parameters()) p.mutable_grad() = at::full_like(p, 2.0);
+    int64_t n = 0;
+    for (auto& p : model->parameters()) n += p.numel();
+    at::Tensor norm = f.clip_gradients(*model, first, strata::ClipByNorm{1.0});
+    EXPECT_NEAR(norm.item<double>(), 2.0 * std::sqrt(static_cast<double>(n)), 1e-4);
+    for (auto& p : model->parameters()) p.mutable_grad() = at::linspace(-3, 3, p.numel()).view(p.sizes());
+    f.clip_gradients(*model, first, strata::ClipByValue{0.25});
+    for (auto& p : model->parameters()) EXPECT_LE(p.grad().abs().max().item<double>(), 0.25 + 1e-7);
   });
 }
 

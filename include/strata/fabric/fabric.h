@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -55,6 +56,18 @@ struct FabricOptions {
 };
 
 /// The training entry point. One per process.
+/// clip_gradients by global norm: the seeds' max_norm, norm_type and
+/// error_if_nonfinite.
+struct ClipByNorm {
+  double max_norm;
+  double norm_type = 2.0;
+  bool error_if_nonfinite = true;
+};
+/// clip_gradients by value: every gradient clamped to [-value, value].
+struct ClipByValue {
+  double value;
+};
+
 class Fabric {
  public:
   /// Validates `options` (ConfigError names the bad field) and builds the
@@ -104,6 +117,22 @@ class Fabric {
     setup_module(strategies::ModulePtr(module.ptr()));
     return module;
   }
+  /// setup_module, then setup_optimizer for each optimizer (Lightning's
+  /// setup(model, *optimizers)). FSDP refuses: its optimizers must be built
+  /// from the module setup_module returns.
+  strategies::ModulePtr setup(strategies::ModulePtr module,
+                              const std::vector<torch::optim::Optimizer*>& optimizers = {});
+  /// Typed form: `model = fabric.setup(model, optimizer)`.
+  template <class Holder, class... Optimizers, class = decltype(std::declval<Holder&>().ptr())>
+  Holder setup(Holder module, Optimizers&... optimizers) {
+    setup(strategies::ModulePtr(module.ptr()), {static_cast<torch::optim::Optimizer*>(&optimizers)...});
+    return module;
+  }
+  /// Scope for building the model (Lightning's init_module): the
+  /// strategy's module_init_context. Under FSDP, empty_init=true builds on
+  /// the meta device (no memory, no initialisation; setup_module then
+  /// materialises zero shards, to be loaded).
+  strategies::Scope init_module(std::optional<bool> empty_init = std::nullopt);
   /// Registers an optimizer of a module returned by setup_module.
   void setup_optimizer(torch::optim::Optimizer& optimizer);
   void setup_optimizers(const std::vector<torch::optim::Optimizer*>& optimizers);
@@ -123,6 +152,10 @@ class Fabric {
   at::Tensor clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                             std::optional<double> max_norm, std::optional<double> clip_val = std::nullopt,
                             double norm_type = 2.0, bool error_if_nonfinite = true);
+  /// Readable forms: `clip_gradients(model, opt, ClipByNorm{1.0})` (returns
+  /// the norm before clipping) and `clip_gradients(model, opt, ClipByValue{0.5})`.
+  at::Tensor clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const ClipByNorm& clip);
+  void clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const ClipByValue& clip);
   /// Skips gradient synchronisation while the scope is alive (gradient
   /// accumulation); the next synchronised backward reduces the sum.
   strategies::Scope no_backward_sync(torch::nn::Module& module, bool enabled = true);
@@ -135,6 +168,19 @@ class Fabric {
   at::Tensor all_reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean);
   at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op);
   at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
+  /// Collections of tensors, element by element (each element as the
+  /// single-tensor form does): a vector, or a map keyed by name (every rank
+  /// passes the same keys, in any order).
+  std::vector<at::Tensor> all_gather(const std::vector<at::Tensor>& tensors, bool sync_grads = false);
+  std::map<std::string, at::Tensor> all_gather(const std::map<std::string, at::Tensor>& tensors,
+                                               bool sync_grads = false);
+  std::vector<at::Tensor> all_reduce(const std::vector<at::Tensor>& tensors, comm::ReduceOp op = comm::ReduceOp::kMean);
+  std::map<std::string, at::Tensor> all_reduce(const std::map<std::string, at::Tensor>& tensors,
+                                               comm::ReduceOp op = comm::ReduceOp::kMean);
+  /// Broadcasts rank `src`'s collection: other ranks may pass an empty one
+  /// (or one of other shapes); they receive src's elements, shapes and dtypes.
+  std::vector<at::Tensor> broadcast(const std::vector<at::Tensor>& tensors, int src = 0);
+  std::map<std::string, at::Tensor> broadcast(const std::map<std::string, at::Tensor>& tensors, int src = 0);
   template <class T>
   T broadcast(const T& value, int src = 0) {
     return strategy_->broadcast(value, src);
