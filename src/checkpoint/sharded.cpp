@@ -252,7 +252,10 @@ void StateReader::open_sharded(const ReadOptions& options) {
                "[checkpoint] ", meta_path,
                ": a sharded checkpoint needs a \"tensors\" object (each tensor's shape, dtype and "
                "whether it is sharded)");
-  for (const auto& [name, value] : metadata_["tensors"].items()) {
+  for (const auto& item : metadata_["tensors"].items()) {
+    // Not a structured binding: a lambda may not capture one in C++17.
+    const std::string& name = item.key();
+    const nlohmann::json& value = item.value();
     auto bad = [&](const std::string& why) {
       return CheckpointError(cat("[checkpoint] ", meta_path, ": \"tensors\" entry '", name, "' ",
                                  why));
