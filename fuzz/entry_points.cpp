@@ -26,7 +26,9 @@ constexpr uint64_t kMaxRead = 16u << 20;
 
 // A private folder for this process's files, made once.
 const std::string& scratch() {
-  static const std::string dir = [] {
+  // Never destroyed: the atexit handler below runs after static destructors
+  // of objects constructed before it was registered.
+  static const std::string& dir = *new std::string([] {
     const char* base = std::getenv("TMPDIR");
     std::string pattern = std::string(base && *base ? base : "/tmp") + "/strata-fuzz-XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) std::abort();
@@ -35,7 +37,7 @@ const std::string& scratch() {
       std::filesystem::remove_all(scratch(), ec);
     });
     return pattern;
-  }();
+  }());
   return dir;
 }
 
