@@ -2,7 +2,7 @@
 # Installs what strata needs to build, test and benchmark. Idempotent and
 # quiet when nothing is missing.
 #  - Debian packages: compiler, CMake, Ninja, nlohmann-json, CLI11,
-#    GoogleTest, Google Benchmark (apt-get runs only when one is missing;
+#    GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime (apt-get runs only when one is missing;
 #    needs root or sudo).
 #  - A Python venv (scripts/env.sh says where: a cache folder outside the
 #    clone) with scripts/requirements.txt: torch==2.13.0, whose LibTorch
@@ -20,6 +20,7 @@ packages=(
   nlohmann-json3-dev      # checkpoint metadata
   libcli11-dev            # command-line parsing
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang-14 libclang-rt-14-dev   # checkpoint fuzz targets (libFuzzer + ASan, fuzz/run.sh)
 )
 python_bin="$(command -v python3 || true)"
 if [ -z "$python_bin" ]; then

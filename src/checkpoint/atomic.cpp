@@ -180,7 +180,8 @@ bool is_complete(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
   const std::string marker = strip_trailing_slashes(path) + "/" + kCompleteMarker;
-  return ::stat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  // lstat: a marker that is a symbolic link does not count.
+  return ::lstat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 void remove_all(const std::string& path) {
@@ -206,7 +207,8 @@ void remove_all(const std::string& path) {
 //    renames leaves PATH absent and the old complete checkpoint at
 //    PATH.old-*; CheckpointReader::open finds it there.
 // Leftover staging directories never carry the marker under PATH's name, so
-// they are never loaded; a later save ignores them (they are named by pid).
+// they are never loaded; a later save removes them once their process is
+// gone (Note [Leftover staging directories] in directory.cpp).
 void publish_dir(const std::string& staging_in, const std::string& path_in) {
   const std::string staging = strip_trailing_slashes(staging_in);
   const std::string path = strip_trailing_slashes(path_in);

@@ -2,16 +2,18 @@
 // metadata.json, the completion marker, and the checks made on open.
 #include "strata/checkpoint/directory.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <set>
 #include <system_error>
 
 #include "strata/checkpoint/atomic.h"
+#include "strata/checkpoint/input.h"
 #include "strata/core/error.h"
 
 namespace strata::checkpoint {
@@ -39,7 +41,62 @@ void check_plain_name(const std::string& file, const std::string& path) {
                path, ": file name '", file, "' is reserved");
 }
 
+std::string host_name() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+// "PATH.tmp-<pid>-<n>" -> true and the pid; anything else -> false.
+bool staging_pid(const std::string& name, long& pid) {
+  const auto tag = name.rfind(".tmp-");
+  if (tag == std::string::npos || tag == 0) return false;
+  const std::string rest = name.substr(tag + 5);
+  const auto dash = rest.find('-');
+  if (dash == std::string::npos || dash == 0 || dash + 1 == rest.size()) return false;
+  for (size_t i = 0; i < rest.size(); ++i)
+    if (i != dash && (rest[i] < '0' || rest[i] > '9')) return false;
+  if (dash > 9) return false;
+  pid = std::stol(rest.substr(0, dash));
+  return pid > 0;
+}
+
 }  // namespace
+
+// Note [Leftover staging directories]
+// A save killed before it publishes leaves "PATH.tmp-<pid>-<n>" behind. Its
+// owner file (kStagingOwner: host and pid) says who made it. A later save
+// or resume removes those made on this host by a process that no longer
+// runs. A live owner (even another job's), another host's, or a directory
+// without an owner file is left alone: strata removes only what it knows
+// it wrote and nobody is still writing.
+std::vector<std::string> remove_stale_staging(const std::string& dir_in) {
+  std::vector<std::string> removed;
+  const std::string dir = dir_in.empty() ? "." : dir_in;
+  std::error_code ec;
+  const std::string host = host_name();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    long pid = 0;
+    if (!staging_pid(name, pid)) continue;
+    struct stat st {};
+    const std::string path = it->path().string();
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    std::string owner;
+    try {
+      owner = read_regular_file(path + "/" + kStagingOwner, 4096);
+    } catch (const CheckpointError&) {
+      continue;
+    }
+    if (owner != cat("host ", host, "\npid ", pid, "\n")) continue;
+    if (pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or unknown)
+    std::error_code rm;
+    fs::remove_all(path, rm);
+    if (!rm) removed.push_back(path);
+  }
+  return removed;
+}
 
 // ---- writer -----------------------------------------------------------------
 
@@ -61,10 +118,14 @@ CheckpointWriter CheckpointWriter::begin(const std::string& path_in) {
     STRATA_CHECK(!ec, CheckpointError, "[checkpoint] ", path, ": creating parent directory ",
                  parent.string(), ": ", ec.message());
   }
+  for (const std::string& stale : remove_stale_staging(parent.empty() ? "." : parent.string()))
+    warn(cat("removed ", stale, ", left by an interrupted save whose process is gone"));
   std::string staging = unique_sibling(path, ".tmp");
   STRATA_CHECK_SYSCALL(::mkdir(staging.c_str(), 0755), CheckpointError, "[checkpoint] ", path,
                        ": creating staging directory ", staging);
-  return CheckpointWriter(path, std::move(staging), /*owner=*/true);
+  CheckpointWriter writer(path, staging, /*owner=*/true);
+  atomic_write_file(staging + "/" + kStagingOwner, cat("host ", host_name(), "\npid ", ::getpid(), "\n"));
+  return writer;
 }
 
 CheckpointWriter CheckpointWriter::join(const std::string& path, const std::string& staging_dir) {
@@ -139,6 +200,8 @@ void CheckpointWriter::commit(const nlohmann::json& metadata) {
                ec.message());
   std::sort(files.begin(), files.end());
 
+  STRATA_CHECK_SYSCALL(::unlink((staging_ + "/" + kStagingOwner).c_str()), CheckpointError,
+                       "[checkpoint] ", path_, ": removing the staging owner file");
   nlohmann::json full = metadata;
   full["format"] = kCheckpointFormat;
   full["version"] = kCheckpointVersion;
@@ -161,7 +224,7 @@ void write_checkpoint_dir(const std::string& path, const std::map<std::string, N
 
 // ---- reader -----------------------------------------------------------------
 
-CheckpointReader CheckpointReader::open(const std::string& path_in) {
+CheckpointReader CheckpointReader::open(const std::string& path_in, const ReadOptions& options) {
   std::string path = strip_trailing_slashes(path_in);
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) {
@@ -190,18 +253,12 @@ CheckpointReader CheckpointReader::open(const std::string& path_in) {
                " marker, so the save that wrote it did not finish (a crash mid-save?); load an "
                "earlier checkpoint");
   const std::string meta_path = path + "/" + kMetadataFile;
-  std::ifstream in(meta_path);
-  STRATA_CHECK(in.good(), CheckpointError, "[checkpoint] ", meta_path, ": cannot open: ",
-               ::strata::detail::errno_string(errno));
-  std::stringstream text;
-  text << in.rdbuf();
+  const JsonLimits limits = metadata_json_limits();
   CheckpointReader reader;
   reader.path_ = path;
-  try {
-    reader.metadata_ = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    throw CheckpointError(cat("[checkpoint] ", meta_path, ": not valid JSON (", e.what(), ")"));
-  }
+  reader.options_ = options;
+  reader.metadata_ = parse_json_limited(read_regular_file(meta_path, limits.max_bytes), limits,
+                                        meta_path, kMetadataFile);
   const auto& meta = reader.metadata_;
   STRATA_CHECK(meta.is_object() && meta.contains("format") && meta["format"].is_string(),
                CheckpointError, "[checkpoint] ", meta_path,
@@ -217,9 +274,17 @@ CheckpointReader CheckpointReader::open(const std::string& path_in) {
                kCheckpointVersion, "; a newer strata wrote it?)");
   STRATA_CHECK(meta.contains("files") && meta["files"].is_array(), CheckpointError,
                "[checkpoint] ", meta_path, ": has no \"files\" list");
-  for (const auto& f : meta["files"])
+  std::set<std::string> listed;
+  for (const auto& f : meta["files"]) {
     STRATA_CHECK(f.is_string(), CheckpointError, "[checkpoint] ", meta_path,
                  ": \"files\" holds ", f.dump(), ", not a file name");
+    const std::string& name = f.get_ref<const std::string&>();
+    check_contained_name(name, meta_path, "\"files\"");
+    STRATA_CHECK(ends_with(name, kTensorSuffix), CheckpointError, "[checkpoint] ", meta_path,
+                 ": \"files\" names '", name, "', not a ", kTensorSuffix, " file");
+    STRATA_CHECK(listed.insert(name).second, CheckpointError, "[checkpoint] ", meta_path,
+                 ": \"files\" names '", name, "' twice");
+  }
   return reader;
 }
 
@@ -235,7 +300,7 @@ bool CheckpointReader::has_file(const std::string& file) const {
 SafetensorsFile CheckpointReader::open_file(const std::string& file) const {
   STRATA_CHECK(has_file(file), CheckpointError, "[checkpoint] ", path_, ": has no file '", file,
                "' (", kMetadataFile, " lists ", metadata_["files"].dump(), ")");
-  return SafetensorsFile::open(path_ + "/" + file);
+  return SafetensorsFile::open(path_ + "/" + file, options_);
 }
 
 }  // namespace strata::checkpoint

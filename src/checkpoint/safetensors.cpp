@@ -14,13 +14,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <unordered_set>
 #include <set>
 #include <tuple>
 #include <unordered_map>
 
 #include "strata/checkpoint/atomic.h"
+#include "strata/checkpoint/checksum.h"
+#include "strata/checkpoint/input.h"
 #include "strata/core/error.h"
 
 namespace strata::checkpoint {
@@ -96,6 +101,10 @@ struct SafetensorsWriter::Impl {
   AtomicFile file;
   std::vector<TensorSpec> specs;
   size_t next = 0;
+  // Where the placeholder of the checksums lies in the file (0: none), and
+  // the checksums so far, 16 hex digits per tensor written.
+  uint64_t checksum_offset = 0;
+  std::string checksums;
   Impl(std::string path, std::vector<TensorSpec> s) : file(std::move(path)), specs(std::move(s)) {}
 };
 
@@ -104,6 +113,14 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> s
   check_little_endian();
   // Validate everything before creating the file.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  STRATA_CHECK(!metadata.count(kChecksumKey), CheckpointError, "[checkpoint] ", path,
+               ": __metadata__ key '", kChecksumKey, "' is reserved (strata writes the checksums)");
+  // Note [Checksums in the header]
+  // The checksums are known only once the tensors are written, but the
+  // header comes first. So the header holds a placeholder of the final
+  // length (16 zeros per tensor) under kChecksumKey, and close() writes
+  // the hex digits over it in place.
+  if (!specs.empty()) metadata[kChecksumKey] = std::string(16 * specs.size(), '0');
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   std::set<std::string> seen;
   uint64_t offset = 0;
@@ -133,7 +150,17 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> s
   // Pad with spaces so the data buffer starts at a multiple of 8.
   text.append((8 - text.size() % 8) % 8, ' ');
 
+  uint64_t checksum_offset = 0;
+  if (!specs.empty()) {
+    // The first match is the key itself: inside any JSON string a quote is
+    // escaped, so the quoted pattern cannot occur there.
+    const std::string pattern = cat("\"", kChecksumKey, "\":\"");
+    const size_t at = text.find(pattern);
+    STRATA_ASSERT(at != std::string::npos, "checksum placeholder missing from the header of ", path);
+    checksum_offset = 8 + at + pattern.size();
+  }
   impl_ = std::make_unique<Impl>(std::move(path), std::move(specs));
+  impl_->checksum_offset = checksum_offset;
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(uint64_t(text.size()) >> (8 * i));
   impl_->file.write(length, sizeof(length));
@@ -165,6 +192,7 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor)
   if (!data.device().is_cpu()) data = data.cpu();
   data = data.contiguous();
   if (spec.nbytes() > 0) impl_->file.write(data.data_ptr(), spec.nbytes());
+  impl_->checksums += hex64(xxh64(data.data_ptr(), spec.nbytes()));
   ++impl_->next;
 }
 
@@ -180,6 +208,8 @@ void SafetensorsWriter::close() {
                               impl_->specs.size() - impl_->next,
                               " declared tensors not written: ", missing));
   }
+  if (impl_->checksum_offset != 0)
+    impl_->file.write_at(impl_->checksums.data(), impl_->checksums.size(), impl_->checksum_offset);
   impl_->file.commit();
 }
 
@@ -199,13 +229,24 @@ struct SafetensorsFile::Impl {
   std::string path;
   int fd = -1;
   uint64_t data_start = 0;  // file offset of the data buffer
+  bool verify = true;
+  bool has_checksums = false;
   std::vector<std::string> keys;
   std::unordered_map<std::string, TensorInfo> infos;
   Metadata metadata;
+  // Tensors whose whole bytes were checked already (load_flat of a part
+  // checks the whole tensor once).
+  mutable std::mutex verified_mutex;
+  mutable std::unordered_set<std::string> verified;
   ~Impl() {
     if (fd >= 0) ::close(fd);
   }
 };
+
+bool ReadOptions::default_verify_checksums() {
+  const char* env = std::getenv("STRATA_CKPT_VERIFY");
+  return env == nullptr || std::string(env) != "0";
+}
 
 namespace {
 
@@ -226,30 +267,23 @@ size_t pread_full(int fd, void* out, size_t size, uint64_t offset, const std::st
   return done;
 }
 
-// Parses the JSON header; a key repeated in the top-level object is an error
-// (nlohmann would silently keep the last one).
+// Parses the JSON header within the header limits (input.h): a key repeated
+// in an object is an error (nlohmann would silently keep the last one).
 nlohmann::json parse_header(const std::string& text, const std::string& path) {
-  std::set<std::string> top_keys;
-  std::string duplicate;
-  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string() &&
-        !top_keys.insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text, callback);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw CheckpointError(cat("[checkpoint] ", path, ": the header is not valid JSON (", e.what(),
-                              "); the file is corrupt or not a safetensors file"));
+    header = parse_json_limited(text, header_json_limits(), path, "the header");
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(cat(e.what(), "; the file is corrupt or not a safetensors file"));
   }
-  STRATA_CHECK(duplicate.empty(), CheckpointError, "[checkpoint] ", path, ": the header names '",
-               duplicate, "' twice");
   STRATA_CHECK(header.is_object(), CheckpointError, "[checkpoint] ", path,
                ": the header is JSON but not an object (", header.type_name(), ")");
   return header;
 }
+
+// Largest dimension and largest byte count of a tensor: far above any real
+// tensor, far below where int64 arithmetic on shapes could overflow.
+constexpr uint64_t kMaxTensorBytes = uint64_t(1) << 62;
 
 uint64_t json_u64(const nlohmann::json& value, const std::string& path, const std::string& key,
                   const char* field) {
@@ -279,12 +313,18 @@ TensorInfo parse_entry(const std::string& key, const nlohmann::json& entry, cons
   const auto& shape = entry["shape"];
   STRATA_CHECK(shape.is_array(), CheckpointError, "[checkpoint] ", path, ": tensor '", key,
                "' has shape ", shape.dump(), "; expected an array of sizes");
-  // numel * itemsize must not overflow: bound it by 2^62 as we go.
+  // numel * itemsize must not overflow, and neither may the product of the
+  // non-zero dimensions (a [0, 2^64-1] tensor has no bytes, but no tensor
+  // library can make it): bound both by 2^62 as we go.
+  STRATA_CHECK(shape.size() <= 64, CheckpointError, "[checkpoint] ", path, ": tensor '", key,
+               "' has ", shape.size(), " dimensions; at most 64 are supported");
   uint64_t bytes = c10::elementSize(info.spec.dtype);
+  uint64_t nonzero = c10::elementSize(info.spec.dtype);
   for (const auto& dim : shape) {
     const uint64_t d = json_u64(dim, path, key, "a dimension");
-    STRATA_CHECK(d == 0 || bytes <= (uint64_t(1) << 62) / d, CheckpointError, "[checkpoint] ",
-                 path, ": tensor '", key, "' has shape ", shape.dump(), ", too large to exist");
+    STRATA_CHECK(d == 0 || nonzero <= kMaxTensorBytes / d, CheckpointError, "[checkpoint] ", path,
+                 ": tensor '", key, "' has shape ", shape.dump(), ", too large to exist");
+    if (d != 0) nonzero *= d;
     bytes *= d;
     info.spec.shape.push_back(static_cast<int64_t>(d));
   }
@@ -302,22 +342,55 @@ TensorInfo parse_entry(const std::string& key, const nlohmann::json& entry, cons
   return info;
 }
 
+uint64_t parse_hex64(const std::string& text, const std::string& path) {
+  uint64_t value = 0;
+  for (char c : text) {
+    int digit = -1;
+    if (c >= '0' && c <= '9') digit = c - '0';
+    if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+    STRATA_CHECK(digit >= 0, CheckpointError, "[checkpoint] ", path, ": __metadata__ '",
+                 kChecksumKey, "' holds '", c, "', not a lowercase hex digit");
+    value = (value << 4) | uint64_t(digit);
+  }
+  return value;
+}
+
+// The XXH64 of `size` bytes at `offset`, read in bounded chunks.
+uint64_t hash_range(int fd, uint64_t offset, uint64_t size, const std::string& path,
+                    const std::string& key) {
+  Xxh64 hash;
+  std::vector<char> buffer(std::min<uint64_t>(size, uint64_t(4) << 20));
+  uint64_t done = 0;
+  while (done < size) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(size - done, buffer.size()));
+    const size_t got = pread_full(fd, buffer.data(), chunk, offset + done, path);
+    STRATA_CHECK(got == chunk, CheckpointError, "[checkpoint] ", path, ": tensor '", key,
+                 "' needs ", size, " bytes but the file ended after ", done + got,
+                 " of them (truncated after it was opened?)");
+    hash.update(buffer.data(), chunk);
+    done += chunk;
+  }
+  return hash.digest();
+}
+
+[[noreturn]] void checksum_mismatch(const std::string& path, const TensorInfo& info,
+                                    uint64_t actual) {
+  throw CheckpointError(cat("[checkpoint] ", path, ": tensor '", info.spec.name,
+                            "': checksum mismatch: the file records xxh64 ", hex64(info.checksum),
+                            " but its bytes hash to ", hex64(actual),
+                            "; the data was changed or damaged after it was saved"));
+}
+
 }  // namespace
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
+SafetensorsFile SafetensorsFile::open(const std::string& path, const ReadOptions& options) {
   check_little_endian();
   auto impl = std::make_shared<Impl>();
   impl->path = path;
-  impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (impl->fd == -1) {
-    const int err = errno;
-    throw CheckpointError(cat("[checkpoint] ", path, ": cannot open: ", ::strata::detail::errno_string(err),
-                              err == ENOENT ? "; the file does not exist" : ""));
-  }
+  impl->verify = options.verify_checksums;
+  impl->fd = open_regular_file(path);
   struct stat st {};
   STRATA_CHECK_SYSCALL(::fstat(impl->fd, &st), CheckpointError, "[checkpoint] ", path);
-  STRATA_CHECK(S_ISREG(st.st_mode), CheckpointError, "[checkpoint] ", path,
-               ": not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   STRATA_CHECK(file_size >= 8, CheckpointError, "[checkpoint] ", path, ": the file is ", file_size,
                " bytes, too short for the 8-byte header length (truncated or not a safetensors "
@@ -338,6 +411,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const nlohmann::json header = parse_header(text, path);
 
   std::vector<TensorInfo> infos;
+  std::string checksums;
+  bool has_checksums = false;
   for (const auto& [key, entry] : header.items()) {
     if (key == kMetadataKey) {
       STRATA_CHECK(entry.is_object() || entry.is_null(), CheckpointError, "[checkpoint] ", path,
@@ -346,6 +421,11 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       for (const auto& [mkey, value] : entry.items()) {
         STRATA_CHECK(value.is_string(), CheckpointError, "[checkpoint] ", path,
                      ": __metadata__ entry '", mkey, "' is ", value.dump(), "; expected a string");
+        if (mkey == kChecksumKey) {
+          checksums = value.get<std::string>();
+          has_checksums = true;
+          continue;
+        }
         impl->metadata[mkey] = value.get<std::string>();
       }
       continue;
@@ -378,6 +458,16 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   STRATA_CHECK(expected == buffer_size, CheckpointError, "[checkpoint] ", path, ": the file has ",
                buffer_size - expected, " bytes after the last tensor's data (corrupt header?)");
 
+  if (has_checksums) {
+    STRATA_CHECK(checksums.size() == 16 * infos.size(), CheckpointError, "[checkpoint] ", path,
+                 ": __metadata__ '", kChecksumKey, "' holds ", checksums.size(),
+                 " hex digits; expected 16 for each of the ", infos.size(), " tensors");
+    for (size_t i = 0; i < infos.size(); ++i) {
+      infos[i].has_checksum = true;
+      infos[i].checksum = parse_hex64(checksums.substr(16 * i, 16), path);
+    }
+  }
+  impl->has_checksums = has_checksums;
   impl->data_start = 8 + header_len;
   for (auto& info : infos) {
     impl->keys.push_back(info.spec.name);
@@ -411,7 +501,27 @@ at::Tensor SafetensorsFile::load(const std::string& key) const {
   STRATA_CHECK(got == size, CheckpointError, "[checkpoint] ", impl_->path, ": tensor '", key,
                "' needs ", size, " bytes but the file ended after ", got,
                " of them (truncated after it was opened?)");
+  if (impl_->verify && entry.has_checksum) {
+    const uint64_t actual = xxh64(out.data_ptr(), size);
+    if (actual != entry.checksum) checksum_mismatch(impl_->path, entry, actual);
+  }
   return out;
+}
+
+bool SafetensorsFile::has_checksums() const { return impl_->has_checksums; }
+
+void SafetensorsFile::verify(const std::string& key) const {
+  const TensorInfo& entry = info(key);
+  if (!entry.has_checksum) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->verified_mutex);
+    if (impl_->verified.count(key)) return;
+  }
+  const uint64_t actual = hash_range(impl_->fd, impl_->data_start + entry.begin,
+                                     entry.end - entry.begin, impl_->path, key);
+  if (actual != entry.checksum) checksum_mismatch(impl_->path, entry, actual);
+  std::lock_guard<std::mutex> lock(impl_->verified_mutex);
+  impl_->verified.insert(key);
 }
 
 at::Tensor SafetensorsFile::load_flat(const std::string& key, int64_t begin, int64_t end) const {
@@ -420,6 +530,8 @@ at::Tensor SafetensorsFile::load_flat(const std::string& key, int64_t begin, int
   STRATA_CHECK(0 <= begin && begin <= end && end <= numel, CheckpointError, "[checkpoint] ",
                impl_->path, ": tensor '", key, "' has ", numel, " elements; elements [", begin,
                ", ", end, ") are out of range");
+  // A part cannot be checked on its own: the whole tensor is, once.
+  if (impl_->verify && entry.has_checksum && (begin != 0 || end != numel)) verify(key);
   at::Tensor out = at::empty({end - begin}, at::TensorOptions().dtype(entry.spec.dtype));
   const uint64_t item = c10::elementSize(entry.spec.dtype);
   const uint64_t size = static_cast<uint64_t>(end - begin) * item;
@@ -429,6 +541,10 @@ at::Tensor SafetensorsFile::load_flat(const std::string& key, int64_t begin, int
   STRATA_CHECK(got == size, CheckpointError, "[checkpoint] ", impl_->path, ": tensor '", key,
                "' elements [", begin, ", ", end, ") need ", size, " bytes but the file ended after ",
                got, " of them (truncated after it was opened?)");
+  if (impl_->verify && entry.has_checksum && begin == 0 && end == numel) {
+    const uint64_t actual = xxh64(out.data_ptr(), size);
+    if (actual != entry.checksum) checksum_mismatch(impl_->path, entry, actual);
+  }
   return out;
 }
 

@@ -23,6 +23,8 @@
 #include <system_error>
 
 #include "strata/checkpoint/directory.h"
+#include "strata/checkpoint/input.h"
+#include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 
 namespace strata::checkpoint {
@@ -104,8 +106,8 @@ at::Tensor shard_of(const at::Tensor& full, int world, int rank) {
 
 // ---- StateReader: opening ---------------------------------------------------------
 
-StateReader StateReader::open(const std::string& path) {
-  CheckpointReader ckpt = CheckpointReader::open(path);
+StateReader StateReader::open(const std::string& path, const ReadOptions& options) {
+  CheckpointReader ckpt = CheckpointReader::open(path, options);
   StateReader reader;
   reader.path_ = ckpt.path();
   reader.metadata_ = ckpt.metadata();
@@ -132,25 +134,108 @@ StateReader StateReader::open(const std::string& path) {
     type = meta["state_dict_type"].get<std::string>();
   }
   if (type == "full") {
-    reader.open_full();
+    reader.open_full(options);
   } else if (type == "sharded") {
     STRATA_CHECK(meta.contains("world_size"), CheckpointError, "[checkpoint] ", meta_path,
                  ": a sharded checkpoint needs \"world_size\" (the number of rank files)");
     reader.sharded_ = true;
-    reader.open_sharded();
+    reader.open_sharded(options);
   } else {
     throw CheckpointError(cat("[checkpoint] ", meta_path, ": \"state_dict_type\" is '", type,
                               "', expected 'full' or 'sharded' (written by a newer strata?)"));
   }
+  reader.check_entries();
   return reader;
 }
 
-void StateReader::open_full() {
+namespace {
+
+// Fields of a value entry that count something; see checked_counter.
+const char* const kCounterFields[] = {"step", "epoch", "position", "global_step"};
+
+bool is_listed(const nlohmann::json& meta, const std::string& file) {
+  for (const auto& f : meta["files"])
+    if (f.is_string() && f.get_ref<const std::string&>() == file) return true;
+  return false;
+}
+
+}  // namespace
+
+// Note [Entries are checked on open]
+// The strategies read "entries" and the values in them (the step, the
+// loader's epoch and position) as they restore a state; a hostile value
+// there would reach a training loop as a step of 2^63 or a negative epoch.
+// So open() checks every entry's shape and every counter's range, and that
+// each optimizer's JSON agrees with the tensors stored under its key,
+// before anything is handed out.
+void StateReader::check_entries() const {
+  const std::string meta_path = path_ + "/" + kMetadataFile;
+  for (const auto& [key, entry] : entries_.items()) {
+    const std::string field = cat("entries['", key, "']");
+    STRATA_CHECK(entry.is_object() && entry.contains("kind") && entry["kind"].is_string(),
+                 CheckpointError, "[checkpoint] ", meta_path, ": ", field, " is ",
+                 entry.dump().substr(0, 200), "; expected {\"kind\": ..., ...}");
+    const std::string kind = entry["kind"].get<std::string>();
+    if (kind == "value") {
+      STRATA_CHECK(entry.contains("value"), CheckpointError, "[checkpoint] ", meta_path, ": ",
+                   field, " has no \"value\"");
+      const nlohmann::json& value = entry["value"];
+      for (const char* counter : kCounterFields) {
+        if (key == counter) checked_counter(value, meta_path, field + ".value");
+        if (value.is_object() && value.contains(counter))
+          checked_counter(value[counter], meta_path, cat(field, ".value.", counter));
+      }
+    } else if (kind == "optimizer") {
+      STRATA_CHECK(entry.contains("state"), CheckpointError, "[checkpoint] ", meta_path, ": ",
+                   field, " has no \"state\"");
+      const std::vector<std::string> stored = names_under(key);
+      validate_optimizer_state(entry["state"], stored, meta_path, field + ".state");
+      // A state tensor has its parameter's shape (a transposed record in
+      // either is caught here, whichever strategy loads it).
+      for (const auto& [pname, pstate] : entry["state"]["state"].items()) {
+        for (const auto& [mkey, mentry] : entries_.items()) {
+          if (!mentry.is_object() || mentry.value("kind", "") != "module") continue;
+          const std::string param = mkey + "/" + pname;
+          if (!contains(param)) continue;
+          for (const auto& t : pstate["tensors"]) {
+            const std::string name = key + "/" + pname + "." + t.get<std::string>();
+            STRATA_CHECK(shape(name) == shape(param), CheckpointError, "[checkpoint] ", path_,
+                         ": tensor '", name, "' has shape ", shape_string(shape(name)),
+                         " but its parameter '", param, "' has shape ", shape_string(shape(param)));
+          }
+        }
+      }
+    } else if (kind == "module" || kind == "tensor") {
+      if (kind == "tensor")
+        STRATA_CHECK(contains(key), CheckpointError, "[checkpoint] ", meta_path, ": ", field,
+                     " is a tensor entry but the checkpoint holds no tensor '", key, "'");
+    } else {
+      throw CheckpointError(cat("[checkpoint] ", meta_path, ": ", field, ".kind is '", kind,
+                                "'; expected module, optimizer, tensor or value"));
+    }
+  }
+}
+
+size_t StateReader::verify_checksums() const {
+  size_t checked = 0;
+  for (const SafetensorsFile& file : files_) {
+    if (!file.has_checksums()) continue;
+    for (const std::string& key : file.keys()) {
+      file.verify(key);
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+void StateReader::open_full(const ReadOptions& options) {
   const std::string file = path_ + "/" + kFullStateFile;
   std::error_code ec;
-  STRATA_CHECK(fs::exists(file, ec), CheckpointError, "[checkpoint] ", path_, " has no ",
-               kFullStateFile, " (written by another strategy's sharded layout?)");
-  files_.push_back(SafetensorsFile::open(file));
+  STRATA_CHECK(fs::exists(fs::symlink_status(file, ec)), CheckpointError, "[checkpoint] ", path_,
+               " has no ", kFullStateFile, " (written by another strategy's sharded layout?)");
+  STRATA_CHECK(is_listed(metadata_, kFullStateFile), CheckpointError, "[checkpoint] ", path_, "/",
+               kMetadataFile, ": \"files\" does not list ", kFullStateFile);
+  files_.push_back(SafetensorsFile::open(file, options));
   for (const std::string& name : files_[0].keys()) {
     const TensorSpec& spec = files_[0].info(name).spec;
     records_[name] = Record{spec.shape, spec.dtype, /*sharded=*/false, spec.numel()};
@@ -158,7 +243,7 @@ void StateReader::open_full() {
   }
 }
 
-void StateReader::open_sharded() {
+void StateReader::open_sharded(const ReadOptions& options) {
   const std::string meta_path = path_ + "/" + kMetadataFile;
   const int world = world_size_;
 
@@ -167,7 +252,10 @@ void StateReader::open_sharded() {
                "[checkpoint] ", meta_path,
                ": a sharded checkpoint needs a \"tensors\" object (each tensor's shape, dtype and "
                "whether it is sharded)");
-  for (const auto& [name, value] : metadata_["tensors"].items()) {
+  for (const auto& item : metadata_["tensors"].items()) {
+    // Not a structured binding: a lambda may not capture one in C++17.
+    const std::string& name = item.key();
+    const nlohmann::json& value = item.value();
     auto bad = [&](const std::string& why) {
       return CheckpointError(cat("[checkpoint] ", meta_path, ": \"tensors\" entry '", name, "' ",
                                  why));
@@ -178,10 +266,19 @@ void StateReader::open_sharded() {
                     "\"sharded\": true|false}"));
     Record record;
     if (!value["shape"].is_array()) throw bad(cat("has shape ", value["shape"].dump()));
+    // Bounded like a safetensors header's shapes: no dimension and no
+    // product of the non-zero ones above 2^62, at most 64 dimensions.
+    if (value["shape"].size() > 64) throw bad(cat("has ", value["shape"].size(), " dimensions"));
+    uint64_t nonzero = 1;
     for (const auto& d : value["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 ||
+          (d.is_number_unsigned() && d.get<uint64_t>() > (uint64_t(1) << 62)))
         throw bad(cat("has shape ", value["shape"].dump(), "; expected non-negative sizes"));
-      record.shape.push_back(d.get<int64_t>());
+      const uint64_t size = d.get<uint64_t>();
+      if (size != 0 && nonzero > (uint64_t(1) << 62) / size)
+        throw bad(cat("has shape ", value["shape"].dump(), ", too large to exist"));
+      if (size != 0) nonzero *= size;
+      record.shape.push_back(static_cast<int64_t>(size));
     }
     if (!value["dtype"].is_string()) throw bad(cat("has dtype ", value["dtype"].dump()));
     try {
@@ -199,9 +296,12 @@ void StateReader::open_sharded() {
   for (int rank = 0; rank < world; ++rank) {
     const std::string file = shard_file_name(rank, world);
     std::error_code ec;
-    STRATA_CHECK(fs::exists(path_ + "/" + file, ec), CheckpointError, "[checkpoint] ", path_, ": ",
-                 file, " is missing (rank ", rank, " of ", world, " did not save?)");
-    files_.push_back(SafetensorsFile::open(path_ + "/" + file));
+    STRATA_CHECK(fs::exists(fs::symlink_status(path_ + "/" + file, ec)), CheckpointError,
+                 "[checkpoint] ", path_, ": ", file, " is missing (rank ", rank, " of ", world,
+                 " did not save?)");
+    STRATA_CHECK(is_listed(metadata_, file), CheckpointError, "[checkpoint] ", meta_path,
+                 ": \"files\" does not list ", file, " (rank ", rank, " of ", world, ")");
+    files_.push_back(SafetensorsFile::open(path_ + "/" + file, options));
   }
 
   // The files agree with the records, checked in file order so the first

@@ -10,11 +10,14 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <cmath>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <unordered_map>
 
+#include "strata/checkpoint/input.h"
 #include "strata/core/error.h"
 
 namespace strata::checkpoint {
@@ -272,6 +275,129 @@ const std::string& name_of(const ParamNames& names, const at::Tensor& param, siz
 
 }  // namespace
 
+void validate_optimizer_state(const nlohmann::json& j, const std::vector<std::string>& tensor_names,
+                              const std::string& where, const std::string& field) {
+  auto fail = [&](const std::string& at, const std::string& why) {
+    throw CheckpointError(cat("[checkpoint] ", where, ": ", field, at, ": ", why));
+  };
+  if (!j.is_object()) fail("", cat("is ", j.type_name(), "; expected an object with type, param_groups, state"));
+  for (const char* key : {"type", "param_groups", "state"})
+    if (!j.contains(key)) fail("", cat("has no \"", key, "\""));
+  for (const auto& [key, value] : j.items())
+    if (key != "type" && key != "param_groups" && key != "state")
+      fail(cat(".", key), "is not an optimizer-state field (expected type, param_groups, state)");
+  if (!j["type"].is_string()) fail(".type", cat("is ", j["type"].dump(), "; expected a string"));
+  const std::string type = j["type"].get<std::string>();
+  if (type != "sgd" && type != "adam" && type != "adamw")
+    fail(".type", cat("is '", type, "'; expected 'sgd', 'adam' or 'adamw'"));
+  const bool adam = type != "sgd";
+  if (!j["param_groups"].is_array()) fail(".param_groups", "is not an array");
+  if (!j["state"].is_object()) fail(".state", "is not an object");
+
+  // Options: exactly the type's, each in range.
+  auto number = [&](const nlohmann::json& options, const std::string& at, const char* name,
+                    double lo, double hi, bool hi_open) {
+    if (!options.contains(name)) fail(at, cat("has no \"", name, "\""));
+    const nlohmann::json& v = options[name];
+    const double x = v.is_number() ? v.get<double>() : std::nan("");
+    if (!v.is_number() || !std::isfinite(x) || x < lo || x > hi || (hi_open && x == hi))
+      fail(cat(at, ".", name), cat("is ", v.dump(), "; expected a number in [", lo, ", ", hi,
+                                   hi_open ? ")" : "]"));
+    return x;
+  };
+  auto boolean = [&](const nlohmann::json& options, const std::string& at, const char* name) {
+    if (!options.contains(name) || !options[name].is_boolean())
+      fail(cat(at, ".", name), cat("is ", options.value(name, nlohmann::json()).dump(), "; expected true or false"));
+    return options[name].get<bool>();
+  };
+  constexpr double kHuge = 1e30;
+  std::map<std::string, bool> amsgrad_of;  // parameter -> its group's amsgrad
+  for (size_t g = 0; g < j["param_groups"].size(); ++g) {
+    const nlohmann::json& group = j["param_groups"][g];
+    const std::string at = cat(".param_groups[", g, "]");
+    if (!group.is_object() || !group.contains("params") || !group["params"].is_array() ||
+        !group.contains("options") || !group["options"].is_object())
+      fail(at, "expected {\"params\": [names], \"options\": {...}}");
+    const nlohmann::json& o = group["options"];
+    const std::string oat = at + ".options";
+    std::set<std::string> known;
+    bool amsgrad = false;
+    number(o, oat, "lr", 0, kHuge, false);
+    number(o, oat, "weight_decay", 0, kHuge, false);
+    if (adam) {
+      if (!o.contains("betas") || !o["betas"].is_array() || o["betas"].size() != 2)
+        fail(oat + ".betas", cat("is ", o.value("betas", nlohmann::json()).dump(), "; expected [beta1, beta2]"));
+      for (size_t b = 0; b < 2; ++b) {
+        const nlohmann::json& beta = o["betas"][b];
+        const double x = beta.is_number() ? beta.get<double>() : std::nan("");
+        if (!beta.is_number() || !std::isfinite(x) || x < 0 || x >= 1)
+          fail(cat(oat, ".betas[", b, "]"), cat("is ", beta.dump(), "; expected a number in [0, 1)"));
+      }
+      number(o, oat, "eps", 0, kHuge, false);
+      amsgrad = boolean(o, oat, "amsgrad");
+      known = {"lr", "betas", "eps", "weight_decay", "amsgrad"};
+    } else {
+      const double momentum = number(o, oat, "momentum", 0, kHuge, false);
+      const double dampening = number(o, oat, "dampening", -kHuge, kHuge, false);
+      if (boolean(o, oat, "nesterov") && (momentum <= 0 || dampening != 0))
+        fail(oat + ".nesterov", "is true, which needs momentum > 0 and dampening 0");
+      known = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+    }
+    for (const auto& [key, value] : o.items())
+      if (!known.count(key)) fail(cat(oat, ".", key), cat("is not a ", type, " option"));
+    for (size_t i = 0; i < group["params"].size(); ++i) {
+      const nlohmann::json& name = group["params"][i];
+      if (!name.is_string()) fail(cat(at, ".params[", i, "]"), cat("is ", name.dump(), "; expected a parameter name"));
+      if (!amsgrad_of.emplace(name.get<std::string>(), amsgrad).second)
+        fail(cat(at, ".params[", i, "]"), cat("names '", name.get<std::string>(), "', already in a param group"));
+    }
+  }
+
+  // Per-parameter state: a known parameter, known tensors, a valid step.
+  std::set<std::string> expected;
+  for (const auto& [name, entry] : j["state"].items()) {
+    const std::string at = cat(".state['", name, "']");
+    auto param = amsgrad_of.find(name);
+    if (param == amsgrad_of.end())
+      fail(at, "names no parameter of param_groups (renamed or from another model?); its state would be lost");
+    if (!entry.is_object() || !entry.contains("tensors") || !entry["tensors"].is_array())
+      fail(at, cat("is ", entry.dump().substr(0, 200), "; expected {\"tensors\": [...]", adam ? ", \"step\": N}" : "}"));
+    std::set<std::string> allowed = adam ? std::set<std::string>{"exp_avg", "exp_avg_sq"}
+                                         : std::set<std::string>{"momentum_buffer"};
+    if (adam && param->second) allowed.insert("max_exp_avg_sq");
+    std::set<std::string> listed;
+    for (const auto& t : entry["tensors"]) {
+      if (!t.is_string() || !allowed.count(t.get<std::string>()))
+        fail(at + ".tensors", cat("lists ", t.dump(), ", not a ", type, " state tensor",
+                                  adam && !param->second ? " (max_exp_avg_sq needs amsgrad)" : ""));
+      if (!listed.insert(t.get<std::string>()).second)
+        fail(at + ".tensors", cat("lists ", t.dump(), " twice"));
+      expected.insert(name + "." + t.get<std::string>());
+    }
+    if (adam) {
+      for (const char* needed : {"exp_avg", "exp_avg_sq"})
+        if (!listed.count(needed)) fail(at + ".tensors", cat("lacks '", needed, "'"));
+      if (!entry.contains("step")) fail(at, "has no \"step\"");
+      checked_counter(entry["step"], where, cat(field, at, ".step"));
+    }
+    for (const auto& [key, value] : entry.items())
+      if (key != "tensors" && !(adam && key == "step"))
+        fail(cat(at, ".", key), cat("is not a ", type, " state field"));
+  }
+  std::set<std::string> stored(tensor_names.begin(), tensor_names.end());
+  std::vector<std::string> orphans, absent;
+  for (const std::string& name : stored)
+    if (!expected.count(name)) orphans.push_back(name);
+  for (const std::string& name : expected)
+    if (!stored.count(name)) absent.push_back(name);
+  if (!orphans.empty())
+    fail(".state", cat(plural(orphans.size(), "stored tensor"), " match no parameter's state: ",
+                       key_list(orphans), " (orphaned optimizer state)"));
+  if (!absent.empty())
+    fail(".state", cat("tensor '", absent[0], "' is listed in the state but missing",
+                       absent.size() > 1 ? cat(" (and ", absent.size() - 1, " more)") : std::string()));
+}
+
 OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer, const ParamNames& names) {
   const std::string source = "optimizer state";
   const OptimizerKind kind = kind_of(optimizer, source);
@@ -310,11 +436,11 @@ LoadReport load_optimizer_state(torch::optim::Optimizer& optimizer, const ParamN
                                 const std::string& source) {
   const OptimizerKind kind = kind_of(optimizer, source);
   const nlohmann::json& j = state.json;
-  STRATA_CHECK(j.is_object() && j.contains("type") && j["type"].is_string() &&
-                   j.contains("param_groups") && j["param_groups"].is_array() &&
-                   j.contains("state") && j["state"].is_object(),
-               CheckpointError, "[checkpoint] ", source,
-               ": not optimizer state (expected a JSON object with type, param_groups, state)");
+  {
+    std::vector<std::string> names_stored;
+    for (const auto& [name, tensor] : state.tensors) names_stored.push_back(name);
+    validate_optimizer_state(j, names_stored, source, "optimizer state");
+  }
   const std::string type = j["type"].get<std::string>();
   STRATA_CHECK(type == kind_name(kind), CheckpointError, "[checkpoint] ", source, ": holds '",
                type, "' optimizer state but the optimizer is '", kind_name(kind), "'");
@@ -356,9 +482,14 @@ LoadReport load_optimizer_state(torch::optim::Optimizer& optimizer, const ParamN
           auto it = tensors.find(key);
           STRATA_CHECK(it != tensors.end(), CheckpointError, "[checkpoint] ", source,
                        ": tensor '", key, "' is listed in the state but missing");
-          STRATA_CHECK(it->second.sizes() == param.sizes(), CheckpointError, "[checkpoint] ",
-                       source, ": tensor '", key, "' has shape ", shape_string(it->second.sizes()),
+          STRATA_CHECK(it->second.defined() && it->second.sizes() == param.sizes(), CheckpointError,
+                       "[checkpoint] ", source, ": tensor '", key, "' has shape ",
+                       it->second.defined() ? shape_string(it->second.sizes()) : std::string("(undefined)"),
                        " but parameter '", name, "' has shape ", shape_string(param.sizes()));
+          STRATA_CHECK(it->second.scalar_type() == param.scalar_type(), CheckpointError,
+                       "[checkpoint] ", source, ": tensor '", key, "' has dtype ",
+                       c10::toString(it->second.scalar_type()), " but parameter '", name,
+                       "' has dtype ", c10::toString(param.scalar_type()));
           fields[field.get<std::string>()] =
               it->second.to(param.device(), /*non_blocking=*/false, /*copy=*/true);
         }
@@ -375,6 +506,12 @@ LoadReport load_optimizer_state(torch::optim::Optimizer& optimizer, const ParamN
                               e.what(), ")"));
   }
   if (strict) check_strict(report, source, "the optimizer's parameter names");
+  if (!strict && !report.ok())
+    warn(cat(source, ": non-strict load of optimizer state skipped ",
+             report.unexpected.empty() ? std::string("no") : key_list(report.unexpected),
+             " (saved, no such parameter here) and left ",
+             report.missing.empty() ? std::string("no") : key_list(report.missing),
+             " (parameters here, nothing saved) without state"));
 
   // Pass 2: apply (options may still throw on malformed JSON; check first).
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
@@ -406,18 +543,30 @@ at::Tensor cpu_rng_state() {
   return generator.get_state();
 }
 
-void set_cpu_rng_state(const at::Tensor& state) {
+void set_cpu_rng_state(const at::Tensor& state, const std::string& source) {
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   const int64_t expected = generator.get_state().numel();
   STRATA_CHECK(state.defined() && state.scalar_type() == at::kByte && state.dim() == 1 &&
                    state.numel() == expected,
-               CheckpointError, "[checkpoint] CPU RNG state must be a 1-D uint8 tensor of ",
+               CheckpointError, "[checkpoint] ", source, ": CPU RNG state must be a 1-D uint8 tensor of ",
                expected, " bytes, got ",
                state.defined() ? cat(c10::toString(state.scalar_type()), " ",
                                      shape_string(state.sizes()))
                                : std::string("an undefined tensor"));
-  generator.set_state(state.cpu().contiguous());
+  // The generator checks the contents (an all-zero state is refused as
+  // "Invalid mt19937 state"); report that as a checkpoint error.
+  const at::Tensor previous = generator.get_state();
+  try {
+    generator.set_state(state.cpu().contiguous());
+  } catch (const c10::Error& e) {
+    try {
+      generator.set_state(previous);
+    } catch (const c10::Error&) {
+    }
+    throw CheckpointError(cat("[checkpoint] ", source, ": not a valid CPU generator state (",
+                              e.what_without_backtrace(), ")"));
+  }
 }
 
 }  // namespace strata::checkpoint

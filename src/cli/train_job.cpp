@@ -17,6 +17,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,9 @@
 #include <sstream>
 
 #include "strata/checkpoint/atomic.h"
+#include "strata/checkpoint/directory.h"
+#include "strata/checkpoint/input.h"
+#include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 #include "strata/core/module_hooks.h"
@@ -380,17 +384,40 @@ std::string TrainConfig::checkpoint_layout() const {
   return strategy == "fsdp" ? "sharded" : "full";
 }
 
+// Note [Which checkpoint --resume latest takes]
+// Candidates are the directories "step-<digits>" (any width: step-100000000
+// and later are longer than the 8 digits step_name pads to), ordered by the
+// step number, newest first. The first that opens and verifies (metadata,
+// files, checksums: StateReader::open + verify_checksums) is taken; a newer
+// one that fails is reported and skipped, so one damaged save falls back to
+// the previous checkpoint instead of ending the run. Staging directories
+// left by killed saves are removed first (remove_stale_staging).
 std::string latest_checkpoint(const std::string& dir) {
-  std::string best;
   std::error_code ec;
-  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return best;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name.size() != 13 || name.rfind("step-", 0) != 0) continue;
-    if (!checkpoint::is_complete(entry.path().string())) continue;
-    if (best.empty() || name > std::filesystem::path(best).filename().string()) best = entry.path().string();
+  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return "";
+  try {
+    checkpoint::remove_stale_staging(dir);
+  } catch (const std::exception&) {
   }
-  return best;
+  std::vector<std::pair<uint64_t, std::string>> candidates;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() < 6 || name.size() > 5 + 19 || name.rfind("step-", 0) != 0) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (!checkpoint::is_complete(entry.path().string())) continue;
+    candidates.emplace_back(std::stoull(name.substr(5)), entry.path().string());
+  }
+  std::sort(candidates.begin(), candidates.end(), std::greater<>());
+  for (const auto& [step, path] : candidates) {
+    try {
+      checkpoint::StateReader::open(path).verify_checksums();
+      return path;
+    } catch (const CheckpointError& e) {
+      checkpoint::warn(::strata::detail::cat("--resume latest: skipping ", path, ", which fails verification (",
+                                             e.what(), "); falling back to the previous checkpoint"));
+    }
+  }
+  return "";
 }
 
 int run_train(const TrainConfig& config) {

@@ -16,10 +16,12 @@
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "strata/core/error.h"
@@ -74,25 +76,43 @@ nlohmann::json Fabric::spawn_workers() {
                ": a multi-node job is started by a launcher on every host, e.g. `strata launch --nnodes ",
                options_.num_nodes, " --node-rank R --master-addr HOST --master-port PORT -n ", options_.devices,
                " -- PROGRAM`");
-  std::filesystem::path result_file = std::filesystem::temp_directory_path() /
-                                      ("strata-fabric-result-" + std::to_string(::getpid()) + ".json");
-  std::filesystem::remove(result_file);
+  // Note [The result file]
+  // Rank 0 returns its result through a file. It lives in a folder made by
+  // mkdtemp (mode 0700, an unguessable name), never at a predictable name
+  // in the shared temp folder where another user could plant a symbolic
+  // link; the worker creates it with O_EXCL | O_NOFOLLOW.
+  std::string folder = (std::filesystem::temp_directory_path() / "strata-fabric-XXXXXX").string();
+  STRATA_CHECK(::mkdtemp(folder.data()) != nullptr, LaunchError, "[fabric] cannot create a private temp folder ",
+               folder, ": ", ::strata::detail::errno_string(errno));
+  const std::filesystem::path result_file = std::filesystem::path(folder) / "result.json";
+  auto cleanup = [&] {
+    std::error_code ec;
+    std::filesystem::remove_all(folder, ec);
+  };
   runtime::LaunchOptions launch_options;
   launch_options.nproc_per_node = options_.devices;
   launch_options.extra_env[kResultVar] = result_file.string();
-  runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), launch_options);
+  runtime::LaunchResult result;
+  try {
+    result = runtime::launch_workers(runtime::current_command_line(), launch_options);
+  } catch (...) {
+    cleanup();
+    throw;
+  }
   if (result.exit_code != 0) {
-    std::filesystem::remove(result_file);
+    cleanup();
     throw LaunchError("[fabric] the workers failed: " + result.summary);
   }
   nlohmann::json value = nullptr;
   std::ifstream in(result_file);
   if (in) {
     value = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    STRATA_CHECK(!value.is_discarded(), LaunchError, "[fabric] rank 0's result file ", result_file.string(),
-                 " is not valid JSON");
+    if (value.is_discarded()) {
+      cleanup();
+      throw LaunchError("[fabric] rank 0's result file " + result_file.string() + " is not valid JSON");
+    }
   }
-  std::filesystem::remove(result_file);
+  cleanup();
   return value;
 }
 
@@ -109,11 +129,20 @@ void Fabric::leave_worker(const nlohmann::json& result) {
   if (is_global_zero()) {
     std::string path = std::getenv(kResultVar);
     std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << result.dump();
-      STRATA_CHECK(out.good(), LaunchError, "[fabric] cannot write the result to ", tmp);
+    const std::string text = result.dump();
+    // O_EXCL | O_NOFOLLOW: never write through a name someone else made.
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    STRATA_CHECK(fd >= 0, LaunchError, "[fabric] cannot create the result file ", tmp, ": ",
+                 ::strata::detail::errno_string(errno));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
     }
+    ::close(fd);
+    STRATA_CHECK(done == text.size(), LaunchError, "[fabric] cannot write the result to ", tmp);
     std::filesystem::rename(tmp, path);
   }
   strategy_->teardown();

@@ -80,7 +80,10 @@ TEST_F(SafetensorsTest, WritesThePublicLayoutWithAnAlignedHeader) {
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[i])) << (8 * i);
   EXPECT_EQ((8 + n) % 8, 0u);
   const auto header = nlohmann::json::parse(bytes.substr(8, n));
-  EXPECT_EQ(header["__metadata__"], nlohmann::json({{"k", "v"}}));
+  // The caller's metadata, plus one XXH64 (16 hex digits) per tensor.
+  EXPECT_EQ(header["__metadata__"].size(), 2u);
+  EXPECT_EQ(header["__metadata__"]["k"], "v");
+  EXPECT_EQ(header["__metadata__"]["strata.xxh64"].get<std::string>().size() % 16, 0u);
   EXPECT_EQ(header["b"], nlohmann::json({{"dtype", "I32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}));
   EXPECT_EQ(header["a"], nlohmann::json({{"dtype", "I16"}, {"shape", {1}}, {"data_offsets", {8, 10}}}));
   EXPECT_EQ(bytes.size(), 8 + n + 10);
@@ -324,7 +327,10 @@ TEST_F(SafetensorsTest, PythonStandardLibraryReaderSeesTheSameValues) {
   ASSERT_EQ(::pclose(pipe), 0) << output;
   const auto result = nlohmann::json::parse(output);
 
-  EXPECT_EQ(result["metadata"], nlohmann::json({{"epoch", "2"}}));
+  nlohmann::json metadata = result["metadata"];
+  EXPECT_TRUE(metadata.contains("strata.xxh64"));  // the checksums, a string like any other
+  metadata.erase("strata.xxh64");
+  EXPECT_EQ(metadata, nlohmann::json({{"epoch", "2"}}));
   ASSERT_EQ(result["tensors"].size(), tensors.size());
   for (const auto& [name, tensor] : tensors) {
     SCOPED_TRACE(name);

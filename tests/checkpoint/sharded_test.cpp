@@ -108,13 +108,13 @@ Fixture training_state() {
                {"model/counts", at::tensor({int64_t(1) << 40, int64_t(-3), int64_t(0), int64_t(9)})},
                {"model/running_mean", at::randn({5})},
                {"optimizer/fc.weight.momentum_buffer", at::randn({5, 3})},
-               {"optimizer/steps", at::arange(11, at::kLong)},
+               {"optimizer/steps.momentum_buffer", at::arange(11, at::kLong)},
                {"rng", at::randint(0, 255, {16}, at::kByte)}};
   f.whole = {"model/counts", "model/running_mean", "rng"};
   f.extra = {{"strategy", "fsdp"},
              {"entries",
               {{"model", {{"kind", "module"}}},
-               {"optimizer", {{"kind", "optimizer"}, {"state", {{"type", "sgd"}}}}},
+               {"optimizer", {{"kind", "optimizer"}, {"state", testing::sgd_state({"fc.weight", "steps"})}}},
                {"rng", {{"kind", "tensor"}}},
                {"step", {{"kind", "value"}, {"value", 42}}}}}};
   return f;
@@ -157,7 +157,7 @@ TEST_P(ShardedCheckpointTest, FullReassemblesEveryTensorWrittenByTheRanks) {
   EXPECT_EQ(reader.names_under("model"),
             (std::vector<std::string>{"fc.weight", "fc.bias", "scale", "one", "emb", "empty", "counts",
                                       "running_mean"}));
-  EXPECT_EQ(reader.names_under("optimizer"), (std::vector<std::string>{"fc.weight.momentum_buffer", "steps"}));
+  EXPECT_EQ(reader.names_under("optimizer"), (std::vector<std::string>{"fc.weight.momentum_buffer", "steps.momentum_buffer"}));
   EXPECT_TRUE(reader.names_under("step").empty());
   EXPECT_TRUE(reader.contains("rng"));
   EXPECT_FALSE(reader.contains("model"));
@@ -263,7 +263,7 @@ TEST_F(StateReaderTest, ReadsAFullCheckpointAndReshardsIt) {
   EXPECT_EQ(two.metadata()["resharded_from"], 4);
   expect_same_state(two, f);
   EXPECT_TRUE(two.is_sharded("model/running_mean"));
-  EXPECT_TRUE(two.is_sharded("optimizer/steps"));
+  EXPECT_TRUE(two.is_sharded("optimizer/steps.momentum_buffer"));
   EXPECT_FALSE(two.is_sharded("rng"));
 
   // A checkpoint without metadata fields reads as full, world 1.

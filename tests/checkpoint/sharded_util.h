@@ -17,6 +17,19 @@ namespace strata::checkpoint::testing {
 /// The tensors rank `rank` of `world` stores for the full tensors
 /// `tensors`: each tensor's slice (shard_of), and on rank 0 also the
 /// tensors named in `whole`, with their full shape.
+/// SGD optimizer state (as optimizer_state() writes it) for one param group
+/// over `params`, each with a momentum buffer.
+inline nlohmann::json sgd_state(const std::vector<std::string>& params) {
+  nlohmann::json state = nlohmann::json::object();
+  for (const std::string& p : params) state[p] = {{"tensors", {"momentum_buffer"}}};
+  return {{"type", "sgd"},
+          {"param_groups",
+           {{{"params", params},
+             {"options",
+              {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.0}, {"nesterov", false}}}}}},
+          {"state", state}};
+}
+
 inline NamedTensors rank_file_tensors(const NamedTensors& tensors,
                                       const std::set<std::string>& whole, int world, int rank) {
   NamedTensors out;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -84,7 +85,7 @@ class CkptCommandTest : public testing::ScratchDir {
                 {"rng", at::randint(0, 255, {5}, at::kByte)}};
     whole_ = {"model/n", "rng"};
     entries_ = {{"model", {{"kind", "module"}}},
-                {"optimizer", {{"kind", "optimizer"}, {"state", {{"type", "sgd"}}}}},
+                {"optimizer", {{"kind", "optimizer"}, {"state", testing::sgd_state({"w"})}}},
                 {"rng", {{"kind", "tensor"}}},
                 {"step", {{"kind", "value"}, {"value", 42}}}};
     testing::write_sharded_by_rank(path("ckpt"), 2, tensors_, whole_,
@@ -232,6 +233,36 @@ TEST_F(CkptCommandTest, BadPathsAndValuesGiveClearErrors) {
   EXPECT_EQ(lost.err, "strata: error: [checkpoint] " + path("ckpt") +
                           ": shard-00001-of-00002.safetensors is missing (rank 1 of 2 did not save?)\n");
   EXPECT_FALSE(std::filesystem::exists(path("out")));
+}
+
+TEST_F(CkptCommandTest, VerifyChecksEveryTensorAndNamesTheDamagedOne) {
+  Outcome good = strata({"ckpt", "verify", path("ckpt")});
+  EXPECT_EQ(good.status, 0) << good.err;
+  EXPECT_EQ(good.out, "verified " + path("ckpt") + " (sharded, world size 2): 2 files, 8 tensors, every "
+                      "checksum matches\n");
+
+  const std::string file = path("ckpt/shard-00001-of-00002.safetensors");
+  std::string bytes = read_text(file);
+  bytes[bytes.size() - 1] ^= 0x20;  // the last data byte of rank 1's file
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string before = read_text(file);
+  Outcome bad = strata({"ckpt", "verify", path("ckpt")});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_THAT(bad.err, HasSubstr("strata: error: [checkpoint] " + file + ": tensor 'optimizer/w.momentum_buffer': "
+                                 "checksum mismatch: the file records xxh64 "));
+  EXPECT_EQ(read_text(file), before);
+}
+
+TEST_F(CkptCommandTest, AFifoInPlaceOfMetadataIsRefusedNotWaitedOn) {
+  const std::string meta = path("ckpt/metadata.json");
+  std::filesystem::remove(meta);
+  ASSERT_EQ(::mkfifo(meta.c_str(), 0644), 0);
+  for (const char* command : {"inspect", "verify"}) {
+    Outcome fifo = strata({"ckpt", command, path("ckpt")});
+    EXPECT_EQ(fifo.status, 1);
+    EXPECT_EQ(fifo.err, "strata: error: [checkpoint] " + meta +
+                            ": is a FIFO, not a regular file; checkpoint files must be regular files\n");
+  }
 }
 
 TEST_F(CkptCommandTest, HelpDescribesEachCommand) {

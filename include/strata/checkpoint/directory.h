@@ -27,6 +27,16 @@ inline constexpr const char* kCheckpointFormat = "strata-checkpoint";
 inline constexpr int kCheckpointVersion = 1;
 /// Name of the metadata file inside a checkpoint directory.
 inline constexpr const char* kMetadataFile = "metadata.json";
+/// Name of the file inside a staging directory that says which process
+/// (host and pid) is writing it; removed before the save is published.
+inline constexpr const char* kStagingOwner = ".staging-owner";
+
+/// Removes the staging directories ("NAME.tmp-<pid>-<n>") in `dir` left by
+/// interrupted saves: those whose owner file names this host and a process
+/// that no longer runs. Returns the paths removed. Never removes a
+/// directory without an owner file, another host's, or a live process's.
+/// CheckpointWriter::begin calls it on the checkpoint's parent directory.
+std::vector<std::string> remove_stale_staging(const std::string& dir);
 
 /// Builds a checkpoint directory. One process begins the save (begin()),
 /// every process that contributes files writes them into staging_dir()
@@ -99,7 +109,11 @@ class CheckpointReader {
   /// or of a newer version. When `path` is missing but an interrupted
   /// replacement left the previous complete checkpoint aside
   /// ("PATH.old-<pid>-<n>"), that one is opened (see docs/checkpoints.md).
-  static CheckpointReader open(const std::string& path);
+  /// Only regular files are read (input.h); metadata.json is parsed within
+  /// metadata_json_limits(); every name in "files" must be a plain
+  /// ".safetensors" name inside `path`, listed once. `options` apply to
+  /// every file opened through open_file().
+  static CheckpointReader open(const std::string& path, const ReadOptions& options = {});
 
   /// The whole metadata.json object.
   const nlohmann::json& metadata() const { return metadata_; }
@@ -117,6 +131,7 @@ class CheckpointReader {
  private:
   std::string path_;
   nlohmann::json metadata_;
+  ReadOptions options_;
 };
 
 }  // namespace strata::checkpoint

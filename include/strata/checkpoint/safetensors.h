@@ -60,6 +60,18 @@ struct TensorInfo {
   TensorSpec spec;
   uint64_t begin = 0;
   uint64_t end = 0;
+  bool has_checksum = false;  ///< the file carries an XXH64 of its bytes
+  uint64_t checksum = 0;      ///< that XXH64 (checksum.h)
+};
+
+/// How a reader treats the checksums a file carries (checksum.h).
+struct ReadOptions {
+  /// Compare every tensor read with its checksum; a mismatch is a
+  /// CheckpointError naming the file and the tensor. The default is true
+  /// unless the environment sets STRATA_CKPT_VERIFY=0.
+  bool verify_checksums = default_verify_checksums();
+  /// True unless the environment sets STRATA_CKPT_VERIFY=0.
+  static bool default_verify_checksums();
 };
 
 /// Writes one safetensors file, one tensor at a time.
@@ -121,7 +133,10 @@ class SafetensorsFile {
   /// CheckpointError naming the file, the key and the problem, e.g.
   /// "[checkpoint] model.safetensors: tensor 'fc.weight' needs bytes
   /// [0, 4096) of the data buffer but the file has only 1200 (truncated?)".
-  static SafetensorsFile open(const std::string& path);
+  /// Files written before checksums existed (no "strata.xxh64" in
+  /// "__metadata__") load unverified. The path must name a regular file,
+  /// not a symbolic link or a FIFO (input.h).
+  static SafetensorsFile open(const std::string& path, const ReadOptions& options = {});
 
   /// Tensor names in file order (by data offset; tensors of 0 bytes that
   /// share an offset are in name order).
@@ -141,7 +156,15 @@ class SafetensorsFile {
   at::Tensor load_flat(const std::string& key, int64_t begin, int64_t end) const;
   /// Reads every tensor, in file order.
   NamedTensors load_all() const;
-  /// The "__metadata__" map (empty when the file has none).
+  /// True when the file carries checksums for its tensors.
+  bool has_checksums() const;
+  /// Reads tensor `key`'s bytes and compares them with its checksum (even
+  /// when the file was opened without verification). Throws CheckpointError
+  /// "[checkpoint] FILE: tensor 'KEY': checksum mismatch ..." when they
+  /// differ; does nothing for a file without checksums.
+  void verify(const std::string& key) const;
+  /// The "__metadata__" map (empty when the file has none; the checksums
+  /// are not part of it).
   const Metadata& metadata() const;
   /// The path given to open().
   const std::string& path() const;

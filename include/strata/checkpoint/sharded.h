@@ -76,7 +76,24 @@ class StateReader {
   /// size differs from its slice, when "tensors" disagrees with the files,
   /// when a file is damaged (SafetensorsFile::open), or when a full
   /// checkpoint has no state.safetensors.
-  static StateReader open(const std::string& path);
+  ///
+  /// It also checks "entries" (each an object with a known "kind"; a value
+  /// entry has a "value", where counters, "step", "epoch", "position" and
+  /// "global_step" at its top or one level down, are integers from 0 to
+  /// 2^53-1; an optimizer entry's "state" passes validate_optimizer_state
+  /// against the tensors stored under its key, whose shapes must equal the
+  /// parameter's in any module entry), that every file it opens is listed in
+  /// "files", and every "tensors" record's shape (input.h). `options` say
+  /// whether tensors are verified against their checksums when read.
+  static StateReader open(const std::string& path, const ReadOptions& options = {});
+
+  /// Reads every tensor of every file once and compares it with its
+  /// checksum; returns the number of tensors checked (0 for a checkpoint
+  /// written before checksums). Throws CheckpointError naming the file and
+  /// the first tensor that differs.
+  size_t verify_checksums() const;
+  /// The files opened (state.safetensors, or one per rank).
+  const std::vector<SafetensorsFile>& files() const { return files_; }
 
   /// The directory read (see CheckpointReader::path).
   const std::string& path() const { return path_; }
@@ -119,8 +136,9 @@ class StateReader {
     int64_t numel = 0;
   };
   const Record& record(const std::string& name) const;
-  void open_full();
-  void open_sharded();
+  void open_full(const ReadOptions& options);
+  void open_sharded(const ReadOptions& options);
+  void check_entries() const;
 
   std::string path_;
   nlohmann::json metadata_;

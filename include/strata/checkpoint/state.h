@@ -69,15 +69,30 @@ struct OptimizerState {
 /// tensors alias the optimizer's (no copy).
 OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer, const ParamNames& names);
 
+/// Checks optimizer-state JSON, as optimizer_state() writes it, against the
+/// names of the state tensors stored with it (`tensor_names`, without any
+/// prefix), before anything uses it: the type is known; param-group
+/// parameter names are strings, each in one group only; options are the
+/// type's, finite and in range (lr, eps, weight_decay, momentum >= 0; each
+/// beta in [0, 1); nesterov only with momentum > 0 and dampening 0); every
+/// "state" entry names a parameter of a group, lists known tensors once
+/// (max_exp_avg_sq only with amsgrad) and, for Adam, a "step" from 0 to
+/// 2^53-1; every listed tensor is stored, and every stored tensor is listed
+/// (an orphaned tensor is an error, never silently dropped). Throws
+/// CheckpointError "[checkpoint] <where>: <field>...: ..." naming the field.
+void validate_optimizer_state(const nlohmann::json& state, const std::vector<std::string>& tensor_names,
+                              const std::string& where, const std::string& field);
+
 /// Restores `state` into `optimizer`, an optimizer of the same type built
 /// over parameters with the same names (possibly a different model object
 /// or process): param-group options are set, and per-parameter state is
 /// created or replaced (tensors copied to the parameter's device). Param
 /// groups must match in number; within them, with `strict`, a parameter
 /// name missing on either side is a CheckpointError listing them, otherwise
-/// it is reported. Throws CheckpointError for a type mismatch, an
-/// unsupported optimizer, a missing state tensor, or a state tensor whose
-/// shape differs from its parameter's. `source` names where the state came
+/// it is reported and a warning lists them (warn() in input.h). Throws
+/// CheckpointError for a type mismatch, an unsupported optimizer, state
+/// that fails validate_optimizer_state, or a state tensor whose shape or
+/// dtype differs from its parameter's. `source` names where the state came
 /// from, for messages.
 LoadReport load_optimizer_state(torch::optim::Optimizer& optimizer, const ParamNames& names,
                                 const OptimizerState& state, bool strict = true,
@@ -88,7 +103,8 @@ at::Tensor cpu_rng_state();
 
 /// Restores the default CPU generator's state from a tensor returned by
 /// cpu_rng_state(). Throws CheckpointError when it is not a uint8 tensor of
-/// the right size.
-void set_cpu_rng_state(const at::Tensor& state);
+/// the right size or the generator refuses its contents (e.g. all zeros);
+/// `source` names where it came from, for messages.
+void set_cpu_rng_state(const at::Tensor& state, const std::string& source = "CPU RNG state");
 
 }  // namespace strata::checkpoint
