@@ -28,6 +28,7 @@ struct LaunchConfig {
   int timeout_s = 300;
   double grace_period_s = 5.0;
   double max_time_s = 0.0;
+  double hang_timeout_s = 300.0;
   bool no_prefix = false;
   std::vector<std::string> program;  // PROGRAM ARGS..., verbatim
 };
@@ -50,9 +51,11 @@ int run_launch(const LaunchConfig& c) {
       .with_timeout_s(c.timeout_s)
       .with_grace_period(seconds_to_ms("--grace-period", c.grace_period_s))
       .with_max_time(seconds_to_ms("--max-time", c.max_time_s))
+      .with_hang_timeout(seconds_to_ms("--hang-timeout", c.hang_timeout_s))
       .with_prefix_output(!c.no_prefix);
   runtime::LaunchResult result = runtime::launch_workers(c.program, options);
   if (!result.summary.empty()) std::cerr << "[launcher] " << result.summary << std::endl;
+  for (const std::string& line : result.report) std::cerr << "[launcher] " << line << std::endl;
   return result.exit_code;
 }
 
@@ -91,6 +94,11 @@ Command make_launch_command() {
         ->capture_default_str();
     sub->add_option("--max-time", c.max_time_s,
                     "Stop the job after this many seconds, exit status 124 (default 0: no limit)");
+    sub->add_option("--hang-timeout", c.hang_timeout_s,
+                    "Name a worker that made no progress for this many seconds (stuck in a collective, in "
+                    "user code, or stopped), report where every worker is, and stop the job, exit status 124 "
+                    "(0: off)")
+        ->capture_default_str();
     sub->add_flag("--no-prefix", c.no_prefix, "Print worker output without the \"[rank R] \" prefix");
     sub->add_option("program", c.program, "PROGRAM [ARGS...] to run on every worker (after --)");
     return sub;
