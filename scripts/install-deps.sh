@@ -20,6 +20,7 @@ packages=(
   nlohmann-json3-dev      # checkpoint metadata
   libcli11-dev            # command-line parsing
   libgtest-dev libgmock-dev libbenchmark-dev
+  iproute2                # ip netns: the two-hosts test
 )
 python_bin="$(command -v python3 || true)"
 if [ -z "$python_bin" ]; then

@@ -207,7 +207,7 @@ class TcpStore final : public Store {
     }
     connect_host_ = options.host;
     if (options.is_server && (connect_host_ == "0.0.0.0" || connect_host_ == "::")) connect_host_ = "127.0.0.1";
-    connect(Clock::now() + options.timeout);
+    connect(options.timeout);
   }
 
   void set(const std::string& key, const std::string& value) override {
@@ -292,8 +292,8 @@ class TcpStore final : public Store {
   }
 
   // Connects and says hello, retrying while nothing listens yet.
-  void connect(Clock::time_point deadline) {
-    const auto started = Clock::now();
+  void connect(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
     while (true) {
       try {
         connection_.connect(connect_host_, port_, deadline);
@@ -304,8 +304,7 @@ class TcpStore final : public Store {
         }
         if (Clock::now() + std::chrono::milliseconds(100) >= deadline) {
           throw TimeoutError(detail::cat("[store] could not reach the rendezvous store at ", where(), " within ",
-                                         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - started).count(),
-                                         " ms; check MASTER_ADDR and MASTER_PORT, and that rank 0 has started"));
+                                         timeout.count(), " ms; check MASTER_ADDR and MASTER_PORT, and that rank 0 has started"));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
@@ -395,7 +394,7 @@ class TcpStore final : public Store {
 
   void reconnect() {
     try {
-      connect(Clock::now() + options_.timeout);
+      connect(options_.timeout);
     } catch (const Error& e) {
       throw CommError(detail::cat("[store] lost the rendezvous store at ", where(), " and could not reconnect: ",
                                   e.what()));
