@@ -96,7 +96,6 @@ CLI::Option* NumericFlags::add(CLI::App* app, const std::string& names, const st
 CLI::Option* NumericFlags::add_integer(CLI::App* app, const std::string& names, const std::string& help, int64_t lo,
                                        int64_t hi, std::function<void(int64_t)> set, const std::string& default_text) {
   const std::string area = area_;
-  std::string flag_name;  // filled below through the entry
   size_t index = entries_.size();
   return add(app, names, help, detail::cat("integer ", lo, "..", hi), default_text,
              [this, area, lo, hi, set, index](const std::string& text) {
