@@ -427,10 +427,17 @@ class Supervisor {
   void check_hang(Clock::time_point now) {
     if (stopping_ || options_.hang_timeout.count() <= 0) return;
     const auto silent_after = 2 * heartbeat_interval(options_) + std::chrono::seconds(1);
+    bool any_stalled = false;
+    for (const Worker& w : workers_)
+      any_stalled = any_stalled || (w.running && w.live.seen && now - w.live.changed >= options_.hang_timeout);
+    if (!any_stalled) return;
+    // Heartbeats reach the launcher at intervals, so the one that stalled
+    // first may be seen stalling a little after its peers: the culprit is
+    // chosen among every worker stalled for half the timeout.
     Worker* culprit = nullptr;
     int culprit_class = 3;  // 0: silent, 1: in user code, 2: waiting in a collective
     for (Worker& w : workers_) {
-      if (!w.running || !w.live.seen || now - w.live.changed < options_.hang_timeout) continue;
+      if (!w.running || !w.live.seen || now - w.live.changed < options_.hang_timeout / 2) continue;
       int cls = now - w.live.heard > silent_after ? 0 : (w.live.last.in_collective ? 2 : 1);
       if (cls < culprit_class || (cls == culprit_class && w.live.changed < culprit->live.changed)) {
         culprit = &w;

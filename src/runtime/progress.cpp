@@ -76,11 +76,13 @@ std::string clean(const std::string& label) {
 }  // namespace
 
 void report_step(int64_t step) {
-  start_heartbeat_once();
-  std::lock_guard<std::mutex> lock(record().mu);
-  if (record().now.step == step) return;
-  record().now.step = step;
-  ++record().now.events;
+  {
+    std::lock_guard<std::mutex> lock(record().mu);
+    if (record().now.step == step) return;
+    record().now.step = step;
+    ++record().now.events;
+  }
+  start_heartbeat_once();  // after the update: the first heartbeat carries it
 }
 
 CollectiveScope::CollectiveScope(const std::string& label) {
