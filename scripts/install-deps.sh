@@ -21,6 +21,7 @@ packages=(
   libcli11-dev            # command-line parsing
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev   # checkpoint fuzz targets (libFuzzer + ASan, fuzz/run.sh)
+  iproute2                # ip netns: the two-hosts test
 )
 python_bin="$(command -v python3 || true)"
 if [ -z "$python_bin" ]; then

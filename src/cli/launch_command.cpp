@@ -5,6 +5,7 @@
 // when it was killed by signal N, 130/143 when the launcher was
 // interrupted), with "[launcher] <what happened>" on stderr.
 #include "cli/commands.h"
+#include "cli/flags.h"
 
 #include <cmath>
 #include <iostream>
@@ -28,15 +29,17 @@ struct LaunchConfig {
   int timeout_s = 300;
   double grace_period_s = 5.0;
   double max_time_s = 0.0;
+  double hang_timeout_s = 300.0;
   bool no_prefix = false;
   std::vector<std::string> program;  // PROGRAM ARGS..., verbatim
 };
 
-std::chrono::milliseconds seconds_to_ms(const char* flag, double seconds) {
-  STRATA_CHECK(std::isfinite(seconds) && seconds >= 0, ConfigError, "[launcher] ", flag,
-               " must be a non-negative number of seconds, got ", seconds);
+// Seconds as typed (already within their flag's range) to milliseconds.
+std::chrono::milliseconds seconds_to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
 }
+
+constexpr double kDay = 24 * 3600;
 
 int run_launch(const LaunchConfig& c) {
   STRATA_CHECK(!c.program.empty(), ConfigError,
@@ -48,11 +51,13 @@ int run_launch(const LaunchConfig& c) {
       .with_master_addr(c.master_addr)
       .with_master_port(c.master_port)
       .with_timeout_s(c.timeout_s)
-      .with_grace_period(seconds_to_ms("--grace-period", c.grace_period_s))
-      .with_max_time(seconds_to_ms("--max-time", c.max_time_s))
+      .with_grace_period(seconds_to_ms(c.grace_period_s))
+      .with_max_time(seconds_to_ms(c.max_time_s))
+      .with_hang_timeout(seconds_to_ms(c.hang_timeout_s))
       .with_prefix_output(!c.no_prefix);
   runtime::LaunchResult result = runtime::launch_workers(c.program, options);
   if (!result.summary.empty()) std::cerr << "[launcher] " << result.summary << std::endl;
+  for (const std::string& line : result.report) std::cerr << "[launcher] " << line << std::endl;
   return result.exit_code;
 }
 
@@ -60,8 +65,9 @@ int run_launch(const LaunchConfig& c) {
 
 Command make_launch_command() {
   auto config = std::make_shared<LaunchConfig>();
+  auto numbers = std::make_shared<NumericFlags>("launcher");
   Command command;
-  command.register_fn = [config](CLI::App& app) {
+  command.register_fn = [config, numbers](CLI::App& app) {
     CLI::App* sub = app.add_subcommand(
         "launch",
         "Start PROGRAM as N supervised worker processes on this host.\n"
@@ -75,27 +81,35 @@ Command make_launch_command() {
         "  strata launch -n 4 -- ./my_trainer --epochs 3\n"
         "  strata launch -n 2 --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 -- ./my_trainer");
     LaunchConfig& c = *config;
-    sub->add_option("-n,--nproc-per-node", c.nproc_per_node, "Workers to start on this host")
-        ->capture_default_str();
-    sub->add_option("--nnodes", c.nnodes, "Hosts in the job (start strata launch on each)")->capture_default_str();
-    sub->add_option("--node-rank", c.node_rank, "This host's index, 0..nnodes-1 (ranks start at node_rank*N)")
-        ->capture_default_str();
+    NumericFlags& n = *numbers;
+    n.add_integer(sub, "-n,--nproc-per-node", "Workers to start on this host", 1, 1024,
+                  [&c](int64_t v) { c.nproc_per_node = int(v); }, "1");
+    n.add_integer(sub, "--nnodes", "Hosts in the job (start strata launch on each)", 1, 1024,
+                  [&c](int64_t v) { c.nnodes = int(v); }, "1");
+    n.add_integer(sub, "--node-rank", "This host's index, 0..nnodes-1 (ranks start at node_rank*N)", 0, 1023,
+                  [&c](int64_t v) { c.node_rank = int(v); }, "0");
     sub->add_option("--master-addr", c.master_addr, "Host of global rank 0, which hosts the rendezvous store")
         ->capture_default_str();
-    sub->add_option("--master-port", c.master_port,
-                    "Port of the rendezvous store (default: a free port; required when --nnodes > 1)");
-    sub->add_option("--timeout", c.timeout_s, "Rendezvous timeout in seconds, passed as STRATA_TIMEOUT")
-        ->capture_default_str();
-    sub->add_option("--grace-period", c.grace_period_s,
-                    "Seconds between SIGTERM and SIGKILL when stopping workers")
-        ->capture_default_str();
-    sub->add_option("--max-time", c.max_time_s,
-                    "Stop the job after this many seconds, exit status 124 (default 0: no limit)");
+    n.add_integer(sub, "--master-port", "Port of the rendezvous store (required when --nnodes > 1)", 1, 65535,
+                  [&c](int64_t v) { c.master_port = int(v); }, "a free port");
+    n.add_integer(sub, "--timeout", "Rendezvous timeout in seconds, passed as STRATA_TIMEOUT", 1, 86400,
+                  [&c](int64_t v) { c.timeout_s = int(v); }, "300");
+    n.add_real(sub, "--grace-period", "Seconds between SIGTERM and SIGKILL when stopping workers",
+               Range{false, 0, 3600}, [&c](double v) { c.grace_period_s = v; }, "5");
+    n.add_real(sub, "--max-time", "Stop the job after this many seconds, exit status 124 (0: no limit)",
+               Range{false, 0, 365 * kDay}, [&c](double v) { c.max_time_s = v; }, "0");
+    n.add_real(sub, "--hang-timeout",
+               "Name a worker that made no progress for this many seconds (stuck in a collective, in user code, "
+               "or stopped), report where every worker is, and stop the job, exit status 124 (0: off)",
+               Range{false, 0, kDay}, [&c](double v) { c.hang_timeout_s = v; }, "300");
     sub->add_flag("--no-prefix", c.no_prefix, "Print worker output without the \"[rank R] \" prefix");
     sub->add_option("program", c.program, "PROGRAM [ARGS...] to run on every worker (after --)");
     return sub;
   };
-  command.run = [config] { return run_launch(*config); };
+  command.run = [config, numbers] {
+    numbers->apply();
+    return run_launch(*config);
+  };
   return command;
 }
 

@@ -1,5 +1,6 @@
 // `strata train`: parses the flags into a TrainConfig and runs the job.
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/train_job.h"
 
 #include <memory>
@@ -8,8 +9,9 @@ namespace strata::cli {
 
 Command make_train_command() {
   auto config = std::make_shared<TrainConfig>();
+  auto numbers = std::make_shared<NumericFlags>("train");
   Command command;
-  command.register_fn = [config](CLI::App& app) {
+  command.register_fn = [config, numbers](CLI::App& app) {
     CLI::App* sub = app.add_subcommand(
         "train",
         "Train the example GPT on byte-level text on several workers.\n"
@@ -32,35 +34,44 @@ Command make_train_command() {
     sub->add_flag("--sequential-save", c.sequential_save,
                   "fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
     sub->add_option("--accelerator", c.accelerator, "Device kind: cpu, cuda, auto")->capture_default_str();
-    sub->add_option("--devices", c.devices, "Workers on this host")->capture_default_str();
-    sub->add_option("--num-nodes", c.num_nodes, "Hosts (start each with strata launch)")->capture_default_str();
+    NumericFlags& n = *numbers;
+    n.add_integer(sub, "--devices", "Workers on this host", 1, 1024, [&c](int64_t v) { c.devices = int(v); }, "2");
+    n.add_integer(sub, "--num-nodes", "Hosts (start each with strata launch)", 1, 1024,
+                  [&c](int64_t v) { c.num_nodes = int(v); }, "1");
     sub->add_option("--precision", c.precision, "32-true or bf16-mixed")->capture_default_str();
     sub->add_flag("--debug", c.debug, "Check every collective across ranks and report communication per step");
     sub->add_option("--model-size", c.model_size, "GPT preset: tiny, small, medium, large")->capture_default_str();
     sub->add_option("--data", c.data, "Text file or folder to train on (default: /usr/share/common-licenses)");
-    sub->add_option("--seq-len", c.seq_len, "Tokens per window (default: the model's block size)");
-    sub->add_option("--max-steps", c.max_steps, "Optimizer steps to train for")->capture_default_str();
-    sub->add_option("--batch-size", c.batch_size, "Global batch: windows per step over all workers")
-        ->capture_default_str();
-    sub->add_option("--grad-accum", c.grad_accum, "Micro-batches accumulated per step")->capture_default_str();
-    sub->add_option("--lr", c.lr, "AdamW learning rate")->capture_default_str();
-    sub->add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->capture_default_str();
-    sub->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")
-        ->capture_default_str();
-    sub->add_option("--seed", c.seed, "Seed for initialisation and data order")->capture_default_str();
+    n.add_integer(sub, "--seq-len", "Tokens per window", 1, TrainConfig::kMaxSeqLen,
+                  [&c](int64_t v) { c.seq_len = v; }, "the model's block size");
+    n.add_integer(sub, "--max-steps", "Optimizer steps to train for", 1, 1000000000,
+                  [&c](int64_t v) { c.max_steps = v; }, "300");
+    n.add_integer(sub, "--batch-size", "Global batch: windows per step over all workers", 1, 1 << 20,
+                  [&c](int64_t v) { c.batch_size = v; }, "32");
+    n.add_integer(sub, "--grad-accum", "Micro-batches accumulated per step", 1, 1 << 20,
+                  [&c](int64_t v) { c.grad_accum = v; }, "1");
+    n.add_real(sub, "--lr", "AdamW learning rate", Range{false, 0, 10, true}, [&c](double v) { c.lr = v; }, "0.003");
+    n.add_real(sub, "--weight-decay", "AdamW weight decay", Range{false, 0, 10}, [&c](double v) { c.weight_decay = v; },
+               "0");
+    n.add_real(sub, "--grad-clip", "Clip the global gradient norm to this (0: off)", Range{false, 0, 1e6},
+               [&c](double v) { c.grad_clip = v; }, "1");
+    n.add_unsigned(sub, "--seed", "Seed for initialisation and data order", [&c](uint64_t v) { c.seed = v; }, "1337");
     sub->add_option("--ckpt-dir", c.ckpt_dir, "Folder for checkpoints (one step-NNNNNNNN entry per save)");
-    sub->add_option("--ckpt-every", c.ckpt_every, "Save every K steps (0: only at the end)")
-        ->capture_default_str();
+    n.add_integer(sub, "--ckpt-every", "Save every K steps (0: only at the end)", 0, 1000000000,
+                  [&c](int64_t v) { c.ckpt_every = v; }, "0");
     sub->add_option("--resume", c.resume, "Checkpoint to resume from, or 'latest' (newest in --ckpt-dir)");
     sub->add_option("--metrics-file", c.metrics_file,
                     "Append one JSON line per step: step, loss, lr, epoch, tokens_per_s, elapsed_s");
-    sub->add_option("--log-every", c.log_every, "Print a progress line every K steps when not on a terminal")
-        ->capture_default_str();
-    sub->add_option("--sample-tokens", c.sample_tokens, "Tokens of text to sample at the end (0: none)")
-        ->capture_default_str();
+    n.add_integer(sub, "--log-every", "Print a progress line every K steps when not on a terminal", 1, 1000000000,
+                  [&c](int64_t v) { c.log_every = v; }, "10");
+    n.add_integer(sub, "--sample-tokens", "Tokens of text to sample at the end (0: none)", 0,
+                  TrainConfig::kMaxSampleTokens, [&c](int64_t v) { c.sample_tokens = v; }, "200");
     return sub;
   };
-  command.run = [config] { return run_train(*config); };
+  command.run = [config, numbers] {
+    numbers->apply();
+    return run_train(*config);
+  };
   return command;
 }
 

@@ -37,6 +37,7 @@
 #include "strata/data/text_dataset.h"
 #include "strata/fabric/fabric.h"
 #include "strata/models/gpt.h"
+#include "strata/runtime/progress.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
 
@@ -264,6 +265,7 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
   auto last = start;
   double loss_value = std::nan("");
   while (step < config.max_steps) {
+    runtime::report_step(step + 1);  // for the launcher's stuck-rank report
     at::Tensor step_loss = at::zeros({}, at::kFloat);
     for (int64_t micro = 0; micro < config.grad_accum; ++micro) {
       data::Batch batch = next_batch();
@@ -297,6 +299,8 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
                        .dump()
                 << "\n";
         metrics.flush();
+        STRATA_CHECK(metrics.good(), Error, "[train] writing --metrics-file ", config.metrics_file, " failed at step ",
+                     step, " (is the disk full?)");
       }
     }
     if (!config.ckpt_dir.empty() && config.ckpt_every > 0 && step % config.ckpt_every == 0) save(step);
@@ -328,8 +332,15 @@ void TrainConfig::validate() const {
   STRATA_CHECK(max_steps >= 1, ConfigError, "[train] --max-steps must be >= 1, got ", max_steps);
   STRATA_CHECK(batch_size >= 1, ConfigError, "[train] --batch-size must be >= 1, got ", batch_size);
   STRATA_CHECK(grad_accum >= 1, ConfigError, "[train] --grad-accum must be >= 1, got ", grad_accum);
-  STRATA_CHECK(lr > 0 && std::isfinite(lr), ConfigError, "[train] --lr must be a positive number, got ", lr);
-  STRATA_CHECK(grad_clip >= 0, ConfigError, "[train] --grad-clip must be >= 0 (0 disables), got ", grad_clip);
+  STRATA_CHECK(lr > 0 && lr <= 10, ConfigError, "[train] --lr must be a number in (0, 10], got ", lr);
+  STRATA_CHECK(weight_decay >= 0 && weight_decay <= 10, ConfigError,
+               "[train] --weight-decay must be a number in [0, 10], got ", weight_decay);
+  STRATA_CHECK(grad_clip >= 0 && grad_clip <= 1e6, ConfigError,
+               "[train] --grad-clip must be a number in [0, 1e+06] (0 disables), got ", grad_clip);
+  STRATA_CHECK(seq_len >= 0 && seq_len <= kMaxSeqLen, ConfigError, "[train] --seq-len must be an integer in 1..",
+               kMaxSeqLen, ", got ", seq_len);
+  STRATA_CHECK(sample_tokens >= 0 && sample_tokens <= kMaxSampleTokens, ConfigError,
+               "[train] --sample-tokens must be an integer in 0..", kMaxSampleTokens, ", got ", sample_tokens);
   STRATA_CHECK(ckpt_every >= 0, ConfigError, "[train] --ckpt-every must be >= 0, got ", ckpt_every);
   STRATA_CHECK(log_every >= 1, ConfigError, "[train] --log-every must be >= 1, got ", log_every);
   STRATA_CHECK(resume != "latest" || !ckpt_dir.empty(), ConfigError,
@@ -420,8 +431,39 @@ std::string latest_checkpoint(const std::string& dir) {
   return "";
 }
 
+// Note [Check paths first]
+// An unwritable --ckpt-dir or --metrics-file fails before any worker
+// starts, not at the first save after minutes of training: the folder is
+// made and a file is written in it and removed; the metrics file is opened
+// for appending.
+void check_paths(const TrainConfig& config) {
+  namespace fs = std::filesystem;
+  if (!config.ckpt_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(config.ckpt_dir, ec);
+    STRATA_CHECK(!ec, ConfigError, "[train] --ckpt-dir '", config.ckpt_dir, "' cannot be created: ", ec.message());
+    fs::path probe = fs::path(config.ckpt_dir) / (".strata-write-check-" + std::to_string(::getpid()));
+    std::ofstream out(probe);
+    out << "ok";
+    out.close();
+    const bool written = !out.fail();
+    fs::remove(probe, ec);
+    STRATA_CHECK(written, ConfigError, "[train] --ckpt-dir '", config.ckpt_dir,
+                 "' is not writable; choose a folder you can write to");
+  }
+  if (!config.metrics_file.empty()) {
+    fs::path parent = fs::path(config.metrics_file).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    std::ofstream out(config.metrics_file, std::ios::app);
+    STRATA_CHECK(out.good(), ConfigError, "[train] cannot open --metrics-file ", config.metrics_file,
+                 " for appending: ", ec ? ec.message() : std::string("check the path and its permissions"));
+  }
+}
+
 int run_train(const TrainConfig& config) {
   config.validate();
+  check_paths(config);
   FabricOptions options;
   options.with_accelerator(config.accelerator)
       .with_devices(config.devices)
@@ -433,7 +475,21 @@ int run_train(const TrainConfig& config) {
     options.with_strategy(config.strategy);
   }
   Fabric fabric(options);
-  nlohmann::json result = fabric.launch([&](Fabric& f) { return train_worker(f, config); });
+  nlohmann::json result;
+  try {
+    result = fabric.launch([&](Fabric& f) { return train_worker(f, config); });
+  } catch (const LaunchError& e) {
+    // Interrupted: exit as `strata launch` does (130 for SIGINT, 143 for
+    // SIGTERM), with the launcher's report.
+    const std::string what = e.what();
+    for (auto [name, code] : {std::pair<const char*, int>{"SIGINT", 130}, {"SIGTERM", 143}}) {
+      if (what.find(std::string("the launcher received ") + name) != std::string::npos) {
+        std::cerr << "strata: " << what << std::endl;
+        return code;
+      }
+    }
+    throw;
+  }
   if (!runtime::Environment::from_env().launched()) {
     // No loss when a run resumed at its last step (NaN travels as null).
     nlohmann::json loss = result.value("loss", nlohmann::json());

@@ -21,6 +21,7 @@
 
 #include "strata/comm/local.h"
 #include "strata/core/error.h"
+#include "strata/runtime/progress.h"
 
 namespace strata::comm {
 namespace {
@@ -330,6 +331,7 @@ struct Group::State {
     }
     auto start = std::chrono::steady_clock::now();
     try {
+      runtime::CollectiveScope in_collective(task.label);  // for the launcher's stuck-rank report
       if (task.debug) check_descriptors(task);
       task.run();
     } catch (const ConfigError&) {

@@ -101,6 +101,7 @@ void check_consistent(const Environment& env, const Names& names) {
 // MASTER_ADDR, MASTER_PORT and STRATA_TIMEOUT, shared by every source.
 void read_common(const Vars& vars, Environment& env) {
   if (auto addr = lookup(vars, kEnvMasterAddr)) env.master_addr = *addr;
+  if (auto token = lookup(vars, kEnvJobToken)) env.job_token = *token;
   if (auto port = optional_int(vars, kEnvMasterPort)) {
     STRATA_CHECK(*port >= 1 && *port <= 65535, ConfigError, "[env] MASTER_PORT=", *port,
                  " is not a TCP port (1..65535)");
@@ -227,6 +228,7 @@ Vars Environment::to_vars() const {
             {kEnvMasterAddr, master_addr}};
   if (master_port != 0) vars[kEnvMasterPort] = std::to_string(master_port);
   if (timeout_s != 0) vars[kEnvTimeout] = std::to_string(timeout_s);
+  if (!job_token.empty()) vars[kEnvJobToken] = job_token;
   return vars;
 }
 

@@ -24,6 +24,7 @@
 
 #include "strata/core/error.h"
 #include "strata/runtime/env.h"
+#include "strata/runtime/progress.h"
 #include "strata/runtime/store.h"
 
 extern char** environ;
@@ -128,6 +129,16 @@ struct Stream {
   std::string partial;
 };
 
+// What the launcher last heard from a worker's heartbeats.
+struct Liveness {
+  int fd = -1;                 // read end of the heartbeat pipe
+  std::string partial;
+  bool seen = false;           // it reports progress (a strata program)
+  Heartbeat last;
+  Clock::time_point heard;     // last heartbeat
+  Clock::time_point changed;   // last heartbeat with new events
+};
+
 struct Worker {
   int local_rank = 0;
   int rank = 0;
@@ -136,7 +147,11 @@ struct Worker {
   int status = 0;
   Stream out, err;
   std::string last_error;
+  Liveness live;
 };
+
+// The fd a worker finds its heartbeat pipe on (Note [Heartbeats]).
+constexpr int kHeartbeatChildFd = 3;
 
 // ---- spawning --------------------------------------------------------------
 
@@ -195,7 +210,8 @@ std::vector<std::string> worker_environment(const std::map<std::string, std::str
 // PR_SET_PDEATHSIG kills a worker when the launcher dies without cleaning up
 // (SIGKILL); it fires when the forking *thread* exits, which is fine since
 // launch_workers blocks that thread until every worker is reaped.
-pid_t spawn_worker(const std::string& path, ExecArgs& argv, ExecArgs& envp, int out_w, int err_w, int devnull) {
+pid_t spawn_worker(const std::string& path, ExecArgs& argv, ExecArgs& envp, int out_w, int err_w, int devnull,
+                   int heartbeat_w) {
   int report[2];
   STRATA_CHECK_SYSCALL(::pipe2(report, O_CLOEXEC), LaunchError, "[launcher] cannot create a pipe");
   sigset_t all, previous;
@@ -215,7 +231,12 @@ pid_t spawn_worker(const std::string& path, ExecArgs& argv, ExecArgs& envp, int 
     ::setpgid(0, 0);  // Note [Worker process groups]
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
-    if (::dup2(devnull, 0) < 0 || ::dup2(out_w, 1) < 0 || ::dup2(err_w, 2) < 0) {
+    bool ok = ::dup2(devnull, 0) >= 0 && ::dup2(out_w, 1) >= 0 && ::dup2(err_w, 2) >= 0;
+    if (ok && heartbeat_w >= 0) {
+      ok = heartbeat_w == kHeartbeatChildFd ? ::fcntl(heartbeat_w, F_SETFD, 0) >= 0
+                                            : ::dup2(heartbeat_w, kHeartbeatChildFd) >= 0;
+    }
+    if (!ok) {
       int err = errno;
       ssize_t ignored = ::write(report[1], &err, sizeof(err));
       (void)ignored;
@@ -257,6 +278,13 @@ void signal_worker(const Worker& w, int sig) {
 }
 
 // ---- supervision -------------------------------------------------------------
+
+// How often workers send heartbeats: a fifth of the hang timeout, within
+// 50 ms .. 10 s.
+std::chrono::milliseconds heartbeat_interval(const LaunchOptions& options) {
+  auto ms = options.hang_timeout.count() / 5;
+  return std::chrono::milliseconds(std::max<long long>(50, std::min<long long>(ms, 10000)));
+}
 
 class Supervisor {
  public:
@@ -324,12 +352,19 @@ class Supervisor {
     std::vector<Stream*> streams;
     fds.push_back({signal_fd_, POLLIN, 0});
     streams.push_back(nullptr);
+    std::vector<Worker*> beating;
     for (Worker& w : workers_) {
       for (Stream* s : {&w.out, &w.err}) {
         if (s->fd < 0) continue;
         fds.push_back({s->fd, POLLIN, 0});
         streams.push_back(s);
       }
+    }
+    const size_t first_heartbeat = fds.size();
+    for (Worker& w : workers_) {
+      if (w.live.fd < 0 || !w.running) continue;
+      fds.push_back({w.live.fd, POLLIN, 0});
+      beating.push_back(&w);
     }
     int timeout_ms = -1;
     auto consider = [&](Clock::time_point deadline) {
@@ -340,15 +375,124 @@ class Supervisor {
     if (stopping_ && !killed_) consider(kill_deadline_);
     if (!stopping_ && options_.max_time.count() > 0) consider(start_ + options_.max_time);
     if (drain_deadline_) consider(*drain_deadline_);
+    if (!stopping_ && options_.hang_timeout.count() > 0) consider(Clock::now() + heartbeat_interval(options_));
     int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0) {
       STRATA_CHECK(errno == EINTR, LaunchError, "[launcher] poll failed: ", detail::errno_string(errno));
       return;
     }
     if (fds[0].revents & POLLIN) drain_signals();
-    for (size_t i = 1; i < fds.size(); ++i) {
+    for (size_t i = 1; i < first_heartbeat; ++i) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(*streams[i]);
     }
+    for (size_t i = first_heartbeat; i < fds.size(); ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_heartbeats(*beating[i - first_heartbeat]);
+    }
+  }
+
+  void read_heartbeats(Worker& w) {
+    char buffer[4096];
+    ssize_t n = ::read(w.live.fd, buffer, sizeof(buffer));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+      ::close(w.live.fd);
+      w.live.fd = -1;
+      return;
+    }
+    Liveness& live = w.live;
+    live.partial.append(buffer, static_cast<size_t>(n));
+    size_t begin = 0;
+    for (size_t nl; (nl = live.partial.find('\n', begin)) != std::string::npos; begin = nl + 1) {
+      Heartbeat beat;
+      if (!Heartbeat::parse(live.partial.substr(begin, nl - begin), beat)) continue;
+      auto now = Clock::now();
+      if (!live.seen || beat.events != live.last.events) live.changed = now;
+      live.seen = true;
+      live.heard = now;
+      live.last = beat;
+    }
+    live.partial.erase(0, begin);
+    if (live.partial.size() > 4096) live.partial.clear();
+  }
+
+  // Note [Stuck ranks]
+  // A worker that reports progress and has made none for hang_timeout is
+  // stuck, or waits on one that is. Among those stalled, the one to name
+  // is, in order: one whose heartbeats stopped (the process is stopped or
+  // frozen whole), one outside any collective (stuck in user code while
+  // its peers wait for it), else the one stalled longest. When every
+  // stalled worker here waits inside a collective, the rank they wait for
+  // is on another node (whose launcher names it) or never came; the report
+  // says so. Then the job stops as for a failed worker.
+  void check_hang(Clock::time_point now) {
+    if (stopping_ || options_.hang_timeout.count() <= 0) return;
+    const auto silent_after = 2 * heartbeat_interval(options_) + std::chrono::seconds(1);
+    bool any_stalled = false;
+    for (const Worker& w : workers_)
+      any_stalled = any_stalled || (w.running && w.live.seen && now - w.live.changed >= options_.hang_timeout);
+    if (!any_stalled) return;
+    // Heartbeats reach the launcher at intervals, so the one that stalled
+    // first may be seen stalling a little after its peers: the culprit is
+    // chosen among every worker stalled for half the timeout.
+    Worker* culprit = nullptr;
+    int culprit_class = 3;  // 0: silent, 1: in user code, 2: waiting in a collective
+    for (Worker& w : workers_) {
+      if (!w.running || !w.live.seen || now - w.live.changed < options_.hang_timeout / 2) continue;
+      int cls = now - w.live.heard > silent_after ? 0 : (w.live.last.in_collective ? 2 : 1);
+      if (cls < culprit_class || (cls == culprit_class && w.live.changed < culprit->live.changed)) {
+        culprit = &w;
+        culprit_class = cls;
+      }
+    }
+    if (culprit == nullptr) return;
+    std::vector<std::string>& report = report_;
+    auto where = [](const Heartbeat& b) {
+      std::string step = b.step >= 0 ? detail::cat(" at step ", b.step) : std::string();
+      if (b.in_collective) return detail::cat("in ", b.label, step);
+      return detail::cat("in user code", step, b.label.empty() ? std::string() : ", after " + b.label);
+    };
+    if (culprit_class == 2) {
+      summary_ = detail::cat("every worker here has waited in a collective for at least ",
+                             seconds_text(options_.hang_timeout), " (--hang-timeout); the rank they wait for is "
+                             "on another node or never called it");
+    } else {
+      hung_ = culprit;
+      const Heartbeat& b = culprit->live.last;
+      summary_ = culprit_class == 0
+                     ? detail::cat("rank ", culprit->rank, " is stuck: no heartbeat for ",
+                                   seconds_text(now - culprit->live.heard), " (the process is stopped or frozen); "
+                                   "last seen ", where(b))
+                     : detail::cat("rank ", culprit->rank, " is stuck: no progress for ",
+                                   seconds_text(now - culprit->live.changed), " ", where(b),
+                                   ", outside any collective");
+    }
+    for (const Worker& w : workers_) {
+      std::string line = detail::cat("  rank ", w.rank, ": ");
+      if (!w.running) {
+        line += "exited";
+      } else if (!w.live.seen) {
+        line += "no progress reported";
+      } else if (now - w.live.heard > silent_after) {
+        line += detail::cat("no heartbeat for ", seconds_text(now - w.live.heard), ", last seen ", where(w.live.last));
+      } else {
+        line += detail::cat(w.live.last.in_collective ? "waiting " : "running ", where(w.live.last), ", for ",
+                            seconds_text(now - w.live.changed));
+      }
+      if (&w == hung_) line += "   <- stuck";
+      report.push_back(line);
+    }
+    report.push_back(detail::cat("stopped the job: no progress within --hang-timeout ",
+                                 seconds_text(options_.hang_timeout)));
+    begin_stop(SIGTERM);
+    for (const Worker& w : workers_)
+      if (w.running) signal_worker(w, SIGCONT);  // a stopped worker must see its SIGTERM
+  }
+
+  static std::string seconds_text(Clock::duration d) {
+    double s = std::chrono::duration<double>(d).count();
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f s", s);
+    return text;
   }
 
   void drain_signals() {
@@ -420,6 +564,7 @@ class Supervisor {
 
   void check_deadlines() {
     auto now = Clock::now();
+    check_hang(now);
     if (stopping_ && !killed_ && now >= kill_deadline_) kill_all();
     if (!stopping_ && options_.max_time.count() > 0 && now >= start_ + options_.max_time) {
       timed_out_ = true;
@@ -457,6 +602,11 @@ class Supervisor {
         r.summary = detail::cat("rank ", w.rank, " exited with code ", r.failed_exit_code);
       }
       if (!w.last_error.empty()) r.summary += "; last error: " + w.last_error;
+    } else if (!summary_.empty()) {
+      r.exit_code = 124;
+      r.hung_rank = hung_ != nullptr ? hung_->rank : -1;
+      r.summary = summary_;
+      r.report = report_;
     } else if (timed_out_) {
       r.exit_code = 124;
       r.summary = detail::cat("the workers were still running after ", options_.max_time.count(),
@@ -480,9 +630,40 @@ class Supervisor {
   Clock::time_point kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
   const Worker* failed_ = nullptr;
+  const Worker* hung_ = nullptr;
+  std::string summary_;  // set when the hang check stopped the job
+  std::vector<std::string> report_;
 };
 
 std::mutex g_launch_mutex;  // Note [Self-pipe]: one launch at a time
+
+// Note [Job token]
+// Workers prove to the rendezvous store that they belong to the job with a
+// token the launcher hands them (STRATA_JOB_TOKEN). A token already in the
+// launcher's environment is used as is (several nodes must share one: set
+// the same secret on each). Otherwise a one-node job gets 128 random bits;
+// a several-node job, whose launchers cannot agree on random bits, gets one
+// derived from the job's address and shape: it keeps another job's workers
+// out, not an attacker.
+std::string job_token(const LaunchOptions& options, int port) {
+  if (const char* given = std::getenv(kEnvJobToken); given != nullptr && *given != '\0') return given;
+  if (options.nnodes > 1) {
+    return detail::cat("job-", options.master_addr, "-", port, "-", options.nnodes, "x", options.nproc_per_node);
+  }
+  unsigned char bytes[16] = {};
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  STRATA_CHECK_SYSCALL(fd, LaunchError, "[launcher] cannot open /dev/urandom for the job token");
+  ssize_t n = ::read(fd, bytes, sizeof(bytes));
+  ::close(fd);
+  STRATA_CHECK(n == static_cast<ssize_t>(sizeof(bytes)), LaunchError, "[launcher] cannot read /dev/urandom");
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token += hex[b >> 4];
+    token += hex[b & 15];
+  }
+  return token;
+}
 
 }  // namespace
 
@@ -503,6 +684,8 @@ void LaunchOptions::validate() const {
                "[launcher] grace_period (--grace-period) must not be negative, got ", grace_period.count(), " ms");
   STRATA_CHECK(max_time.count() >= 0, ConfigError, "[launcher] max_time (--max-time) must not be negative, got ",
                max_time.count(), " ms");
+  STRATA_CHECK(hang_timeout.count() >= 0, ConfigError,
+               "[launcher] hang_timeout (--hang-timeout) must not be negative, got ", hang_timeout.count(), " ms");
 }
 
 LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOptions& options) {
@@ -519,6 +702,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
   base.master_addr = options.master_addr;
   base.master_port = options.master_port != 0 ? options.master_port : find_free_port(options.master_addr);
   base.timeout_s = options.timeout_s;
+  base.job_token = job_token(options, base.master_port);
 
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   STRATA_CHECK_SYSCALL(devnull, LaunchError, "[launcher] cannot open /dev/null");
@@ -534,6 +718,10 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
       env.rank = w.rank;
       env.local_rank = local;
       std::map<std::string, std::string> vars = env.to_vars();
+      if (options.hang_timeout.count() > 0) {
+        vars[kEnvHeartbeatFd] = std::to_string(kHeartbeatChildFd);
+        vars[kEnvHeartbeatMs] = std::to_string(heartbeat_interval(options).count());
+      }
       for (const auto& [name, value] : options.extra_env) vars[name] = value;
       ExecArgs envp(worker_environment(vars));
       int out[2], err[2];
@@ -548,16 +736,29 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
       ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL) | O_NONBLOCK);
       w.out = {out[0], OutputStream::kStdout, {}};
       w.err = {err[0], OutputStream::kStderr, {}};
-      try {
-        w.pid = spawn_worker(path, exec_argv, envp, out[1], err[1], devnull);
-      } catch (...) {
+      int beat[2] = {-1, -1};
+      if (options.hang_timeout.count() > 0) {
+        if (::pipe2(beat, O_CLOEXEC) != 0) {
+          ::close(out[1]);
+          ::close(err[1]);
+          STRATA_CHECK_SYSCALL(-1, LaunchError, "[launcher] cannot create a pipe");
+        }
+        ::fcntl(beat[0], F_SETFL, ::fcntl(beat[0], F_GETFL) | O_NONBLOCK);
+        w.live.fd = beat[0];
+      }
+      auto close_child_ends = [&] {
         ::close(out[1]);
         ::close(err[1]);
+        if (beat[1] >= 0) ::close(beat[1]);
+      };
+      try {
+        w.pid = spawn_worker(path, exec_argv, envp, out[1], err[1], devnull, beat[1]);
+      } catch (...) {
+        close_child_ends();
         throw;
       }
       w.running = true;
-      ::close(out[1]);
-      ::close(err[1]);
+      close_child_ends();
     }
   } catch (...) {
     for (Worker& w : workers) {
@@ -568,13 +769,17 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
       }
       if (w.out.fd >= 0) ::close(w.out.fd);
       if (w.err.fd >= 0) ::close(w.err.fd);
+      if (w.live.fd >= 0) ::close(w.live.fd);
     }
     ::close(devnull);
     throw;
   }
   ::close(devnull);
   Supervisor supervisor(options, workers, signals.read_fd());
-  return supervisor.run();
+  LaunchResult result = supervisor.run();
+  for (Worker& w : workers)
+    if (w.live.fd >= 0) ::close(w.live.fd);
+  return result;
 }
 
 std::vector<std::string> current_command_line() {

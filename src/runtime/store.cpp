@@ -1,10 +1,23 @@
-// The rendezvous store: c10d's TCPStore behind strata's small Store
+// The rendezvous store: strata's own small TCP key-value store (server in
+// store_server.cpp, wire format in store_protocol.h) behind the Store
 // interface, with errors that name the address, the key and what to do.
+//
+// Note [Why not c10d's TCPStore]
+// LibTorch's c10d::TCPStore cannot check who connects (no token), reads
+// lengths from the wire without a bound (a program on the port that
+// answers with junk ends in std::bad_alloc) and waits without a deadline
+// for a silent one. Its TCPStoreOptions can take a pre-bound socket
+// (masterListenFd), so binding to one interface would be possible, but the
+// rest is not. strata's store binds to the master address only, refuses a
+// client without the job's token, checks ranks and world sizes at
+// rendezvous, bounds every read by a deadline and every length by a limit.
 #include "strata/runtime/store.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,11 +26,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
-#include <c10/util/Logging.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/csrc/distributed/c10d/exception.h>
-
+#include "store_protocol.h"
 #include "strata/core/error.h"
 #include "strata/runtime/env.h"
 
@@ -25,6 +36,13 @@ namespace strata::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using namespace store_protocol;
+
+// A server answers the handshake at once; one that has not after this long
+// is not strata's store (or is stopped).
+constexpr auto kHandshakeLimit = std::chrono::seconds(15);
+// Extra time a client gives the server to answer a wait that timed out.
+constexpr auto kReplySlack = std::chrono::seconds(10);
 
 std::string address(const std::string& host, int port) { return detail::cat(host, ":", port); }
 
@@ -34,190 +52,369 @@ std::string join_keys(const std::vector<std::string>& keys) {
   return out;
 }
 
-// True when nothing listens on `port` yet binding it fails with EADDRINUSE.
-bool port_in_use(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
-  ::close(fd);
-  return in_use;
+std::string join_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
 }
 
-// Note [Replacing the client after a timeout]
-// c10d's client waits for a key by sending WAIT and reading the server's
-// STOP_WAITING reply under a socket receive timeout. When the timeout fires
-// the reply is still owed: if the key is set later, the server sends it and
-// the next command on that socket would read it as its own answer. So after
-// any timeout we stop using that connection and open a fresh client one
-// (the server-side TCPStore object is kept alive for as long as this store
-// lives, because it owns the listening socket and the data).
-bool is_timeout(const std::exception& e) {
-  return dynamic_cast<const c10d::TimeoutError*>(&e) != nullptr ||
-         std::string(e.what()).find("timed out") != std::string::npos;
+std::string identity() {
+  char host[256] = "?";
+  ::gethostname(host, sizeof(host) - 1);
+  return detail::cat("pid ", ::getpid(), " on ", host);
 }
 
-// Note [Quiet c10d]
-// c10d logs every failed connect attempt at error level, each with a stack
-// of frames, before strata reports the failure in one line of its own. While
-// strata opens a connection, c10d's log level is raised to fatal, unless the
-// user chose a level with TORCH_CPP_LOG_LEVEL.
-class QuietC10d {
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::max<long long>(0, std::min<long long>(left, 24LL * 3600 * 1000)));
+}
+
+// How a connection failed, so the caller can word the message.
+enum class Failure { kRefused, kTimedOut, kClosed, kJunk, kOther };
+
+struct ConnectionError {
+  Failure kind;
+  std::string detail;
+};
+
+// One blocking-with-deadline TCP connection to the server.
+class Connection {
  public:
-  QuietC10d() : previous_(FLAGS_caffe2_log_level) {
-    if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = std::max(previous_, 3);
+  Connection() = default;
+  ~Connection() { close(); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  bool open() const { return fd_ >= 0; }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
   }
-  ~QuietC10d() { FLAGS_caffe2_log_level = previous_; }
-  QuietC10d(const QuietC10d&) = delete;
-  QuietC10d& operator=(const QuietC10d&) = delete;
+
+  // One connect attempt; throws ConnectionError.
+  void connect(const std::string& host, int port, Clock::time_point deadline) {
+    close();
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+    if (rc != 0) throw ConnectionError{Failure::kOther, detail::cat("cannot resolve '", host, "': ", ::gai_strerror(rc))};
+    Failure kind = Failure::kRefused;
+    std::string why = "connection refused";
+    for (addrinfo* ai = found; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+      if (fd < 0) continue;
+      int r = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+      if (r != 0 && errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        int n = ::poll(&p, 1, remaining_ms(deadline));
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (n == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+          r = 0;
+        } else {
+          errno = n == 0 ? ETIMEDOUT : err;
+        }
+      }
+      if (r == 0) {
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        fd_ = fd;
+      } else {
+        if (errno == ETIMEDOUT) kind = Failure::kTimedOut;
+        if (errno != ECONNREFUSED && errno != ETIMEDOUT) {
+          kind = Failure::kOther;
+          why = detail::errno_string(errno);
+        }
+        ::close(fd);
+      }
+    }
+    ::freeaddrinfo(found);
+    if (fd_ < 0) throw ConnectionError{kind, why};
+  }
+
+  void send(const std::string& frame, Clock::time_point deadline) {
+    size_t done = 0;
+    while (done < frame.size()) {
+      ssize_t n = ::send(fd_, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) {
+        pollfd p{fd_, POLLOUT, 0};
+        if (::poll(&p, 1, remaining_ms(deadline)) == 0) fail(Failure::kTimedOut, "sending timed out");
+        continue;
+      }
+      fail(Failure::kClosed, detail::errno_string(errno));
+    }
+  }
+
+  // Reads one frame's payload before `deadline`.
+  std::string receive(Clock::time_point deadline) {
+    std::string head = read_exact(4, deadline);
+    uint32_t len = 0;
+    try {
+      len = frame_length(head.data());
+    } catch (const ProtocolError& e) {
+      fail(Failure::kJunk, e.what());
+    }
+    return read_exact(len, deadline);
+  }
 
  private:
-  int previous_;
+  [[noreturn]] void fail(Failure kind, const std::string& why) {
+    close();
+    throw ConnectionError{kind, why};
+  }
+
+  std::string read_exact(size_t n, Clock::time_point deadline) {
+    std::string out;
+    out.reserve(std::min<size_t>(n, 1 << 20));
+    char buffer[65536];
+    while (out.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      int ready = ::poll(&p, 1, remaining_ms(deadline));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) fail(Failure::kTimedOut, "no answer");
+      ssize_t got = ::recv(fd_, buffer, std::min(sizeof(buffer), n - out.size()), 0);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got <= 0) fail(Failure::kClosed, got == 0 ? "closed" : detail::errno_string(errno));
+      out.append(buffer, static_cast<size_t>(got));
+    }
+    return out;
+  }
+
+  int fd_ = -1;
 };
 
 class TcpStore final : public Store {
  public:
-  TcpStore(const TcpStoreOptions& options) : options_(options) {
-    c10d::TCPStoreOptions opts;
-    opts.port = static_cast<uint16_t>(options.port);
-    opts.isServer = options.is_server;
-    opts.numWorkers = c10::nullopt;  // do not block the constructor on the others
-    opts.waitWorkers = false;
-    opts.timeout = options.timeout;
-    auto start = Clock::now();
-    try {
-      QuietC10d quiet;
-      server_or_client_ = c10::make_intrusive<c10d::TCPStore>(options.host, opts);
-    } catch (const std::exception& e) {
-      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-      if (options.is_server) {
-        if (options.port != 0 && port_in_use(options.port)) {
-          throw CommError(detail::cat("[store] cannot host the rendezvous store on ",
-                                      address(options.host, options.port),
-                                      ": the port is already in use; choose another port (MASTER_PORT or "
-                                      "--master-port) or stop the process that holds it"));
-        }
-        throw CommError(detail::cat("[store] cannot host the rendezvous store on ",
-                                    address(options.host, options.port), ": ", e.what()));
-      }
-      if (waited >= options.timeout || is_timeout(e)) {
-        throw TimeoutError(detail::cat("[store] could not reach the rendezvous store at ",
-                                       address(options.host, options.port), " within ", options.timeout.count(),
-                                       " ms; check MASTER_ADDR and MASTER_PORT, and that rank 0 has started"));
-      }
-      throw CommError(detail::cat("[store] could not connect to the rendezvous store at ",
-                                  address(options.host, options.port), ": ", e.what()));
+  explicit TcpStore(const TcpStoreOptions& options) : options_(options) {
+    if (options.is_server) {
+      ServerOptions server;
+      server.host = options.host;
+      server.port = options.port;
+      server.world_size = options.rank >= 0 ? options.world_size : 0;
+      server.token = options.token;
+      server_ = start_server(server);
+      port_ = server_->port();
+    } else {
+      port_ = options.port;
     }
-    port_ = server_or_client_->getPort();
-    ops_ = server_or_client_;
+    connect_host_ = options.host;
+    if (options.is_server && (connect_host_ == "0.0.0.0" || connect_host_ == "::")) connect_host_ = "127.0.0.1";
+    connect(options.timeout);
   }
 
   void set(const std::string& key, const std::string& value) override {
-    std::vector<uint8_t> bytes(value.begin(), value.end());
-    run("set('" + key + "')", [&](c10d::TCPStore& s) { s.set(key, bytes); });
+    request("set('" + key + "')", Writer().u8(uint8_t(Op::kSet)).str(key).str(value), options_.timeout);
   }
 
   std::string get(const std::string& key) override {
-    wait_for({key}, options_.timeout, "get('" + key + "')");
-    std::vector<uint8_t> bytes;
-    run("get('" + key + "')", [&](c10d::TCPStore& s) { bytes = s.get(key); });
-    return std::string(bytes.begin(), bytes.end());
+    Answer a = request("get('" + key + "')", Writer().u8(uint8_t(Op::kGet)).str(key).i64(options_.timeout.count()),
+                       options_.timeout + kReplySlack);
+    if (a.kind == Reply::kTimeout) throw key_timeout("get('" + key + "')", options_.timeout, a.list, {key});
+    return a.text;
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
-    int64_t result = 0;
-    run("add('" + key + "')", [&](c10d::TCPStore& s) { result = s.add(key, delta); });
-    return result;
+    return request("add('" + key + "')", Writer().u8(uint8_t(Op::kAdd)).str(key).i64(delta), options_.timeout).number;
   }
 
   bool check(const std::vector<std::string>& keys) override {
-    bool result = false;
-    run("check(" + join_keys(keys) + ")", [&](c10d::TCPStore& s) { result = s.check(keys); });
-    return result;
+    return request("check(" + join_keys(keys) + ")", Writer().u8(uint8_t(Op::kCheck)).strs(keys), options_.timeout)
+               .number != 0;
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    wait_for(keys, timeout, "wait(" + join_keys(keys) + ")");
+    if (keys.empty()) return;
+    const std::string what = "wait(" + join_keys(keys) + ")";
+    Answer a = request(what, Writer().u8(uint8_t(Op::kWait)).strs(keys).i64(timeout.count()), timeout + kReplySlack);
+    if (a.kind == Reply::kTimeout) throw key_timeout(what, timeout, a.list, keys);
   }
 
   bool remove(const std::string& key) override {
-    bool result = false;
-    run("remove('" + key + "')", [&](c10d::TCPStore& s) { result = s.deleteKey(key); });
-    return result;
+    return request("remove('" + key + "')", Writer().u8(uint8_t(Op::kRemove)).str(key), options_.timeout).number != 0;
   }
 
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
 
-  int port() const { return port_; }
+  // Note [Rendezvous]
+  // Every rank waits until all world_size ranks have joined the store, or
+  // a conflict is found (two processes with one rank, another world size),
+  // or the timeout passes; the error names the conflict or the ranks that
+  // never came.
+  void join(std::chrono::milliseconds timeout) {
+    Answer a;
+    try {
+      a = request("rendezvous", Writer().u8(uint8_t(Op::kJoin)).i64(timeout.count()), timeout + kReplySlack);
+    } catch (const RemoteError& e) {
+      throw CommError(detail::cat("[store] rendezvous at ", where(), " failed: ", e.what()));
+    }
+    if (a.kind != Reply::kTimeout) return;
+    std::vector<std::string> joined;
+    for (int r = 0; r < options_.world_size; ++r) {
+      std::string s = std::to_string(r);
+      if (std::find(a.list.begin(), a.list.end(), s) == a.list.end()) joined.push_back(s);
+    }
+    throw TimeoutError(detail::cat("[store] rendezvous at ", where(), " timed out after ", timeout.count(), " ms: ",
+                                   a.list.size() == 1 ? "rank " : "ranks ", join_list(a.list), " of WORLD_SIZE=",
+                                   options_.world_size, " never joined (joined: ",
+                                   joined.empty() ? std::string("none") : join_list(joined),
+                                   "); start every worker with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                                   "or look for why the missing ranks did not start"));
+  }
 
  private:
-  // Runs one c10d call under the lock; c10d errors become CommError.
-  template <class Fn>
-  void run(const std::string& what, Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    try {
-      fn(*ops_);
-    } catch (const std::exception& e) {
-      throw CommError(detail::cat("[store] ", what, " on ", address(options_.host, port_), " failed: ", e.what()));
-    }
+  // The server's kError answer to a request.
+  class RemoteError : public CommError {
+   public:
+    using CommError::CommError;
+  };
+
+  struct Answer {
+    Reply kind = Reply::kOk;
+    std::string text;
+    int64_t number = 0;
+    std::vector<std::string> list;
+  };
+
+  std::string where() const { return address(options_.host, port_); }
+
+  std::string foreign_program(const std::string& what) const {
+    return detail::cat("[store] the program at ", where(), " ", what,
+                       ": it is not strata's rendezvous store. Another program holds the port; choose another "
+                       "port (MASTER_PORT or --master-port) or stop that program");
   }
 
-  void wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout, const std::string& what) {
-    if (keys.empty()) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto start = Clock::now();
-    try {
-      ops_->wait(keys, timeout);
-      return;
-    } catch (const std::exception& e) {
-      auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-      reconnect();  // Note [Replacing the client after a timeout]
-      if (waited + std::chrono::milliseconds(50) < timeout) {
-        throw CommError(
-            detail::cat("[store] ", what, " on ", address(options_.host, port_), " failed: ", e.what()));
-      }
-    }
-    std::vector<std::string> missing;
-    for (const std::string& key : keys) {
+  // Connects and says hello, retrying while nothing listens yet.
+  void connect(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
       try {
-        if (!ops_->check({key})) missing.push_back(key);
-      } catch (const std::exception&) {
-        missing.push_back(key);
+        connection_.connect(connect_host_, port_, deadline);
+        break;
+      } catch (const ConnectionError& e) {
+        if (e.kind == Failure::kOther) {
+          throw CommError(detail::cat("[store] could not connect to the rendezvous store at ", where(), ": ", e.detail));
+        }
+        if (Clock::now() + std::chrono::milliseconds(100) >= deadline) {
+          throw TimeoutError(detail::cat("[store] could not reach the rendezvous store at ", where(), " within ",
+                                         timeout.count(), " ms; check MASTER_ADDR and MASTER_PORT, and that rank 0 has started"));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     }
-    if (missing.empty()) missing = keys;  // set just after the deadline: still report the timeout
-    throw TimeoutError(detail::cat("[store] ", what, " timed out after ", timeout.count(), " ms on ",
-                                   address(options_.host, port_), ": no worker set ", join_keys(missing),
-                                   "; check that every rank reached the same point (a rank may have failed or "
-                                   "be slower than the timeout)"));
+    const auto handshake_deadline = std::min(deadline, Clock::now() + std::chrono::milliseconds(kHandshakeLimit));
+    const auto handshake_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(handshake_deadline - Clock::now()).count();
+    std::string payload;
+    try {
+      connection_.send(Writer()
+                           .u8(uint8_t(Op::kHello))
+                           .str(kMagic)
+                           .str(options_.token)
+                           .i64(options_.rank)
+                           .i64(options_.world_size)
+                           .str(identity())
+                           .frame(),
+                       handshake_deadline);
+      payload = connection_.receive(handshake_deadline);
+    } catch (const ConnectionError& e) {
+      connection_.close();
+      if (e.kind == Failure::kTimedOut) {
+        throw TimeoutError(foreign_program(
+            detail::cat("accepted the connection but did not answer strata's handshake within ", handshake_ms, " ms")));
+      }
+      if (e.kind == Failure::kJunk) throw CommError(foreign_program("answered with bytes that are not strata's protocol"));
+      throw CommError(foreign_program("closed the connection during strata's handshake"));
+    }
+    try {
+      Reader r(payload);
+      Reply kind = static_cast<Reply>(r.u8());
+      if (kind == Reply::kOk && r.str() == kMagic) return;
+      if (kind == Reply::kError) {
+        std::string why = r.str();
+        connection_.close();
+        if (why.rfind("refused:", 0) == 0) {
+          throw CommError(detail::cat("[store] the rendezvous store at ", where(),
+                                      " refused this process: it does not carry the job's token (STRATA_JOB_TOKEN). "
+                                      "Start workers with strata launch, which hands them the token; on several "
+                                      "nodes give every node the same STRATA_JOB_TOKEN"));
+        }
+        throw CommError(detail::cat("[store] rendezvous at ", where(), " failed: ", why));
+      }
+    } catch (const ProtocolError&) {
+    }
+    connection_.close();
+    throw CommError(foreign_program("answered with bytes that are not strata's protocol"));
   }
 
-  // Opens a new client connection to the same server (caller holds mutex_).
-  void reconnect() {
-    c10d::TCPStoreOptions opts;
-    opts.port = static_cast<uint16_t>(port_);
-    opts.isServer = false;
-    opts.numWorkers = c10::nullopt;
-    opts.waitWorkers = false;
-    opts.timeout = options_.timeout;
+  // Sends one request and reads its answer; kError answers throw RemoteError.
+  Answer request(const std::string& what, const Writer& message, std::chrono::milliseconds limit) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!connection_.open()) reconnect();
+    const auto deadline = Clock::now() + limit;
+    std::string payload;
     try {
-      QuietC10d quiet;
-      ops_ = c10::make_intrusive<c10d::TCPStore>(options_.is_server ? std::string("127.0.0.1") : options_.host, opts);
-    } catch (const std::exception& e) {
-      throw CommError(detail::cat("[store] lost the rendezvous store at ", address(options_.host, port_),
-                                  " and could not reconnect: ", e.what()));
+      connection_.send(message.frame(), deadline);
+      payload = connection_.receive(deadline);
+    } catch (const ConnectionError& e) {
+      connection_.close();  // a late answer must not be read as the next one's
+      if (e.kind == Failure::kTimedOut) {
+        throw TimeoutError(detail::cat("[store] ", what, " on ", where(), ": the store did not answer within ",
+                                       limit.count(), " ms (rank 0 may be stopped or overloaded)"));
+      }
+      throw CommError(detail::cat("[store] ", what, " on ", where(),
+                                  " failed: the store closed the connection (rank 0 may have exited): ", e.detail));
     }
+    Answer a;
+    try {
+      Reader r(payload);
+      a.kind = static_cast<Reply>(r.u8());
+      switch (a.kind) {
+        case Reply::kOk: break;
+        case Reply::kValue: a.text = r.str(); break;
+        case Reply::kInt: a.number = r.i64(); break;
+        case Reply::kBool: a.number = r.u8(); break;
+        case Reply::kTimeout: a.list = r.strs(); break;
+        case Reply::kError: throw RemoteError(r.str());
+        default: throw ProtocolError("unknown reply");
+      }
+    } catch (const ProtocolError& e) {
+      connection_.close();
+      throw CommError(detail::cat("[store] ", what, " on ", where(), " failed: a malformed answer (", e.what(), ")"));
+    }
+    return a;
+  }
+
+  void reconnect() {
+    try {
+      connect(options_.timeout);
+    } catch (const Error& e) {
+      throw CommError(detail::cat("[store] lost the rendezvous store at ", where(), " and could not reconnect: ",
+                                  e.what()));
+    }
+  }
+
+  TimeoutError key_timeout(const std::string& what, std::chrono::milliseconds timeout,
+                           std::vector<std::string> missing, const std::vector<std::string>& keys) const {
+    if (missing.empty()) missing = keys;  // set just after the deadline: still report the timeout
+    return TimeoutError(detail::cat("[store] ", what, " timed out after ", timeout.count(), " ms on ", where(),
+                                    ": no worker set ", join_keys(missing),
+                                    "; check that every rank reached the same point (a rank may have failed or "
+                                    "be slower than the timeout)"));
   }
 
   TcpStoreOptions options_;
   int port_ = 0;
-  c10::intrusive_ptr<c10d::TCPStore> server_or_client_;  // owns the server when is_server
-  c10::intrusive_ptr<c10d::TCPStore> ops_;               // the connection operations use
+  std::string connect_host_;
+  std::unique_ptr<Server> server_;  // when this process hosts the store
+  Connection connection_;
   std::mutex mutex_;
 };
 
@@ -258,7 +455,9 @@ std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options) {
   STRATA_CHECK(options.timeout.count() > 0, ConfigError, "[store] timeout must be positive, got ",
                options.timeout.count(), " ms");
   STRATA_CHECK(!options.host.empty(), ConfigError, "[store] host is empty; set MASTER_ADDR");
-  return std::make_shared<TcpStore>(options);
+  auto store = std::make_shared<TcpStore>(options);
+  if (options.rendezvous) store->join(options.timeout);
+  return store;
 }
 
 std::shared_ptr<Store> make_store(const Environment& env, std::chrono::milliseconds timeout) {
@@ -270,6 +469,9 @@ std::shared_ptr<Store> make_store(const Environment& env, std::chrono::milliseco
   options.port = env.master_port;
   options.is_server = env.rank == 0;
   options.world_size = env.world_size;
+  options.rank = env.rank;
+  options.token = env.job_token;
+  options.rendezvous = true;
   options.timeout = timeout;
   return make_tcp_store(options);
 }

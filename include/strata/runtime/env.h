@@ -20,6 +20,9 @@ inline constexpr const char* kEnvMasterPort = "MASTER_PORT";
 /// Rendezvous timeout in seconds (optional; strata's launcher passes its
 /// --timeout through it).
 inline constexpr const char* kEnvTimeout = "STRATA_TIMEOUT";
+/// The job's token: workers show it to the rendezvous store, which refuses
+/// a client without it (strata launch makes one per job).
+inline constexpr const char* kEnvJobToken = "STRATA_JOB_TOKEN";
 
 /// This process's place in the job.
 struct Environment {
@@ -32,6 +35,7 @@ struct Environment {
   std::string master_addr = "127.0.0.1";  ///< host of global rank 0's store
   int master_port = 0;                    ///< port of that store (0: unset)
   int timeout_s = 0;  ///< rendezvous timeout from STRATA_TIMEOUT (0: unset)
+  std::string job_token;  ///< STRATA_JOB_TOKEN ("": none)
   /// Which variables described the job: "strata" (torchrun names),
   /// "openmpi", "slurm", or "none" (a plain single process).
   std::string source = "none";

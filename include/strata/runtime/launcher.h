@@ -44,6 +44,12 @@ struct LaunchOptions {
   /// job is still running after this long; 0 means no limit. A job stopped
   /// this way returns exit code 124.
   std::chrono::milliseconds max_time{0};
+  /// Stuck-rank detection (Note [Stuck ranks]): a worker that reports
+  /// progress (strata's collectives and training loop do, through
+  /// runtime/progress.h) and has made none for this long is named, with
+  /// where every worker was last seen, and the job is stopped (exit code
+  /// 124). Well under the 30-minute collective timeout; 0 turns it off.
+  std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);
 
   LaunchOptions& with_nproc_per_node(int n) { nproc_per_node = n; return *this; }
   LaunchOptions& with_nnodes(int n) { nnodes = n; return *this; }
@@ -56,6 +62,7 @@ struct LaunchOptions {
   LaunchOptions& with_env(const std::string& name, std::string value) { extra_env[name] = std::move(value); return *this; }
   LaunchOptions& with_on_output(OutputSink sink) { on_output = std::move(sink); return *this; }
   LaunchOptions& with_max_time(std::chrono::milliseconds t) { max_time = t; return *this; }
+  LaunchOptions& with_hang_timeout(std::chrono::milliseconds t) { hang_timeout = t; return *this; }
 
   /// Throws ConfigError naming the first invalid field.
   void validate() const;
@@ -73,6 +80,11 @@ struct LaunchResult {
   std::string summary;
   /// Process ids of the workers, by local rank (all reaped on return).
   std::vector<int> pids;
+  /// The rank named stuck by the hang check (-1: none, or the workers here
+  /// all wait on a rank elsewhere), and the report: one line per worker
+  /// saying where it was last seen (empty unless the hang check fired).
+  int hung_rank = -1;
+  std::vector<std::string> report;
 };
 
 /// Starts `argv` (argv[0] is the program, looked up on PATH when it has no

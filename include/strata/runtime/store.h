@@ -1,5 +1,6 @@
 // The rendezvous key-value store: a TCP store hosted by global rank 0 that
-// every worker connects to (c10d's TCPStore underneath). Collectives
+// every worker connects to (strata's own small server; see store.cpp's
+// Note [Why not c10d's TCPStore]). Collectives
 // backends use it to exchange addresses; the launcher and strategies use
 // it for small control messages.
 #pragma once
@@ -40,22 +41,37 @@ class Store {
 
 /// Options of the TCP store.
 struct TcpStoreOptions {
-  std::string host = "127.0.0.1";  ///< address of the hosting rank
+  std::string host = "127.0.0.1";  ///< address of the hosting rank; the server binds to it only
   int port = 0;                    ///< port; the server with 0 picks a free one
   bool is_server = false;          ///< this process hosts the store
-  int world_size = 1;              ///< number of clients expected (incl. server)
+  int world_size = 1;              ///< number of ranks in the job
+  /// This process's rank, checked at the handshake (two processes cannot
+  /// hold one rank; every rank must agree with the host about world_size);
+  /// -1: a client that is no rank (no checks).
+  int rank = -1;
+  /// The job's token: the server refuses a client that does not carry the
+  /// one it was given; "" on the server accepts any client.
+  std::string token;
+  /// After connecting, wait until all world_size ranks joined (Note
+  /// [Rendezvous]); throws CommError naming a conflict, TimeoutError naming
+  /// the ranks that never came.
+  bool rendezvous = false;
   /// Connect timeout and default get() timeout.
   std::chrono::milliseconds timeout = std::chrono::seconds(300);
 };
 
 /// Hosts or connects to a TCP store. Throws CommError when the port is
-/// already in use (server) and TimeoutError when the master cannot be
-/// reached within the timeout (client); both messages name host:port.
+/// already in use or the host is not an address of this machine (server),
+/// when the program on the port is not a strata store or refuses this
+/// client (its token, its rank), and TimeoutError when the master cannot be
+/// reached, or does not answer, within the timeout (client); every message
+/// names host:port.
 std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options);
 
 /// The rendezvous store for `env`: global rank 0 hosts it on
-/// env.master_addr:env.master_port, the other ranks connect. Throws
-/// ConfigError when env.master_port is 0 on a multi-process job.
+/// env.master_addr:env.master_port, the other ranks connect with
+/// env.job_token, and every rank waits for all of them (Note [Rendezvous]).
+/// Throws ConfigError when env.master_port is 0 on a multi-process job.
 std::shared_ptr<Store> make_store(const Environment& env, std::chrono::milliseconds timeout);
 
 /// A view of `store` whose keys are prefixed with `prefix` + "/".

@@ -11,6 +11,10 @@ namespace strata::cli {
 
 /// Every knob of `strata train`. Defaults make the README's demo.
 struct TrainConfig {
+  /// Longest --seq-len (attention's memory grows with its square).
+  static constexpr int64_t kMaxSeqLen = 4096;
+  /// Most --sample-tokens: the sample is text for a person to read.
+  static constexpr int64_t kMaxSampleTokens = 4096;
   // placement
   std::string accelerator = "cpu";
   std::string strategy = "ddp";  ///< ddp, fsdp, single_device

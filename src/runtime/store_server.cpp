@@ -1,0 +1,442 @@
+// The rendezvous store's server: one thread, poll() over the listening
+// socket and every client, the keys in a map. It checks who joins (the job
+// token, distinct ranks, one world size) and answers waits when their keys
+// appear or their deadline passes. Wire format: store_protocol.h.
+//
+// Note [Store server]
+// The thread must never end the process: everything a client sends is
+// parsed under try/catch, and a client that breaks the protocol loses its
+// connection, not the job. An error in the loop itself is caught too (it
+// pauses briefly and goes on); std::terminate is never reached from here.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <map>
+#include <thread>
+
+#include "store_protocol.h"
+#include "strata/core/error.h"
+
+namespace strata::runtime::store_protocol {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A client that has not said hello within this long is dropped.
+constexpr auto kHelloDeadline = std::chrono::seconds(60);
+
+std::string peer_name(const sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, host, sizeof(host));
+  } else if (addr.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, host, sizeof(host));
+  }
+  return host;
+}
+
+struct Conn {
+  int fd = -1;
+  std::string peer;
+  std::string in, out;
+  bool hello = false;
+  bool close_after_write = false;
+  int rank = -1;
+  std::string identity;
+  Clock::time_point since = Clock::now();
+};
+
+// A request that waits: get (one key), wait (keys) or join (every rank).
+struct Waiter {
+  int conn = 0;
+  Op op = Op::kWait;
+  std::vector<std::string> keys;
+  Clock::time_point deadline;
+};
+
+class TcpServer final : public Server {
+ public:
+  TcpServer(const ServerOptions& options, int listen_fd, int port)
+      : options_(options), listen_fd_(listen_fd), port_(port) {
+    int fds[2];
+    STRATA_CHECK_SYSCALL(::pipe2(fds, O_CLOEXEC | O_NONBLOCK), CommError, "[store] cannot create a pipe");
+    wake_read_ = fds[0];
+    wake_write_ = fds[1];
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~TcpServer() override {
+    stop_ = true;
+    char byte = 1;
+    ssize_t ignored = ::write(wake_write_, &byte, 1);
+    (void)ignored;
+    thread_.join();
+    for (auto& [id, c] : conns_) ::close(c.fd);
+    ::close(listen_fd_);
+    ::close(wake_read_);
+    ::close(wake_write_);
+  }
+
+  int port() const override { return port_; }
+
+ private:
+  void loop() {
+    while (!stop_) {
+      try {
+        poll_once();
+      } catch (...) {  // Note [Store server]
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+
+  void poll_once() {
+    std::vector<pollfd> fds{{wake_read_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    std::vector<int> ids{-1, -1};
+    for (auto& [id, c] : conns_) {
+      fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      ids.push_back(id);
+    }
+    int timeout_ms = 1000;
+    auto now = Clock::now();
+    for (const Waiter& w : waiters_) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - now).count() + 1;
+      timeout_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(timeout_ms, left)));
+    }
+    int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0) return;  // EINTR
+    if (fds[1].revents & POLLIN) accept_all();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      auto it = conns_.find(ids[i]);
+      if (it == conns_.end()) continue;
+      bool keep = true;
+      try {
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) keep = receive(ids[i], it->second);
+        if (keep && (fds[i].revents & POLLOUT)) keep = flush(it->second);
+      } catch (...) {  // a client that breaks the protocol loses its connection
+        keep = false;
+      }
+      if (!keep) drop(ids[i]);
+    }
+    expire(Clock::now());
+  }
+
+  void accept_all() {
+    while (true) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) return;
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      Conn c;
+      c.fd = fd;
+      c.peer = peer_name(addr);
+      conns_.emplace(next_id_++, std::move(c));
+    }
+  }
+
+  void drop(int id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    ::close(it->second.fd);
+    conns_.erase(it);
+    waiters_.remove_if([&](const Waiter& w) { return w.conn == id; });
+  }
+
+  // Reads what arrived and handles every complete frame; false: close.
+  bool receive(int id, Conn& c) {
+    char buffer[65536];
+    ssize_t n = ::recv(c.fd, buffer, sizeof(buffer), 0);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+    if (n <= 0) return false;
+    c.in.append(buffer, static_cast<size_t>(n));
+    while (c.in.size() >= 4) {
+      uint32_t len = frame_length(c.in.data());  // throws over the limit
+      if (c.in.size() < 4 + static_cast<size_t>(len)) break;
+      std::string payload = c.in.substr(4, len);
+      c.in.erase(0, 4 + static_cast<size_t>(len));
+      if (!handle(id, c, payload)) return false;
+    }
+    if (!c.hello && Clock::now() - c.since > kHelloDeadline) return false;
+    return flush(c);
+  }
+
+  bool flush(Conn& c) {
+    while (!c.out.empty()) {
+      ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return true;
+      if (n <= 0) return false;
+      c.out.erase(0, static_cast<size_t>(n));
+    }
+    return !c.close_after_write;
+  }
+
+  static void reply(Conn& c, const Writer& w) { c.out += w.frame(); }
+  static void reply_error(Conn& c, const std::string& message) { reply(c, Writer().u8(uint8_t(Reply::kError)).str(message)); }
+
+  // Handles one request; false: close the connection at once.
+  bool handle(int id, Conn& c, const std::string& payload) {
+    Reader r(payload);
+    Op op = static_cast<Op>(r.u8());
+    if (!c.hello) {
+      if (op != Op::kHello) return false;  // not a strata client
+      hello(c, r);
+      return true;
+    }
+    switch (op) {
+      case Op::kSet: {
+        std::string key = r.str();
+        data_[key] = r.str();
+        reply(c, Writer().u8(uint8_t(Reply::kOk)));
+        wake_waiters();
+        return true;
+      }
+      case Op::kGet:
+      case Op::kWait: {
+        std::vector<std::string> keys = op == Op::kGet ? std::vector<std::string>{r.str()} : r.strs();
+        int64_t timeout_ms = r.i64();
+        Waiter w{id, op, std::move(keys), Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms))};
+        if (!try_answer(c, w)) waiters_.push_back(std::move(w));
+        return true;
+      }
+      case Op::kAdd: {
+        std::string key = r.str();
+        int64_t delta = r.i64();
+        int64_t value = 0;
+        auto it = data_.find(key);
+        if (it != data_.end()) {
+          try {
+            value = std::stoll(it->second);
+          } catch (const std::exception&) {
+            reply_error(c, "the value of '" + key + "' is not an integer");
+            return true;
+          }
+        }
+        value += delta;
+        data_[key] = std::to_string(value);
+        reply(c, Writer().u8(uint8_t(Reply::kInt)).i64(value));
+        wake_waiters();
+        return true;
+      }
+      case Op::kCheck: {
+        bool all = true;
+        for (const std::string& key : r.strs()) all = all && data_.count(key) != 0;
+        reply(c, Writer().u8(uint8_t(Reply::kBool)).u8(all ? 1 : 0));
+        return true;
+      }
+      case Op::kRemove: {
+        bool existed = data_.erase(r.str()) != 0;
+        reply(c, Writer().u8(uint8_t(Reply::kBool)).u8(existed ? 1 : 0));
+        return true;
+      }
+      case Op::kJoin: {
+        int64_t timeout_ms = r.i64();
+        Waiter w{id, Op::kJoin, {}, Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms))};
+        if (!try_answer(c, w)) waiters_.push_back(std::move(w));
+        return true;
+      }
+      case Op::kHello:
+        break;
+    }
+    reply_error(c, "unknown request");
+    return true;
+  }
+
+  // Note [Who may join]
+  // A client proves it belongs to the job with the token the launcher
+  // handed every worker; without it, it is refused and its connection
+  // closed (it never sees a key). A rank may be held by one process only:
+  // a second process claiming it is refused, and so are ranks that
+  // disagree with rank 0 (the host) about the world size. Both are
+  // recorded, so every rank waiting at kJoin fails at once with the same
+  // message instead of waiting for the rendezvous timeout.
+  void hello(Conn& c, Reader& r) {
+    std::string magic = r.str();
+    std::string token = r.str();
+    int64_t rank = r.i64();
+    int64_t world_size = r.i64();
+    std::string identity = r.str();
+    c.close_after_write = true;  // unless accepted below
+    if (magic != kMagic) {
+      reply_error(c, "the client speaks another protocol");
+      return;
+    }
+    if (!options_.token.empty() && token != options_.token) {
+      reply_error(c, "refused: the client does not carry this job's token (STRATA_JOB_TOKEN)");
+      return;
+    }
+    if (rank >= 0 && options_.world_size > 0) {
+      if (world_size != options_.world_size) {
+        std::string why = detail::cat("ranks disagree about WORLD_SIZE: rank 0 (the store's host) has WORLD_SIZE=",
+                                      options_.world_size, ", rank ", rank, " (", identity, ") has WORLD_SIZE=",
+                                      world_size, "; start every worker with the same WORLD_SIZE");
+        record_failure(why);
+        reply_error(c, why);
+        return;
+      }
+      auto held = ranks_.find(rank);
+      if (held != ranks_.end() && held->second != identity) {
+        std::string why = detail::cat("two processes claim rank ", rank, ": ", held->second, " joined first, ",
+                                      identity, " was refused; give every worker a distinct RANK");
+        record_failure(why);
+        reply_error(c, why);
+        return;
+      }
+      ranks_[rank] = identity;
+      wake_waiters();
+    }
+    c.hello = true;
+    c.close_after_write = false;
+    c.rank = static_cast<int>(rank);
+    c.identity = identity;
+    reply(c, Writer().u8(uint8_t(Reply::kOk)).str(kMagic));
+  }
+
+  void record_failure(const std::string& why) {
+    if (failure_.empty()) failure_ = why;
+    wake_waiters();
+  }
+
+  std::vector<std::string> missing_keys(const Waiter& w) const {
+    std::vector<std::string> missing;
+    for (const std::string& key : w.keys)
+      if (data_.count(key) == 0) missing.push_back(key);
+    return missing;
+  }
+
+  std::vector<std::string> missing_ranks() const {
+    std::vector<std::string> missing;
+    for (int rank = 0; rank < options_.world_size; ++rank)
+      if (ranks_.count(rank) == 0) missing.push_back(std::to_string(rank));
+    return missing;
+  }
+
+  // Answers `w` when it can; false: it still waits.
+  bool try_answer(Conn& c, const Waiter& w) {
+    if (w.op == Op::kJoin) {
+      if (!failure_.empty()) {
+        reply_error(c, failure_);
+        return true;
+      }
+      if (missing_ranks().empty()) {
+        reply(c, Writer().u8(uint8_t(Reply::kOk)));
+        return true;
+      }
+      return false;
+    }
+    if (!missing_keys(w).empty()) return false;
+    if (w.op == Op::kGet) {
+      reply(c, Writer().u8(uint8_t(Reply::kValue)).str(data_.at(w.keys.front())));
+    } else {
+      reply(c, Writer().u8(uint8_t(Reply::kOk)));
+    }
+    return true;
+  }
+
+  void wake_waiters() {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      auto conn = conns_.find(it->conn);
+      if (conn == conns_.end() || try_answer(conn->second, *it)) {
+        if (conn != conns_.end()) flush(conn->second);
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void expire(Clock::time_point now) {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      auto conn = conns_.find(it->conn);
+      if (conn != conns_.end() && now < it->deadline) {
+        ++it;
+        continue;
+      }
+      if (conn != conns_.end()) {
+        std::vector<std::string> missing = it->op == Op::kJoin ? missing_ranks() : missing_keys(*it);
+        reply(conn->second, Writer().u8(uint8_t(Reply::kTimeout)).strs(missing));
+        flush(conn->second);
+      }
+      it = waiters_.erase(it);
+    }
+  }
+
+  ServerOptions options_;
+  int listen_fd_;
+  int port_;
+  int wake_read_ = -1, wake_write_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  // Owned by the thread:
+  std::map<int, Conn> conns_;
+  int next_id_ = 1;
+  std::list<Waiter> waiters_;
+  std::map<std::string, std::string> data_;
+  std::map<int64_t, std::string> ranks_;  // rank -> identity of the process that holds it
+  std::string failure_;                   // the first rendezvous conflict
+};
+
+}  // namespace
+
+std::unique_ptr<Server> start_server(const ServerOptions& options) {
+  const std::string where = detail::cat(options.host, ":", options.port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(options.host.c_str(), std::to_string(options.port).c_str(), &hints, &found);
+  STRATA_CHECK(rc == 0, CommError, "[store] cannot host the rendezvous store on ", where, ": cannot resolve '",
+               options.host, "': ", ::gai_strerror(rc), "; set MASTER_ADDR (--master-addr) to an address of this host");
+  int fd = -1;
+  int last_errno = 0;
+  for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) {
+      last_errno = errno;
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
+      last_errno = errno;
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) {
+    if (last_errno == EADDRINUSE) {
+      throw CommError(detail::cat("[store] cannot host the rendezvous store on ", where,
+                                  ": the port is already in use; choose another port (MASTER_PORT or "
+                                  "--master-port) or stop the process that holds it"));
+    }
+    if (last_errno == EADDRNOTAVAIL) {
+      throw CommError(detail::cat("[store] cannot host the rendezvous store on ", where, ": ", options.host,
+                                  " is not an address of this host; set MASTER_ADDR (--master-addr) to the "
+                                  "address of the host that runs rank 0"));
+    }
+    throw CommError(detail::cat("[store] cannot host the rendezvous store on ", where, ": ",
+                                detail::errno_string(last_errno)));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return std::make_unique<TcpServer>(options, fd, port);
+}
+
+}  // namespace strata::runtime::store_protocol

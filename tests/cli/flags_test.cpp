@@ -1,0 +1,153 @@
+// Every numeric flag of `strata train` and `strata launch` against hostile
+// values: each is refused before any work starts with one line naming the
+// flag, the value and the range (exit status 1), never a c10::Error frame
+// dump, an "internal error" or a silent wrap-around.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Outcome {
+  int status = 0;
+  std::string out, err;
+};
+
+// Runs `strata ARGS...` (no shell) and collects its output and exit status.
+Outcome strata(const std::vector<std::string>& args) {
+  const char* dir = std::getenv("STRATA_BINARY_DIR");
+  std::vector<std::string> argv{std::string(dir != nullptr ? dir : ".") + "/strata"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  int out[2], err[2];
+  EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  Outcome o;
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  for (int open = 2; open > 0;) {
+    if (::poll(fds, 2, -1) < 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        (i == 0 ? o.out : o.err).append(buf, static_cast<size_t>(n));
+      } else {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+bool decimal_integer(const std::string& v) {
+  size_t i = (!v.empty() && (v[0] == '-' || v[0] == '+')) ? 1 : 0;
+  if (i >= v.size()) return false;
+  for (; i < v.size(); ++i)
+    if (v[i] < '0' || v[i] > '9') return false;
+  return true;
+}
+
+bool decimal_real(const std::string& v) {
+  if (v.empty()) return false;
+  for (char c : v)
+    if (!((c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+')) return false;
+  return true;
+}
+
+struct Flag {
+  std::string command;  // "train" or "launch"
+  std::string flag;
+  bool integer;
+  std::string range;                // as the message states it
+  std::vector<std::string> bad;     // values outside the range
+};
+
+// Values every flag refuses, then each flag's own out-of-range values.
+const std::vector<std::string> kAlwaysBad = {"", "abc", "0x10", "nan", "inf", " 5", "5 ", "1,5",
+                                             "99999999999999999999", "1e300", "-1"};
+
+const std::vector<Flag> kFlags = {
+    {"train", "--devices", true, "an integer in 1..1024", {"0", "1025"}},
+    {"train", "--num-nodes", true, "an integer in 1..1024", {"0"}},
+    {"train", "--seq-len", true, "an integer in 1..4096", {"0", "4097"}},
+    {"train", "--max-steps", true, "an integer in 1..1000000000", {"0", "1000000001"}},
+    {"train", "--batch-size", true, "an integer in 1..1048576", {"0"}},
+    {"train", "--grad-accum", true, "an integer in 1..1048576", {"0"}},
+    {"train", "--lr", false, "a number in (0, 10]", {"0", "10.5", "1e-400x"}},
+    {"train", "--weight-decay", false, "a number in [0, 10]", {"11"}},
+    {"train", "--grad-clip", false, "a number in [0, 1e+06]", {"1e7"}},
+    {"train", "--seed", true, "an integer in 0..18446744073709551615", {"18446744073709551616"}},
+    {"train", "--ckpt-every", true, "an integer in 0..1000000000", {}},
+    {"train", "--log-every", true, "an integer in 1..1000000000", {"0"}},
+    {"train", "--sample-tokens", true, "an integer in 0..4096", {"4097"}},
+    {"launch", "--nproc-per-node", true, "an integer in 1..1024", {"0"}},
+    {"launch", "--nnodes", true, "an integer in 1..1024", {"0"}},
+    {"launch", "--node-rank", true, "an integer in 0..1023", {"1024"}},
+    {"launch", "--master-port", true, "an integer in 1..65535", {"0", "65536"}},
+    {"launch", "--timeout", true, "an integer in 1..86400", {"0"}},
+    {"launch", "--grace-period", false, "a number in [0, 3600]", {"3601"}},
+    {"launch", "--max-time", false, "a number in [0, 3.1536e+07]", {"1e8"}},
+    {"launch", "--hang-timeout", false, "a number in [0, 86400]", {"86401"}},
+};
+
+TEST(FlagsTest, EveryNumericFlagRefusesValuesOutsideItsStatedRange) {
+  int checked = 0;
+  for (const Flag& f : kFlags) {
+    std::vector<std::string> values = kAlwaysBad;
+    values.insert(values.end(), f.bad.begin(), f.bad.end());
+    for (const std::string& v : values) {
+      std::vector<std::string> args{f.command, f.flag, v};
+      if (f.command == "launch") args.insert(args.end(), {"--", "true"});
+      Outcome o = strata(args);
+      const bool looks_numeric = f.integer ? decimal_integer(v) : decimal_real(v);
+      const std::string why =
+          looks_numeric ? "is out of range" : (f.integer ? "is not a decimal integer" : "is not a decimal number");
+      const std::string area = f.command == "launch" ? "launcher" : "train";
+      const std::string expected =
+          "strata: error: [" + area + "] " + f.flag + " '" + v + "' " + why + ": it must be " + f.range + "\n";
+      EXPECT_EQ(o.status, 1) << f.command << " " << f.flag << " '" << v << "'\n" << o.err;
+      EXPECT_EQ(o.err, expected) << f.command << " " << f.flag << " '" << v << "'";
+      EXPECT_EQ(o.out, "") << f.command << " " << f.flag << " '" << v << "' started work";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 200);
+}
+
+TEST(FlagsTest, HelpStatesEveryRange) {
+  for (const std::string& command : {"train", "launch"}) {
+    Outcome o = strata({command, "--help"});
+    EXPECT_EQ(o.status, 0);
+    for (const Flag& f : kFlags) {
+      if (f.command != command) continue;
+      std::string shown = f.range.substr(f.range.find(" in ") + 4);
+      EXPECT_NE(o.out.find(shown), std::string::npos) << f.flag << ": " << shown << " not in\n" << o.out;
+    }
+  }
+}
+
+}  // namespace
