@@ -30,9 +30,9 @@ std::string strata_binary() {
   return std::string(dir ? dir : ".") + "/strata";
 }
 
-// Runs the strata tool with `args` (no shell metacharacters in them).
-CommandResult run_strata(const std::string& args) {
-  std::string command = strata_binary() + " " + args + " 2>&1";
+// Runs a shell command line (popen's sh) and returns its exit code and
+// standard output.
+CommandResult run_command(const std::string& command) {
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return {-1, "popen failed"};
   std::string output;
@@ -41,6 +41,9 @@ CommandResult run_strata(const std::string& args) {
   int status = ::pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
 }
+
+// Runs the strata tool with `args` (no shell metacharacters in them).
+CommandResult run_strata(const std::string& args) { return run_command(strata_binary() + " " + args + " 2>&1"); }
 
 std::vector<double> losses(const std::string& metrics_file) {
   std::vector<double> out;
@@ -286,6 +289,59 @@ TEST_F(TrainCliTest, FsdpFlagsAreCheckedAndRefusedWithOtherStrategies) {
   EXPECT_EQ(one_unit.exit_code, 0) << one_unit.output;
   EXPECT_NE(one_unit.output.find("with fsdp (units: the whole model, sharded checkpoints)"), std::string::npos)
       << one_unit.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(TrainCliTest, ResumeLatestOrdersByStepNumberAtAnyWidthAndFallsBackPastADamagedOne) {
+  const std::string common = "--devices 1 --model-size tiny --batch-size 4 --sample-tokens 0 --ckpt-dir " + path("ckpt");
+  CommandResult first = run_strata("train " + common + " --max-steps 2 --ckpt-every 1");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  // A wider name sorts after step-00000002 by number (not by text length).
+  fs::copy(path("ckpt/step-00000002"), path("ckpt/step-100000000"), fs::copy_options::recursive);
+  CommandResult wide = run_strata("train " + common + " --max-steps 3 --resume latest");
+  ASSERT_EQ(wide.exit_code, 0) << wide.output;
+  EXPECT_NE(wide.output.find("resumed from " + path("ckpt/step-100000000")), std::string::npos) << wide.output;
+  fs::remove_all(path("ckpt/step-00000003"));
+
+  // Flip one data byte of the newest: it fails its checksum, so the
+  // previous checkpoint is used, and the output says why.
+  const std::string damaged = path("ckpt/step-100000000/state.safetensors");
+  {
+    std::fstream file(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-5, std::ios::end);
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(-5, std::ios::end);
+    byte = static_cast<char>(byte ^ 0x40);
+    file.write(&byte, 1);
+  }
+  CommandResult fallback = run_strata("train " + common + " --max-steps 3 --resume latest");
+  ASSERT_EQ(fallback.exit_code, 0) << fallback.output;
+  EXPECT_NE(fallback.output.find("--resume latest: skipping " + path("ckpt/step-100000000")), std::string::npos)
+      << fallback.output;
+  EXPECT_NE(fallback.output.find("falling back to the previous checkpoint"), std::string::npos) << fallback.output;
+  EXPECT_NE(fallback.output.find("resumed from " + path("ckpt/step-00000002")), std::string::npos) << fallback.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(TrainCliTest, SigintAndSigtermStopTrainingWithTheShellsExitCodes) {
+  for (const auto& [signal, code] : std::vector<std::pair<std::string, int>>{{"INT", 130}, {"TERM", 143}}) {
+    // Started in the background of a shell, signalled once it trains.
+    const std::string train = strata_binary() + " train --devices 2 --model-size tiny --batch-size 4 "
+                              "--max-steps 1000000 --log-every 1 --sample-tokens 0 > " + path("out.txt") + " 2>&1";
+    const std::string script = train + " & pid=$!; for i in $(seq 200); do grep -q 'step 2/' " + path("out.txt") +
+                               " 2>/dev/null && break; sleep 0.1; done; kill -" + signal +
+                               " $pid; wait $pid; echo exit=$?";
+    CommandResult result = run_command(script);
+    EXPECT_NE(result.output.find("exit=" + std::to_string(code)), std::string::npos)
+        << signal << ": " << result.output << "\n" << std::ifstream(path("out.txt")).rdbuf();
+  }
 }
 
 }  // namespace
