@@ -13,55 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "support/tool.h"
+
 namespace {
 
-struct Outcome {
-  int status = 0;
-  std::string out, err;
-};
+using strata::testing::Outcome;
 
-// Runs `strata ARGS...` (no shell) and collects its output and exit status.
-Outcome strata(const std::vector<std::string>& args) {
-  const char* dir = std::getenv("STRATA_BINARY_DIR");
-  std::vector<std::string> argv{std::string(dir != nullptr ? dir : ".") + "/strata"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (std::string& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  int out[2], err[2];
-  EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
-  EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  Outcome o;
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  for (int open = 2; open > 0;) {
-    if (::poll(fds, 2, -1) < 0) continue;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[4096];
-      ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
-      if (n > 0) {
-        (i == 0 ? o.out : o.err).append(buf, static_cast<size_t>(n));
-      } else {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return o;
-}
+Outcome strata(const std::vector<std::string>& args) { return strata::testing::run_strata(args); }
 
 bool decimal_integer(const std::string& v) {
   size_t i = (!v.empty() && (v[0] == '-' || v[0] == '+')) ? 1 : 0;
