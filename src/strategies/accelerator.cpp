@@ -74,34 +74,26 @@ Precision Precision::parse(const std::string& name, const std::string& device_ty
                     "'; choose one of: 32-true, bf16-mixed (and 16-mixed on cuda)");
 }
 
+// LibTorch 2's device-generic autocast state: one enabled flag and one
+// dtype per device type.
 Precision::ForwardContext::ForwardContext(const Precision& precision) {
   if (!precision.autocast()) return;
   active_ = true;
   device_type_ = precision.device_type_;
-  if (device_type_ == "cpu") {
-    was_enabled_ = at::autocast::is_cpu_enabled();
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_autocast_cpu_dtype(precision.compute_dtype());
-    at::autocast::set_cpu_enabled(true);
-  } else {
-    was_enabled_ = at::autocast::is_enabled();
-    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_autocast_gpu_dtype(precision.compute_dtype());
-    at::autocast::set_enabled(true);
-  }
+  const c10::DeviceType device = device_type_ == "cpu" ? c10::kCPU : c10::kCUDA;
+  was_enabled_ = at::autocast::is_autocast_enabled(device);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_dtype(device, precision.compute_dtype());
+  at::autocast::set_autocast_enabled(device, true);
   at::autocast::increment_nesting();
 }
 
 Precision::ForwardContext::~ForwardContext() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (device_type_ == "cpu") {
-    at::autocast::set_cpu_enabled(was_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
-  } else {
-    at::autocast::set_enabled(was_enabled_);
-    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
-  }
+  const c10::DeviceType device = device_type_ == "cpu" ? c10::kCPU : c10::kCUDA;
+  at::autocast::set_autocast_enabled(device, was_enabled_);
+  at::autocast::set_autocast_dtype(device, previous_dtype_);
 }
 
 const char* StateValue::kind() const {

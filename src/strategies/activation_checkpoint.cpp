@@ -26,17 +26,17 @@ struct Recompute : torch::CustomClassHolder {
 class ReplayState {
  public:
   explicit ReplayState(const Recompute& saved) {
-    was_autocast_ = at::autocast::is_cpu_enabled();
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    was_autocast_ = at::autocast::is_autocast_enabled(c10::kCPU);
+    previous_dtype_ = at::autocast::get_autocast_dtype(c10::kCPU);
     rng_ = checkpoint::cpu_rng_state();
     checkpoint::set_cpu_rng_state(saved.rng_state);
-    at::autocast::set_autocast_cpu_dtype(saved.autocast_dtype);
-    at::autocast::set_cpu_enabled(saved.autocast);
+    at::autocast::set_autocast_dtype(c10::kCPU, saved.autocast_dtype);
+    at::autocast::set_autocast_enabled(c10::kCPU, saved.autocast);
   }
   ~ReplayState() {
     at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(was_autocast_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+    at::autocast::set_autocast_enabled(c10::kCPU, was_autocast_);
+    at::autocast::set_autocast_dtype(c10::kCPU, previous_dtype_);
     checkpoint::set_cpu_rng_state(rng_);
   }
 
@@ -83,8 +83,8 @@ at::Tensor checkpointed_forward(const ForwardBody& body, const at::Tensor& input
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->body = body;
   recompute->rng_state = checkpoint::cpu_rng_state();
-  recompute->autocast = at::autocast::is_cpu_enabled();
-  recompute->autocast_dtype = at::autocast::get_autocast_cpu_dtype();
+  recompute->autocast = at::autocast::is_autocast_enabled(c10::kCPU);
+  recompute->autocast_dtype = at::autocast::get_autocast_dtype(c10::kCPU);
   at::Tensor anchor = at::empty({0}).requires_grad_(!input.requires_grad());
   return CheckpointFunction::apply(input, anchor, recompute);
 }
