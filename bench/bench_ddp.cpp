@@ -15,11 +15,13 @@
 //
 // Started plainly it launches --devices copies of itself (Fabric); under
 // `strata launch -n N` it joins. bench/run_ddp.sh runs both sides and
-// prints the table; bench/run_fsdp.sh compares FSDP with DDP.
+// prints the table; bench/run_fsdp.sh compares FSDP with DDP;
+// bench/run_peers.sh runs strata beside PyTorch DDP / FSDP2 and Lightning
+// Fabric.
 //
 // Note [Same data and initial weights as the peer]
-// Debian's python3-torch and LibTorch are the same libtorch_cpu, with the
-// same CPU generator. The batches come from a private generator seeded
+// The venv's torch (2.13.0, $STRATA_PYTHON) and strata use the same
+// libtorch_cpu, with the same CPU generator. The batches come from a private generator seeded
 // with --seed (one pool of shape [pool, world * batch, ...], rank r takes
 // its slice), and the model is built right after manual_seed(--seed) with
 // its layers created in the same order as the peer's, so both sides start
@@ -47,7 +49,11 @@
 //   heap, Note [Allocator settings]);
 // - "state": the bytes of the tensors that hold the training state, summed
 //   after the run: model->parameters() (FSDP: this rank's shards), their
-//   gradients and AdamW's exp_avg / exp_avg_sq. DDP's gradient buckets and
+//   gradients and AdamW's exp_avg / exp_avg_sq. The run ends with
+//   zero_grad(), which since LibTorch 2.0 sets the gradients to undefined
+//   (set_to_none), so with LibTorch 2 this is parameters + moments (3x the
+//   parameters' bytes; LibTorch 1.13's zeroed gradients made it 4x).
+//   bench/ddp_peer.py measures the same way. DDP's gradient buckets and
 //   FSDP's gathered units are transient or internal and not counted here;
 //   "largest_unit_mb" gives the size of FSDP's largest unit, in full.
 #include <ATen/ATen.h>

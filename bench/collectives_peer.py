@@ -1,16 +1,17 @@
-#!/usr/bin/python3
 """PyTorch's own Gloo collectives, timed the way bench_collectives times strata's.
 
-Run with Debian's /usr/bin/python3 (torch 1.13 with torch.distributed):
+Run with the venv's Python ($STRATA_PYTHON: torch 2.13.0 CPU, the
+libtorch_cpu strata links; bench/run_collectives.sh finds it):
 
-    collectives_peer.py [-n 2]            # CSV lines: torch,op,bytes,seconds_per_iter
+    collectives_peer.py [-n 2]            # CSV lines: torch,op,bytes,seconds_per_iter[,torch op]
     collectives_peer.py --table A.csv B.csv  # the comparison table of two CSV files
 
 Same sizes (1 KB .. 64 MB, powers of 4), iteration rule, warm-up and
 slowest-rank timing as bench/bench_collectives.cpp; one thread per rank.
-PyTorch 1.13's Gloo process group has no reduce_scatter, so the row
-"reduce_scatter" is measured as all_reduce of the input followed by taking
-this rank's slice, reported as "reduce_scatter (all_reduce+slice)".
+The row "reduce_scatter" uses dist.reduce_scatter_tensor where the Gloo
+process group has it (torch 2.x); where it has not (torch 1.13) it is
+measured as all_reduce of the input followed by taking this rank's slice,
+and the table says so in its last column.
 """
 import argparse
 import os
@@ -38,6 +39,12 @@ def worker(rank, world, port, queue):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # Does this torch's Gloo have reduce_scatter? (1.13's had not.)
+    try:
+        dist.reduce_scatter_tensor(torch.ones(1), torch.ones(world))
+        rs_op = "reduce_scatter_tensor"
+    except (RuntimeError, AttributeError, NotImplementedError):
+        rs_op = "all_reduce+slice"
     results = []
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for nbytes in sizes():
@@ -51,6 +58,8 @@ def worker(rank, world, port, queue):
                     dist.all_reduce(full)
                 elif op == "all_gather":
                     dist.all_gather(outs, piece)
+                elif rs_op == "reduce_scatter_tensor":
+                    dist.reduce_scatter_tensor(piece, full)
                 else:  # no reduce_scatter in 1.13's Gloo: all_reduce, keep this rank's slice
                     dist.all_reduce(full)
                     piece.copy_(full.narrow(0, rank * (elems // world), elems // world))
@@ -64,7 +73,7 @@ def worker(rank, world, port, queue):
                 run()
             seconds = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
             dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-            results.append((op, nbytes, seconds.item()))
+            results.append((op, nbytes, seconds.item(), rs_op if op == "reduce_scatter" else op))
     dist.destroy_process_group()
     if rank == 0:
         queue.put(results)
@@ -88,8 +97,8 @@ def measure(world):
         p.join()
         if p.exitcode != 0:
             sys.exit(f"collectives_peer: a worker exited with code {p.exitcode}")
-    for op, nbytes, seconds in results:
-        print(f"torch,{op},{nbytes},{seconds:.9f}", flush=True)
+    for op, nbytes, seconds, torch_op in results:
+        print(f"torch,{op},{nbytes},{seconds:.9f},{torch_op}", flush=True)
 
 
 def bus_bandwidth(op, nbytes, seconds, world):
@@ -105,15 +114,19 @@ def human(nbytes):
 
 
 def table(paths, world):
-    rows = {}
+    rows, torch_ops = {}, {}
     for path in paths:
         with open(path) as f:
             for line in f:
                 parts = line.strip().split(",")
-                if len(parts) != 4:
+                if len(parts) not in (4, 5):
                     continue
                 impl, op, nbytes, seconds = parts[0], parts[1], int(parts[2]), float(parts[3])
                 rows.setdefault((op, nbytes), {})[impl] = seconds
+                if impl == "torch":
+                    # Older CSVs (torch 1.13) have no 5th field: all_reduce+slice.
+                    torch_ops[op] = parts[4] if len(parts) == 5 else (
+                        "all_reduce+slice" if op == "reduce_scatter" else op)
     print(f"{'op':<16}{'size':>8}  {'strata GB/s':>11}  {'torch GB/s':>10}  {'ratio':>6}  torch op")
     for (op, nbytes), by in sorted(rows.items(), key=lambda kv: (("all_reduce", "all_gather", "reduce_scatter").index(kv[0][0]), kv[0][1])):
         s = by.get("strata")
@@ -121,7 +134,7 @@ def table(paths, world):
         sb = bus_bandwidth(op, nbytes, s, world) if s else None
         tb = bus_bandwidth(op, nbytes, t, world) if t else None
         ratio = f"{sb / tb:6.2f}" if sb and tb else "   n/a"
-        torch_op = "all_reduce+slice (no reduce_scatter in 1.13 Gloo)" if op == "reduce_scatter" else op
+        torch_op = torch_ops.get(op, op)
         print(f"{op:<16}{human(nbytes):>8}  {sb if sb else float('nan'):>11.3f}  {tb if tb else float('nan'):>10.3f}  {ratio}  {torch_op}")
 
 

@@ -1,28 +1,49 @@
-#!/usr/bin/python3
-"""PyTorch's side of the data-parallel benchmark (bench/bench_ddp.cpp).
+"""The Python peers of the training benchmarks (bench/bench_ddp.cpp).
 
 Trains the same model as bench_ddp (a GPT preset written out below, with
-strata's architecture, or the 512-2048-512 MLP) with
-torch.nn.parallel.DistributedDataParallel over Gloo, AdamW, the same fixed
-random batches, per-rank batch, warm-up and timed steps, and prints one JSON
-line on rank 0 with "impl": "pytorch" (the same keys as bench_ddp).
+strata's architecture, or the 512-2048-512 MLP) with AdamW on the same
+fixed random batches, per-rank batch, warm-up and timed steps, through one
+of these peers (--peer), and prints one JSON line on rank 0 with the keys
+of bench_ddp's:
 
-Needs Debian's python3-torch (torch 1.13, run with /usr/bin/python3). It
-starts --devices ranks itself (torch.multiprocessing.spawn) on a free
-loopback port.
+  pytorch-ddp             torch.nn.parallel.DistributedDataParallel (Gloo)
+  pytorch-fsdp2           torch.distributed.fsdp.fully_shard (FSDP2) on each
+                          GPT Block, then on the root (Gloo, CPU)
+  fabric-ddp              Lightning Fabric, strategy="ddp"
+  fabric-fsdp             Lightning Fabric, strategy="fsdp" (FSDPStrategy,
+                          which is FSDP1): refused on CPU; prints an
+                          {"error": ...} line quoting what it said
+  fabric-model-parallel   Lightning Fabric's ModelParallelStrategy, whose
+                          parallelize_fn applies fully_shard as
+                          pytorch-fsdp2 does: Fabric's FSDP2
 
-Same data and weights as bench_ddp: python3-torch and LibTorch are the same
-libtorch_cpu, so the batches drawn from a generator seeded with --seed, and
-a model built right after torch.manual_seed(--seed) with its layers created
-in the same order as strata's, are the same on both sides.
+Runs under the project's venv (torch 2.13.0 CPU, lightning; $STRATA_PYTHON,
+bench/python.sh). The PyTorch peers start --devices ranks themselves
+(torch.multiprocessing.spawn) on a free loopback port; the Fabric peers let
+Fabric launch them (its subprocess launcher re-runs this script).
 
-Step times: each rank times forward + backward (with DDP's all-reduce) +
-optimizer step + zero_grad of each timed step; the per-step times are
-reduced with MAX across ranks at the end.
+Same data and weights as bench_ddp: torch and strata use the same
+libtorch_cpu (the venv's), with the same CPU generator. The batches come
+from a generator seeded with --seed, and the model is built in full right
+after torch.manual_seed(--seed), with its layers created in the same order
+as strata's, before any peer wraps or shards it, so every row starts from
+the same weights and sees the same batches; "loss after K" agreeing checks
+it. nn.Linear and LibTorch's C++ torch::nn::Linear both call the same
+at::linear, so forward and backward run the same kernels.
 
-Usage: /usr/bin/python3 bench/ddp_peer.py --model gpt --size small --batch 16 --steps 30
+Step times: each rank times forward + backward (with the gradient
+all-reduce or reduce-scatter) + optimizer step + zero_grad of each timed
+step; the per-step times are reduced with MAX across ranks at the end.
+Memory: the figures of Note [Memory figures] in bench_ddp.cpp, measured the
+same way (VmRSS at the worker's start, once torch.distributed, DDP's and
+FSDP2's Python modules, and for Fabric lightning, are loaded; VmHWM after
+set-up; VmHWM reset then read at the end; the local bytes of parameters,
+gradients and AdamW's moments: FSDP2's local shards).
+
+Usage: $STRATA_PYTHON bench/ddp_peer.py --peer pytorch-fsdp2 --model gpt --size small --batch 16 --steps 30
 """
 import argparse
+import importlib
 import json
 import math
 import os
@@ -37,18 +58,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
 import tables
 
 # The presets of strata::models::GPTConfig::preset: (n_layer, n_head, n_embd, block_size).
-PRESETS = {
-    "tiny": (2, 2, 64, 64),
-    "small": (4, 4, 128, 128),
-    "medium": (6, 6, 384, 256),
-    "large": (12, 12, 768, 256),
+PRESETS = tables.GPT_PRESETS
+VOCAB = tables.GPT_VOCAB
+
+PEERS = {
+    # --peer: (default "impl" label, "strategy" field)
+    "pytorch-ddp": ("pytorch ddp", "ddp"),
+    "pytorch-fsdp2": ("pytorch fsdp2", "fsdp"),
+    "fabric-ddp": ("fabric ddp", "ddp"),
+    "fabric-fsdp": ("fabric fsdp", "fsdp"),
+    "fabric-model-parallel": ("fabric model-parallel", "fsdp"),
 }
-VOCAB = 256
 
 
 class CausalSelfAttention(nn.Module):
@@ -138,10 +162,6 @@ class GPT(nn.Module):
             x = b(x)
         return F.linear(self.ln_f(x), self.wte.weight)
 
-    def loss(self, idx, targets):
-        logits = self(idx)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
-
 
 class MLP(nn.Module):
     """strata::models::MLP(512, 2048, 512, 1): Linear, ReLU, Linear."""
@@ -158,37 +178,110 @@ def label(args):
     return f"gpt-{args.size}" if args.model == "gpt" else "mlp-512-2048-512"
 
 
-def worker(rank, args, port):
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
-    world = args.devices
+# --- memory (Note [Memory figures] in bench_ddp.cpp) -----------------------
 
+def proc_status_mb(key):
+    """A "VmRSS" / "VmHWM" line of /proc/self/status, in MB (-1 if absent)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
+
+
+def reset_peak_rss():
+    """Sets VmHWM (and ru_maxrss) back to the current RSS; False where refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def local_bytes(t):
+    """Bytes this rank holds of `t` (a DTensor's local shard)."""
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def training_state_bytes(model, optimizer):
+    """Parameters, their gradients and AdamW's moments held by this rank."""
+    total = sum(local_bytes(p) + local_bytes(p.grad) for p in model.parameters())
+    for state in getattr(optimizer, "optimizer", optimizer).state.values():
+        total += sum(local_bytes(state.get(k)) for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"))
+    return total
+
+
+# --- one rank's run, common to every peer ----------------------------------
+
+def make_data(args, rank, world):
+    """This rank's batches: Note [Same data and initial weights as the peer]
+    in bench_ddp.cpp."""
     gen = torch.Generator().manual_seed(args.seed)
     if args.model == "gpt":
         seq_len = PRESETS[args.size][3]
         pool = torch.randint(0, VOCAB, (args.pool, world * args.batch, seq_len + 1), generator=gen, dtype=torch.long)
         mine = [p.narrow(0, rank * args.batch, args.batch) for p in pool]
-        inputs = [m[:, :seq_len].contiguous() for m in mine]
-        targets = [m[:, 1:].contiguous() for m in mine]
-        torch.manual_seed(args.seed)
-        model = GPT(args.size)
-    else:
-        seq_len = 0
-        x = torch.randn(args.pool, world * args.batch, 512, generator=gen)
-        y = torch.randn(args.pool, world * args.batch, 512, generator=gen)
-        inputs = [x[i].narrow(0, rank * args.batch, args.batch).contiguous() for i in range(args.pool)]
-        targets = [y[i].narrow(0, rank * args.batch, args.batch).contiguous() for i in range(args.pool)]
-        torch.manual_seed(args.seed)
-        model = MLP()
-    ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
+        return [m[:, :seq_len].contiguous() for m in mine], [m[:, 1:].contiguous() for m in mine], seq_len
+    x = torch.randn(args.pool, world * args.batch, 512, generator=gen)
+    y = torch.randn(args.pool, world * args.batch, 512, generator=gen)
+    inputs = [x[i].narrow(0, rank * args.batch, args.batch).contiguous() for i in range(args.pool)]
+    targets = [y[i].narrow(0, rank * args.batch, args.batch).contiguous() for i in range(args.pool)]
+    return inputs, targets, 0
+
+
+def build_model(args):
+    """The model in full, built right after manual_seed(--seed) as strata does."""
+    torch.manual_seed(args.seed)
+    return GPT(args.size) if args.model == "gpt" else MLP()
+
+
+def shard_fsdp2(model, mesh=None):
+    """FSDP2 as strata's FSDP units: each GPT Block, then the root (embeddings,
+    final norm, tied head; the MLP: the root only)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in getattr(model, "blocks", []):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def run_rank(args, rank, world, wrap, make_optimizer, backward):
+    """Trains and, on rank 0, prints the JSON line. wrap(model) -> the model
+    to call; make_optimizer(params) -> the optimizer; backward(loss)."""
+    torch.set_num_threads(args.threads)
+    # Load what the peers would load lazily during set-up (DDP's constructor
+    # imports torch._dynamo, FSDP2 is torch.distributed.fsdp: about 75 MB of
+    # Python modules) before the baseline, on every row alike, as strata's
+    # baseline has LibTorch and Gloo loaded; Fabric's rows have lightning too.
+    for name in ("torch._dynamo", "torch.distributed.fsdp"):
+        importlib.import_module(name)
+
+    baseline_mb = proc_status_mb("VmRSS")
+    inputs, targets, seq_len = make_data(args, rank, world)
+    model = build_model(args)
+    params = sum(p.numel() for p in model.parameters())
+    model = wrap(model)
+    setup_peak_mb = proc_status_mb("VmHWM")
+    setup_maxrss_mb = peak_rss_mb()  # the reset below also resets ru_maxrss
+    hwm_reset = reset_peak_rss()
+    optimizer = make_optimizer(model.parameters())
 
     def loss_of(i):
         x, y = inputs[i % args.pool], targets[i % args.pool]
         if args.model == "gpt":
-            logits = ddp(x)
+            logits = model(x)
             return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
-        return F.mse_loss(ddp(x), y)
+        return F.mse_loss(model(x), y)
 
     step_ms, fwd_ms, bwd_ms, opt_ms = [], [], [], []
     last_loss = 0.0
@@ -198,7 +291,7 @@ def worker(rank, args, port):
         start = time.perf_counter()
         loss = loss_of(i)
         t_fwd = time.perf_counter()
-        loss.backward()
+        backward(loss)
         t_bwd = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad()
@@ -213,15 +306,23 @@ def worker(rank, args, port):
     times = torch.tensor(step_ms, dtype=torch.float64)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     step_ms = times.tolist()
-    rss = [None] * world
-    dist.all_gather_object(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+    maxrss_mb = max(setup_maxrss_mb, peak_rss_mb())
+    state_mb = training_state_bytes(model, optimizer) / (1024.0 * 1024.0)
+    mine = [maxrss_mb, baseline_mb, setup_peak_mb, proc_status_mb("VmHWM"), state_mb]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine)
+    per_rank = [list(col) for col in zip(*gathered)]
     loss_t = torch.tensor(last_loss, dtype=torch.float64)
     dist.all_reduce(loss_t)
     if rank == 0:
         step_s = statistics.median(step_ms) / 1e3
         out = {
             "impl": args.impl_label,
+            "peer": args.peer,
+            "strategy": PEERS[args.peer][1],
+            "init": "plain",
             "model": label(args),
+            "params": params,
             "world": world,
             "threads": args.threads,
             "batch": args.batch,
@@ -233,9 +334,11 @@ def worker(rank, args, port):
             out["tokens_per_s"] = world * args.batch * seq_len / step_s
         else:
             out["samples_per_s"] = world * args.batch / step_s
-        out["peak_rss_mb_per_rank"] = rss
+        out["peak_rss_mb_per_rank"] = per_rank[0]
         out["loss_after_k"] = loss_t.item() / world
         out["k"] = args.warmup + args.steps
+        out["memory"] = {"baseline": per_rank[1], "setup_peak": per_rank[2], "train_peak": per_rank[3],
+                         "state": per_rank[4], "hwm_reset": hwm_reset}
         if args.phases:
             out["phases_ms_median"] = {
                 "forward": statistics.median(fwd_ms),
@@ -243,15 +346,105 @@ def worker(rank, args, port):
                 "optimizer": statistics.median(opt_ms),
             }
         print(json.dumps(out), flush=True)
-    # Note [Leave without destructors]: under Python 3.11, tearing down DDP
-    # (destroy_process_group, or the Reducer dropping the last reference to
-    # the Gloo process group) can deadlock in torch 1.13:
-    # ~ProcessGroupGloo joins a worker thread that waits for the GIL, which
-    # the joining thread holds; the left-over rank then spins forever. The
-    # run is over, so meet once more and leave without running destructors.
+    leave()
+
+
+def leave():
+    """Note [Leave without destructors]: under Python 3.11, tearing down DDP
+    (destroy_process_group, or the Reducer dropping the last reference to
+    the Gloo process group) deadlocked in torch 1.13: ~ProcessGroupGloo
+    joined a worker thread that waited for the GIL, which the joining
+    thread held, and the left-over rank spun forever. Kept under torch 2.13
+    (and for Fabric's processes) as the cheap safe way out: the run is over,
+    so meet once more and leave without running destructors."""
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)
+
+
+def adamw(args):
+    return lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+
+
+# --- the peers -------------------------------------------------------------
+
+def pytorch_worker(rank, args, port):
+    """pytorch-ddp and pytorch-fsdp2: one rank of torch.multiprocessing.spawn."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.devices)
+    if args.peer == "pytorch-ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrap = lambda m: DistributedDataParallel(m, bucket_cap_mb=args.bucket_cap_mb)  # noqa: E731
+    else:
+        wrap = shard_fsdp2
+    run_rank(args, rank, args.devices, wrap, adamw(args), lambda loss: loss.backward())
+
+
+def error_line(args, **errors):
+    return json.dumps({"impl": args.impl_label, "peer": args.peer, "strategy": PEERS[args.peer][1],
+                       "model": label(args), "world": args.devices, "threads": args.threads, "batch": args.batch,
+                       **errors})
+
+
+def first_line(e):
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+def run_fabric(args):
+    """fabric-ddp, fabric-fsdp, fabric-model-parallel: Fabric launches the
+    ranks (this process is rank 0; the others re-run this script)."""
+    import lightning as L
+
+    if args.peer == "fabric-ddp":
+        strategy = "ddp"
+    elif args.peer == "fabric-model-parallel":
+        from lightning.fabric.strategies import ModelParallelStrategy
+
+        strategy = ModelParallelStrategy(parallelize_fn=lambda m, mesh: shard_fsdp2(m, mesh["data_parallel"]),
+                                         data_parallel_size=args.devices, tensor_parallel_size=1)
+    else:
+        # Fabric(strategy="fsdp") on CPU: quote the refusal. Then, to see
+        # whether only Fabric's check stands in the way, pass an instance of
+        # a subclass of FSDPStrategy (the check tests `type(...) is
+        # FSDPStrategy`), each GPT Block a unit, and quote what fails next.
+        from lightning.fabric.strategies import FSDPStrategy
+
+        try:
+            L.Fabric(accelerator="cpu", devices=args.devices, strategy="fsdp")
+            refused = None
+        except Exception as e:  # noqa: BLE001 - quoted, not handled
+            refused = first_line(e)
+
+        class CPUFSDPStrategy(FSDPStrategy):
+            pass
+
+        strategy = CPUFSDPStrategy(auto_wrap_policy={Block}, state_dict_type="sharded")
+    try:
+        fabric = L.Fabric(accelerator="cpu", devices=args.devices, num_nodes=1, strategy=strategy)
+    except Exception as e:  # noqa: BLE001
+        print(error_line(args, error=first_line(e)), flush=True)
+        return
+
+    def worker(fabric):
+        def wrap(model):
+            return fabric.setup_module(model)
+
+        def make_optimizer(params):
+            return fabric.setup_optimizers(adamw(args)(params))
+
+        if args.peer != "fabric-fsdp":
+            run_rank(args, fabric.global_rank, fabric.world_size, wrap, make_optimizer, fabric.backward)
+            return
+        try:
+            run_rank(args, fabric.global_rank, fabric.world_size, wrap, make_optimizer, fabric.backward)
+        except Exception as e:  # noqa: BLE001
+            if fabric.global_rank == 0:
+                print(error_line(args, error=refused or "(Fabric accepted strategy='fsdp' on CPU)",
+                                 error_past_check=first_line(e)), flush=True)
+            sys.stdout.flush()
+            os._exit(0)
+
+    fabric.launch(worker)
 
 
 def free_port():
@@ -261,7 +454,10 @@ def free_port():
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="peers (--peer):\n" + "\n".join(__doc__.split("\n")[7:19]))
+    p.add_argument("--peer", choices=sorted(PEERS), default="pytorch-ddp")
     p.add_argument("--model", choices=["gpt", "mlp"], default="gpt")
     p.add_argument("--size", choices=sorted(PRESETS), default="small")
     p.add_argument("--devices", type=int, default=2, help="ranks")
@@ -272,16 +468,21 @@ def main():
     p.add_argument("--pool", type=int, default=8, help="distinct random batches, cycled")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--bucket-cap-mb", type=int, default=25)
-    p.add_argument("--impl-label", default="pytorch", help='the "impl" field of the result')
+    p.add_argument("--bucket-cap-mb", type=int, default=25, help="pytorch-ddp")
+    p.add_argument("--impl-label", help='the "impl" field of the result (default: from --peer, e.g. "pytorch ddp")')
     p.add_argument("--phases", action="store_true", help="also report forward / backward / optimizer medians")
     p.add_argument("--table", metavar="FILE", help="print the table of the JSON lines in FILE and exit")
     args = p.parse_args()
     if args.table:
         tables.speed_table(tables.load(args.table))
         return
+    if args.impl_label is None:
+        args.impl_label = PEERS[args.peer][0]
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    mp.spawn(worker, args=(args, free_port()), nprocs=args.devices, join=True)
+    if args.peer.startswith("fabric-"):
+        run_fabric(args)
+    else:
+        mp.spawn(pytorch_worker, args=(args, free_port()), nprocs=args.devices, join=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Collectives benchmark: strata's Gloo backend beside PyTorch's Gloo process
-# group (Debian's /usr/bin/python3), 2 local ranks, 1 thread per rank,
+# group (torch 2.13 in the venv: $STRATA_PYTHON, bench/python.sh), 2 local ranks, 1 thread per rank,
 # all_reduce / all_gather / reduce_scatter from 1 KB to 64 MB, measured in
 # this one run. Prints one table of bus bandwidths (NCCL-tests convention)
 # and the ratio strata / torch. Builds nothing: expects ./build (override
@@ -18,6 +18,9 @@ if [ ! -x "$bench" ]; then
   exit 1
 fi
 
+# shellcheck source=bench/python.sh
+source bench/python.sh
+
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1
@@ -25,6 +28,6 @@ export OMP_NUM_THREADS=1
 echo "machine: $(OMP_NUM_THREADS= nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); ranks: $ranks, 1 thread each"
 echo "[bench] strata (gloo) ..." >&2
 "$bench" -n "$ranks" > "$tmp/strata.csv"
-echo "[bench] torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') (gloo) ..." >&2
-/usr/bin/python3 bench/collectives_peer.py -n "$ranks" > "$tmp/torch.csv"
-/usr/bin/python3 bench/collectives_peer.py -n "$ranks" --table "$tmp/strata.csv" "$tmp/torch.csv"
+echo "[bench] torch $("$python" -c 'import torch; print(torch.__version__)') (gloo) ..." >&2
+"$python" bench/collectives_peer.py -n "$ranks" > "$tmp/torch.csv"
+"$python" bench/collectives_peer.py -n "$ranks" --table "$tmp/strata.csv" "$tmp/torch.csv"

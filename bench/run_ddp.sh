@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Data-parallel benchmark: strata's DDPStrategy (bench_ddp) beside PyTorch's
-# DistributedDataParallel (bench/ddp_peer.py, Debian's /usr/bin/python3),
-# same model, data, initial weights, world size, threads, per-rank batch and
-# steps, measured in this one run. Runs GPT small (batch 16 per rank) and
-# the 512-2048-512 MLP (batch 64 per rank), optionally GPT medium, and
-# prints a table with the ratio of each median step time to PyTorch's.
+# DistributedDataParallel (bench/ddp_peer.py under the venv's Python,
+# $STRATA_PYTHON), same model, data, initial weights, world size, threads,
+# per-rank batch and steps, measured in this one run (all peers at once,
+# FSDP2 and Lightning Fabric included: bench/run_peers.sh). Runs GPT
+# small (batch 16 per rank) and the 512-2048-512 MLP (batch 64 per rank),
+# optionally GPT medium, and prints a table with the ratio of each median
+# step time to PyTorch's.
 #
 # Each side also runs a second time with glibc's malloc told to keep freed
 # memory (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, rows tagged
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --medium) medium=1; shift ;;
     --no-malloc-variants) variants=0; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "[bench] unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -71,7 +73,7 @@ for config in "${configs[@]}"; do
           env "${env_vars[@]}" timeout 600 "$bench" $config $common --impl-label "$label" | grep '^{' >> "$results"
         else
           # shellcheck disable=SC2086
-          env "${env_vars[@]}" timeout 600 "$python" bench/ddp_peer.py $config $common --impl-label "$label" \
+          env "${env_vars[@]}" timeout 600 "$python" bench/ddp_peer.py --peer pytorch-ddp $config $common --impl-label "$label" \
             | grep '^{' >> "$results"
         fi
       done

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fully-sharded benchmark: strata's FSDPStrategy (bench_ddp --strategy fsdp,
 # each GPT Block a unit) beside strata's DDPStrategy and, for speed,
-# PyTorch's DistributedDataParallel (bench/ddp_peer.py), in this one run:
+# PyTorch's DistributedDataParallel (bench/ddp_peer.py, under the venv's
+# Python, $STRATA_PYTHON), in this one run (PyTorch's FSDP2 and Lightning
+# Fabric beside them: bench/run_peers.sh):
 #
 # 1. memory, at 2 and 4 ranks: GPT large (12 layers, width 768, 85 M
 #    parameters) with a 64-token context and batch 2 per rank, so that
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --worlds) worlds="$2"; shift 2 ;;
     --memory-size) memory_size="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "[bench] unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -74,7 +76,7 @@ for ((r = 1; r <= repeats; r++)); do
     esac
     if [ "$kind" = "pytorch ddp" ]; then
       # shellcheck disable=SC2086
-      timeout 600 "$python" bench/ddp_peer.py $speed_config --impl-label "$kind" | grep '^{' >> "$tmp/speed.jsonl"
+      timeout 600 "$python" bench/ddp_peer.py --peer pytorch-ddp $speed_config --impl-label "$kind" | grep '^{' >> "$tmp/speed.jsonl"
     else
       # shellcheck disable=SC2086
       timeout 600 "$bench" $speed_config "${args[@]}" --impl-label "$kind" | grep '^{' >> "$tmp/speed.jsonl"

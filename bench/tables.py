@@ -1,11 +1,15 @@
-#!/usr/bin/python3
-"""Tables of the data-parallel benchmarks' results: the JSON lines printed by
-bench_ddp (strata, DDP or FSDP) and bench/ddp_peer.py (PyTorch's DDP).
+"""Tables of the training benchmarks' results: the JSON lines printed by
+bench_ddp (strata, DDP or FSDP) and bench/ddp_peer.py (PyTorch DDP and
+FSDP2, Lightning Fabric).
 
-  speed FILE [--against IMPL ...] [--train-peak]
+  speed FILE [--against IMPL ...] [--train-peak] [--matmul FILE ...] [--markdown]
       per model and impl, the median over repeats of each run's median step
       time, throughput, peak RSS, loss after K, and the step time's ratio to
-      each --against impl (default: pytorch);
+      each --against impl (default: pytorch); --train-peak adds the peak RSS
+      over the start during training (rows that report it); --matmul adds
+      each row's model FLOP/s and its fraction of the machine's matmul rate
+      (MFU), from the JSON lines of bench/matmul_rate.{cc,py} (one FILE per
+      measurement round); lines with an "error" are listed below the table;
   memory FILE
       per world size and strategy, the training state per rank (parameters,
       gradients, AdamW moments), the peak RSS over the worker's starting RSS
@@ -18,6 +22,71 @@ import argparse
 import json
 import statistics
 
+# strata::models::GPTConfig::preset: (n_layer, n_head, n_embd, block_size).
+GPT_PRESETS = {
+    "tiny": (2, 2, 64, 64),
+    "small": (4, 4, 128, 128),
+    "medium": (6, 6, 384, 256),
+    "large": (12, 12, 768, 256),
+}
+GPT_VOCAB = 256
+
+
+def flops_per_item(model):
+    """Training FLOPs per token (GPT) or per sample (MLP) of a result's
+    "model" label: Note [Model FLOPs]."""
+    if model.startswith("gpt-"):
+        size, _, ctx = model[4:].partition("-T")
+        n_layer, _, d, block = GPT_PRESETS[size]
+        t = int(ctx) if ctx else block
+        matmul_params = n_layer * 12 * d * d + GPT_VOCAB * d
+        return 6 * matmul_params + 12 * n_layer * t * d
+    if model == "mlp-512-2048-512":
+        return 6 * (512 * 2048 + 2048 * 512)
+    return None
+
+
+# Note [Model FLOPs]
+# A training step costs 6 FLOPs per matmul weight per token (2 forward, 4
+# backward: PaLM's / Chinchilla's 6N) plus the attention's two T x T
+# matmuls, 12 * n_layer * T * d per token (forward 4 T d per layer: Q K^T
+# and att V, backward twice that; strata and the peers compute the full
+# T x T, masked, so no causal halving). The weights counted (N) are those of
+# a matmul: per layer 12 d^2 (c_attn 3 d^2, c_proj d^2, c_fc 4 d^2, c_proj
+# 4 d^2) plus the tied head's vocab x d; embedding look-ups, biases,
+# LayerNorms, GELU, softmax and AdamW are not counted. GPT small (L 4, d
+# 128, T 128, vocab 256): N = 819,200 of 842,496 parameters, 6 N = 4.92 M
+# plus attention 0.79 M = 5.70 MFLOP per token. MLP 512-2048-512: 6 x 2.1 M
+# = 12.6 MFLOP per sample. The machine's rate (the MFU's denominator) is
+# the sum, over one process per rank each on --threads threads started at
+# the same moment, of the median rate of an fp32 1024 x 1024 x 1024 matmul
+# (bench/matmul_rate.cc, LibTorch from C++; bench/matmul_rate.py, the same
+# libtorch_cpu from Python), averaged over the rounds measured (run_peers.sh:
+# before each repeat and after the last).
+
+
+def matmul_rates(paths):
+    """{impl: [machine rate of each round, GFLOP/s]} of bench/matmul_rate's
+    JSON lines, one file per round (its lines: concurrent processes)."""
+    rates = {}
+    for path in paths:
+        per_impl = {}
+        for r in load(path):
+            if r.get("kind") == "matmul":
+                per_impl.setdefault(r["impl"], []).append(r["gflops_median"])
+        for impl, xs in per_impl.items():
+            rates.setdefault(impl, []).append(sum(xs))
+    return rates
+
+
+def machine_rate(rates):
+    """The MFU's denominator: the C++ measurement's mean over rounds (the
+    Python one where C++ is missing), GFLOP/s, and which it is."""
+    for impl in ("libtorch (C++)", "torch (Python)"):
+        if rates.get(impl):
+            return statistics.fmean(rates[impl]), impl
+    return None, None
+
 
 def load(path):
     """The JSON lines of `path` (other lines are skipped), in order."""
@@ -25,8 +94,15 @@ def load(path):
         return [json.loads(line) for line in (raw.strip() for raw in f) if line.startswith("{")]
 
 
-def print_rows(header, rows):
-    """Prints `rows` (lists of str) under `header`, columns padded."""
+def print_rows(header, rows, markdown=False):
+    """Prints `rows` (lists of str) under `header`, columns padded (as a
+    Markdown table with markdown)."""
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join(" --- " for _ in header) + "|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     fmt = " | ".join("{:<%d}" % w for w in widths)
     print(fmt.format(*header))
@@ -41,18 +117,25 @@ def over_start(run, key):
     return max(p - b for p, b in zip(mem[key], mem["baseline"]))
 
 
-def speed_table(runs, against=("pytorch",), train_peak=False):
+def speed_table(runs, against=("pytorch",), train_peak=False, matmul_gflops=None, markdown=False):
     """Prints per model and impl the median over repeats of each run's median
     step, with one "x IMPL" column per impl of `against` (the step time over
     that impl's, same model). train_peak adds the training peak over the
-    starting RSS (strata's rows only)."""
+    starting RSS (the largest rank; rows that report memory); matmul_gflops
+    (the machine's rate, GFLOP/s) adds model GFLOP/s and MFU (Note [Model
+    FLOPs]). Lines with an "error" are listed after the table."""
+    errors = [r for r in runs if "error" in r]
+    runs = [r for r in runs if "error" not in r and "step_ms_median" in r]
     by_key = {}
     for r in runs:
         by_key.setdefault((r["model"], r["impl"]), []).append(r)
-    header = ["model", "impl", "step ms (median)", "spread", "throughput", "peak RSS MB per rank"]
+    header = ["model", "impl", "step ms (median)", "spread"] + [f"x {impl}" for impl in against]
+    header += ["throughput", "peak RSS MB per rank"]
     if train_peak:
         header.append("train peak over start MB")
-    header += ["loss after K"] + [f"x {impl}" for impl in against]
+    header.append("loss after K")
+    if matmul_gflops:
+        header += ["model GFLOP/s", "MFU"]
     rows = []
     models = list(dict.fromkeys(m for m, _ in by_key))
     impls = list(dict.fromkeys(i for _, i in by_key))
@@ -66,22 +149,40 @@ def speed_table(runs, against=("pytorch",), train_peak=False):
             step[impl] = statistics.median(medians)
             best = min(rs, key=lambda r: abs(r["step_ms_median"] - step[impl]))
             if "tokens_per_s" in best:
-                tput = f"{statistics.median(r['tokens_per_s'] for r in rs):,.0f} tok/s"
+                items_per_s = statistics.median(r["tokens_per_s"] for r in rs)
+                tput = f"{items_per_s:,.0f} tok/s"
             else:
-                tput = f"{statistics.median(r['samples_per_s'] for r in rs):,.0f} samples/s"
+                items_per_s = statistics.median(r["samples_per_s"] for r in rs)
+                tput = f"{items_per_s:,.0f} samples/s"
             spread = f"{min(medians):.1f}-{max(medians):.1f}" if len(medians) > 1 else "-"
             rss = ", ".join(f"{x:.0f}" for x in best["peak_rss_mb_per_rank"])
-            row = [model, impl, f"{step[impl]:.1f}", spread, tput, rss]
+            row = [model, impl, f"{step[impl]:.1f}", spread] + [""] * len(against) + [tput, rss]
             if train_peak:
                 row.append(f"{statistics.median(over_start(r, 'train_peak') for r in rs):.0f}"
                            if "memory" in best else "-")
-            rows.append(row + [f"{best['loss_after_k']:.4f} (K={best['k']})"] + [""] * len(against))
+            row.append(f"{best['loss_after_k']:.4f} (K={best['k']})")
+            if matmul_gflops:
+                per_item = flops_per_item(model)
+                if per_item:
+                    gflops = per_item * items_per_s / 1e9
+                    row += [f"{gflops:.1f}", f"{gflops / matmul_gflops:.1%}"]
+                else:
+                    row += ["-", "-"]
+            rows.append(row)
         # Each row's step time over each baseline's, same model.
         for row in rows[first:]:
             for j, base in enumerate(against):
                 if base in step:
-                    row[len(row) - len(against) + j] = f"{step[row[1]] / step[base]:.2f}"
-    print_rows(header, rows)
+                    row[4 + j] = f"{step[row[1]] / step[base]:.2f}"
+    print_rows(header, rows, markdown)
+    seen = set()
+    for e in errors:
+        text = f"{e['impl']} ({e['model']}, {e['world']} ranks): {e['error']}"
+        if "error_past_check" in e:
+            text += f"\n    past that check: {e['error_past_check']}"
+        if text not in seen:
+            print(text)
+            seen.add(text)
 
 
 def memory_table(runs):
@@ -89,6 +190,8 @@ def memory_table(runs):
     (the first run of a kind, if repeated), with ratios to plain DDP's."""
     kinds = {}
     for r in runs:
+        if "memory" not in r or "error" in r:
+            continue
         kinds.setdefault((r["model"], r["world"], r["strategy"], r["init"]), r)
     header = ["model", "world", "strategy", "init", "state MB/rank", "x ddp", "ddp/N + unit MB",
               "train peak over start MB", "x ddp", "set-up peak over start MB", "x ddp", "peak RSS MB (max rank)",
@@ -119,10 +222,22 @@ def main():
     p.add_argument("file", help="JSON lines of bench_ddp / ddp_peer.py")
     p.add_argument("--against", nargs="+", default=["pytorch"], help="impls to give step-time ratios to")
     p.add_argument("--train-peak", action="store_true", help="speed: add the training peak over the start")
+    p.add_argument("--matmul", nargs="+", metavar="FILE", default=[],
+                   help="speed: bench/matmul_rate JSON lines, one file per round; adds model GFLOP/s and MFU")
+    p.add_argument("--markdown", action="store_true", help="speed: print a Markdown table")
     args = p.parse_args()
     runs = load(args.file)
     if args.kind == "speed":
-        speed_table(runs, args.against, args.train_peak)
+        rate = None
+        if args.matmul:
+            rates = matmul_rates(args.matmul)
+            rate, source = machine_rate(rates)
+            for impl, xs in rates.items():
+                print(f"matmul rate, {impl}: " + ", ".join(f"{x:.1f}" for x in xs) + " GFLOP/s (per round, summed over the ranks' processes)")
+            if rate:
+                print(f"machine rate used for MFU: {rate:.1f} GFLOP/s ({source}, mean over rounds)")
+            print()
+        speed_table(runs, args.against, args.train_peak, rate, args.markdown)
     else:
         memory_table(runs)
 
