@@ -71,8 +71,10 @@ void Strategy::setup_environment() {
   // glibc returns freed memory at the top of the heap to the kernel after
   // every step (trim) and serves large tensors with fresh mmaps, so each
   // training step page-faults its temporaries in again: measured (bench/
-  // run_ddp.sh) as 2.5x slower MLP steps and 1.5x slower GPT steps than
-  // with the heap kept. Keep it, unless the user tuned malloc already.
+  // run_ddp.sh, LibTorch 1.13 with OpenBLAS) as 2.5x slower MLP steps and
+  // 1.5x slower GPT steps than with the heap kept; the LibTorch 2.13 rows
+  // of docs/benchmarks.md are measured with it kept. Keep it, unless the
+  // user tuned malloc already.
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr && std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) {
     ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
     ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
