@@ -772,6 +772,9 @@ Scope FSDPStrategy::module_sharded_context() {
   auto shard_unit = [presharded, policy, world, rank, compute](torch::nn::Module& module) {
     if (!wraps(policy, module, numel_of(module, true))) return;
     torch::NoGradGuard no_grad;
+    // Inside module_init_context(empty_init) the model is built on the meta
+    // device; the shards made here are real memory all the same.
+    c10::impl::ForceDispatchKeyGuard real_tensors(c10::default_included_set, c10::default_excluded_set);
     std::unordered_map<const c10::TensorImpl*, at::Tensor> done;
     for (const auto& item : module.named_modules("", /*include_self=*/true)) {
       torch::nn::Module& owner = *item.value();

@@ -438,6 +438,50 @@ STRATA_WORKER(fsdp_sharded_context) {
   return c.result();
 }
 
+// Both scopes at once: the model is built on the meta device and each block
+// sharded as it is built; setup_module materialises zero shards everywhere
+// (the weights are to be loaded), and the model runs a training step.
+STRATA_WORKER(fsdp_sharded_meta) {
+  Fabric fabric(FabricOptions().with_strategy(fsdp()));
+  Checks c;
+  fabric.launch([&](Fabric& f) {
+    c.rank = f.global_rank();
+    auto& strategy = dynamic_cast<FSDPStrategy&>(f.strategy());
+    std::optional<GPT> built;
+    {
+      auto empty = f.init_module(/*empty_init=*/true);
+      auto sharded = strategy.module_sharded_context();
+      built.emplace(tiny());
+    }
+    GPT model = *built;
+    c.expect(model->wte->weight.is_meta(), "outside the blocks, tensors are on the meta device");
+    c.expect(c_attn_weight(model, 0).numel() == 0, "blocks hold no full parameters");
+    c.expect(model->named_parameters()["blocks.1.mlp.c_fc.weight"].abs().sum().item<double>() == 0.0,
+             "block shards are zeros");
+    f.setup_module(model);
+    bool all_zero_cpu = true;
+    for (const auto& p : model->named_parameters()) {
+      all_zero_cpu = all_zero_cpu && p.value().device().is_cpu() && p.value().abs().sum().item<double>() == 0.0;
+    }
+    c.expect(all_zero_cpu, "after setup_module every shard is a CPU tensor of zeros");
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5));
+    f.setup_optimizer(optimizer);
+    auto [input, target] = batch(f.global_rank(), f.world_size());
+    at::Tensor loss = model->loss(input, target);
+    f.backward(loss);
+    optimizer.step();
+    c.expect(std::abs(loss.item<double>() - std::log(256.0)) < 1e-5,
+             "the zero model runs a training step (uniform logits: loss log 256), got " +
+                 std::to_string(loss.item<double>()));
+  });
+  return c.result();
+}
+
+TEST(FSDPTest, EmptyInitAndShardedContextTogetherBuildOnMetaAndTrain) {
+  auto run = strata::testing::run_workers(2, "fsdp_sharded_meta");
+  EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+}
+
 TEST(FSDPTest, ShardedContextShardsEachBlockAsSoonAsItIsBuilt) {
   auto run = strata::testing::run_workers(2, "fsdp_sharded_context");
   EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
