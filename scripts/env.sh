@@ -1,7 +1,7 @@
 # Sourced by the other scripts: where the project's Python environment
 # lives. It sits outside the clone (a cache folder), so every clone on the
 # machine, CI's included, reuses it. Override with STRATA_VENV.
-strata_cache="${STRATA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/strata}"
+strata_cache="${STRATA_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/strata}"
 STRATA_VENV="${STRATA_VENV:-$strata_cache/venv-py311-torch2.13.0}"
 STRATA_PYTHON="$STRATA_VENV/bin/python"
 export STRATA_VENV STRATA_PYTHON
