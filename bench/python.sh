@@ -3,7 +3,10 @@
 # every Python peer, to the project's venv (torch 2.13.0 CPU, whose
 # libtorch_cpu strata links against; lightning for the Fabric peers).
 # Override with STRATA_PYTHON=/path/to/python.
-python="${STRATA_PYTHON:-${STRATA_VENV:-$HOME/.cache/strata/venv-py311-torch2.13.0}/bin/python}"
+user_python="${STRATA_PYTHON:-}"
+# shellcheck source=scripts/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"  # the venv's Python
+python="${user_python:-$STRATA_PYTHON}"
 if [ ! -x "$python" ]; then
   echo "[bench] Python not found at $python (set STRATA_PYTHON, or make the venv with scripts/install-deps.sh)" >&2
   exit 1
