@@ -85,34 +85,26 @@ nlohmann::json Fabric::spawn_workers() {
   STRATA_CHECK(::mkdtemp(folder.data()) != nullptr, LaunchError, "[fabric] cannot create a private temp folder ",
                folder, ": ", ::strata::detail::errno_string(errno));
   const std::filesystem::path result_file = std::filesystem::path(folder) / "result.json";
-  auto cleanup = [&] {
-    std::error_code ec;
-    std::filesystem::remove_all(folder, ec);
-  };
+  // The folder goes on every way out of this function.
+  struct RemoveFolder {
+    std::string path;
+    ~RemoveFolder() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_folder{folder};
   runtime::LaunchOptions launch_options;
   launch_options.nproc_per_node = options_.devices;
   launch_options.extra_env[kResultVar] = result_file.string();
-  runtime::LaunchResult result;
-  try {
-    result = runtime::launch_workers(runtime::current_command_line(), launch_options);
-  } catch (...) {
-    cleanup();
-    throw;
-  }
-  if (result.exit_code != 0) {
-    cleanup();
-    throw LaunchError("[fabric] the workers failed: " + result.summary);
-  }
+  runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), launch_options);
+  STRATA_CHECK(result.exit_code == 0, LaunchError, "[fabric] the workers failed: ", result.summary);
   nlohmann::json value = nullptr;
   std::ifstream in(result_file);
   if (in) {
     value = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (value.is_discarded()) {
-      cleanup();
-      throw LaunchError("[fabric] rank 0's result file " + result_file.string() + " is not valid JSON");
-    }
+    STRATA_CHECK(!value.is_discarded(), LaunchError, "[fabric] rank 0's result file ", result_file.string(),
+                 " is not valid JSON");
   }
-  cleanup();
   return value;
 }
 
