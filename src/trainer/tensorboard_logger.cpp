@@ -1,0 +1,217 @@
+// TensorBoardLogger: Lightning's folder layout and version numbering, scalar
+// events through EventFileWriter, and hparams.yaml written atomically.
+#include "strata/trainer/tensorboard_logger.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "strata/core/error.h"
+
+namespace strata::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::size_t kMaxNameBytes = 255;
+
+// Lightning's _get_next_version: 1 + the largest K of the version_K folders
+// in `dir`, 0 when there are none (or `dir` does not exist yet).
+int next_version(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  int next = 0;
+  fs::directory_iterator it(dir, ec);
+  STRATA_CHECK(!ec, ConfigError, "[tensorboard] cannot list ", dir.string(), " to choose the next version: ",
+               ec.message(), "; pass a version or another root_dir");
+  for (const fs::directory_entry& entry : it) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind("version_", 0) != 0 || !entry.is_directory(ec)) continue;
+    const std::string digits = file.substr(8);
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    next = std::max(next, std::atoi(digits.c_str()) + 1);
+  }
+  return next;
+}
+
+bool is_number(const std::string& text) {
+  if (text.empty() || text.size() > 64) return false;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  // strtod also takes hex floats, "inf" and "nan": YAML reads those as text.
+  return *end == '\0' && std::isfinite(value) && text.find_first_of("xXpP") == std::string::npos &&
+         text.find_first_not_of("0123456789+-.eE") == std::string::npos;
+}
+
+// A scalar PyYAML (YAML 1.1) reads back as the same text or as the number it
+// spells. Words YAML 1.1 turns into booleans other than true/false are quoted.
+bool plain_ok(const std::string& text) {
+  if (text.empty()) return false;
+  if (is_number(text)) return true;
+  for (const char* word : {"yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF", "y", "Y",
+                           "n", "N", "~", "<<", "="}) {
+    if (text == word) return false;
+  }
+  const char first = text[0];
+  const bool letter = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') || first == '_';
+  if (!letter) return false;  // digits (dates, 1:20), signs and punctuation: quote
+  for (char c : text) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '-' || c == '.' || c == '/' || c == '+';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string yaml_scalar(const std::string& text) {
+  if (plain_ok(text)) return text;
+  std::string out = "\"";
+  for (std::size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x80) {
+      const std::size_t n = utf8_sequence_length(text, i);
+      if (n == 0) {
+        out += "\\uFFFD";  // not UTF-8: YAML cannot hold the byte itself
+        ++i;
+      } else {
+        out.append(text, i, n);
+        i += n;
+      }
+      continue;
+    }
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7F) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+    ++i;
+  }
+  return out + "\"";
+}
+
+// Writes `text` to `path` through a temporary file and a rename.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string temp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  STRATA_CHECK_SYSCALL(fd, Error, "[tensorboard] cannot write ", temp);
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw Error(detail::cat("[tensorboard] writing ", temp, " failed: ", detail::errno_string(err)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const int synced = ::fsync(fd);
+  ::close(fd);
+  if (synced != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw Error(detail::cat("[tensorboard] replacing ", path, " failed: ", detail::errno_string(err)));
+  }
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string hparams_yaml(const Hyperparams& params) {
+  if (params.empty()) return "{}\n";
+  std::string out;
+  for (const auto& [key, value] : params) out += yaml_scalar(key) + ": " + yaml_scalar(value) + "\n";
+  return out;
+}
+
+TensorBoardLogger::TensorBoardLogger(std::string root_dir, std::string name, std::optional<int> version)
+    : root_dir_(std::move(root_dir)), name_(std::move(name)) {
+  STRATA_CHECK(!root_dir_.empty(), ConfigError,
+               "[tensorboard] root_dir is empty; name the folder that holds the runs (\".\" for here)");
+  STRATA_CHECK(root_dir_.find('\0') == std::string::npos && root_dir_.size() <= 4096, ConfigError,
+               "[tensorboard] root_dir holds a NUL byte or is longer than 4096 bytes");
+  STRATA_CHECK(name_.size() <= kMaxNameBytes && name_ != "." && name_ != ".." &&
+                   name_.find_first_of(std::string("/\0", 2)) == std::string::npos,
+               ConfigError, "[tensorboard] name '", name_.substr(0, 80),
+               "' must be a plain folder name (no '/', not '.' or '..', at most ", kMaxNameBytes,
+               " bytes) or empty");
+  STRATA_CHECK(!version || *version >= 0, ConfigError, "[tensorboard] version ", version.value_or(0),
+               " is negative; pass a version >= 0 or none to take the next free one");
+  const fs::path parent = name_.empty() ? fs::path(root_dir_) : fs::path(root_dir_) / name_;
+  version_ = version ? *version : next_version(parent);
+  log_dir_ = (parent / ("version_" + std::to_string(version_))).string();
+}
+
+TensorBoardLogger::~TensorBoardLogger() = default;  // the writer closes its file
+
+void TensorBoardLogger::ensure_dir() {
+  std::error_code ec;
+  fs::create_directories(log_dir_, ec);
+  STRATA_CHECK(!ec && fs::is_directory(log_dir_), Error, "[tensorboard] cannot create the log folder ", log_dir_,
+               ": ", ec ? ec.message() : std::string("a file of that name is in the way"),
+               "; choose another root_dir");
+  if (!writer_) writer_ = std::make_unique<EventFileWriter>(log_dir_);
+}
+
+void TensorBoardLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
+  std::vector<std::pair<std::string, double>> scalars;
+  scalars.reserve(metrics.size());
+  for (const auto& [tag, value] : metrics) {
+    check_tag(tag);  // every name first: a bad one writes nothing
+    scalars.emplace_back(tag, value);
+  }
+  if (scalars.empty()) return;
+  ensure_dir();
+  writer_->append_event(encode_scalars_event(now_seconds(), step, scalars));
+}
+
+void TensorBoardLogger::log_hyperparams(const Hyperparams& params) {
+  for (const auto& [key, value] : params) hparams_[key] = value;
+  ensure_dir();
+  write_hparams();
+}
+
+void TensorBoardLogger::write_hparams() {
+  write_file_atomically((fs::path(log_dir_) / "hparams.yaml").string(), hparams_yaml(hparams_));
+}
+
+void TensorBoardLogger::save() {
+  if (writer_) writer_->flush();
+  // Lightning writes hparams.yaml on save when the run has none yet.
+  std::error_code ec;
+  if (fs::is_directory(log_dir_, ec) && !fs::exists(fs::path(log_dir_) / "hparams.yaml", ec)) write_hparams();
+}
+
+void TensorBoardLogger::finalize(const std::string& status) {
+  (void)status;  // TensorBoard has no place for it; the event file is simply closed
+  if (!writer_) return;
+  save();
+  std::unique_ptr<EventFileWriter> writer = std::move(writer_);
+  writer->close();
+}
+
+std::string TensorBoardLogger::event_file() const { return writer_ ? writer_->path() : std::string(); }
+
+}  // namespace strata::trainer

@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""Reads a TensorBoard run folder with the `tensorboard` package's own readers.
+
+Prints one JSON object to stdout:
+  {"files": [event file names],
+   "records": {file name: number of records, every CRC checked},
+   "first_events": {file name: {"file_version": ..., "step": ...}},
+   "scalars": {tag: [[step, value], ...]},     (EventAccumulator)
+   "hparams": the hparams.yaml mapping or null}
+Values that JSON cannot hold are the strings "nan", "inf", "-inf".
+
+Usage: read_tensorboard.py RUN_DIR
+Exit status 77 when the tensorboard package is not installed, 1 with a
+message on stderr when a file does not read.
+"""
+import json
+import math
+import os
+import sys
+
+try:
+    from tensorboard.backend.event_processing import event_accumulator, event_file_loader
+    from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
+except ImportError as e:
+    print("the tensorboard package is not installed (%s); pip install -r scripts/requirements.txt" % e,
+          file=sys.stderr)
+    sys.exit(77)
+
+
+def jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def count_records(path):
+    """Reads every record with TensorBoard's TFRecord reader (checks both CRCs)."""
+    reader = pywrap_tensorflow.PyRecordReader_New(path.encode())
+    count = 0
+    while True:
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            return count
+        count += 1
+
+
+def main():
+    run_dir = sys.argv[1]
+    files = sorted(f for f in os.listdir(run_dir) if "tfevents" in f)
+    out = {"files": files, "records": {}, "first_events": {}, "scalars": {}, "hparams": None}
+    for name in files:
+        path = os.path.join(run_dir, name)
+        out["records"][name] = count_records(path)
+        first = next(iter(event_file_loader.EventFileLoader(path).Load()), None)
+        if first is not None:
+            out["first_events"][name] = {"file_version": first.file_version, "step": first.step,
+                                         "what": first.WhichOneof("what")}
+    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    for tag in acc.Tags()["scalars"]:
+        out["scalars"][tag] = [[e.step, jsonable(e.value)] for e in acc.Scalars(tag)]
+    hparams = os.path.join(run_dir, "hparams.yaml")
+    if os.path.exists(hparams):
+        import yaml
+        with open(hparams) as f:
+            out["hparams"] = {str(k): jsonable(v) if not isinstance(v, str) else v
+                              for k, v in (yaml.safe_load(f) or {}).items()}
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
