@@ -2,7 +2,7 @@
 # Installs what strata needs to build, test and benchmark. Idempotent and
 # quiet when nothing is missing.
 #  - Debian packages: compiler, CMake, Ninja, nlohmann-json, CLI11,
-#    GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime (apt-get runs only when one is missing;
+#    zlib, GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime (apt-get runs only when one is missing;
 #    needs root or sudo).
 #  - A Python venv (scripts/env.sh says where: a cache folder outside the
 #    clone) with scripts/requirements.txt: torch==2.13.0, whose LibTorch
@@ -19,6 +19,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev      # checkpoint metadata
   libcli11-dev            # command-line parsing
+  zlib1g-dev              # PNG output of strata plot
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev   # checkpoint fuzz targets (libFuzzer + ASan, fuzz/run.sh)
   iproute2                # ip netns: the two-hosts test
@@ -67,7 +68,7 @@ if [ ! -x "$STRATA_PYTHON" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
     python3 -m venv "$STRATA_VENV"
   fi
   "$STRATA_PYTHON" -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
-  "$STRATA_PYTHON" -c 'import torch, safetensors, lightning; assert torch.__version__.startswith("2.13.0"), torch.__version__'
+  "$STRATA_PYTHON" -c 'import torch, safetensors, lightning, tensorboard; assert torch.__version__.startswith("2.13.0"), torch.__version__'
   echo "$want" > "$stamp"
   echo "[install-deps] done"
 fi

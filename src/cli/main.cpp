@@ -1,4 +1,5 @@
-// The `strata` command: `strata launch`, `strata train`, `strata ckpt`.
+// The `strata` command: `strata launch`, `strata train`, `strata ckpt`,
+// `strata plot`.
 // Each subcommand lives in its own file and registers itself here; main()
 // is the only place that turns an exception into an exit code.
 #include <CLI/CLI.hpp>

@@ -31,6 +31,9 @@ Command make_train_command();
 /// `strata ckpt`: inspect, consolidate and reshard checkpoints.
 Command make_ckpt_command();
 
+/// `strata plot`: draw loss and learning rate from a metrics file.
+Command make_plot_command();
+
 /// Every subcommand of the tool, in help order.
 std::vector<Command> all_commands();
 

@@ -1,0 +1,56 @@
+// The drawing surface `strata plot` lays its chart out on. The chart
+// (plot_chart.cpp) is written once against this interface; SvgCanvas turns
+// the calls into SVG elements, RasterCanvas into pixels. Coordinates are in
+// pixels from the top-left corner. Text uses one monospaced font whose
+// glyphs are 6*scale pixels apart and 7*scale pixels tall, so both
+// surfaces agree on how wide a label is.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace strata::cli {
+
+struct Color {
+  std::uint8_t r = 0, g = 0, b = 0;
+};
+
+enum class Anchor { kStart, kMiddle, kEnd };
+
+using Points = std::vector<std::pair<double, double>>;
+
+class Canvas {
+ public:
+  virtual ~Canvas() = default;
+  /// A filled rectangle.
+  virtual void rect(double x, double y, double w, double h, Color fill) = 0;
+  /// A straight line `width` pixels wide.
+  virtual void line(double x0, double y0, double x1, double y1, Color color, double width) = 0;
+  /// A data series: its points joined by a line; `name` labels it (SVG keeps
+  /// it as data-series="name").
+  virtual void polyline(const Points& points, Color color, double width, const std::string& name) = 0;
+  /// A filled dot of radius `r` (marks the points of short series).
+  virtual void dot(double x, double y, double r, Color color) = 0;
+  /// Printable-ASCII `text` whose vertical middle is at `y` (or, when
+  /// `vertical`, text read bottom to top whose horizontal middle is at x).
+  virtual void text(double x, double y, const std::string& text, int scale, Anchor anchor, Color color,
+                    bool vertical = false) = 0;
+};
+
+/// Width in pixels of `text` drawn at `scale`.
+inline double text_width(const std::string& text, int scale) {
+  return text.empty() ? 0.0 : (6.0 * static_cast<double>(text.size()) - 1.0) * scale;
+}
+
+/// The 5x7 glyph of printable ASCII character `c` (others: '?'): 7 rows,
+/// top first, bit 4 the leftmost pixel.
+const std::uint8_t* glyph(char c);
+
+/// Lays the chart of `table` out on `canvas` (plot_chart.cpp).
+struct MetricsTable;
+struct PlotOptions;
+void draw_chart(const MetricsTable& table, const PlotOptions& options, Canvas& canvas);
+
+}  // namespace strata::cli
