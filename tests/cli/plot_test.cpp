@@ -182,7 +182,10 @@ TEST_F(PlotTest, HostileFilesGetErrorsNamingTheLine) {
   o = run_strata({"plot", write("ok.csv", "step,train_loss\n1,2\n"), "-o", path("x.jpg")});
   EXPECT_THAT(o.err, HasSubstr("-o " + path("x.jpg") + ": the name must end in .svg or .png"));
   o = run_strata({"plot", path("ok.csv"), "--width", "10"});
-  EXPECT_THAT(o.err, HasSubstr("--width"));
+  EXPECT_EQ(o.err, "strata: error: [plot] --width '10' is out of range: it must be an integer in 320..4096\n");
+  o = run_strata({"plot", path("ok.csv"), "--height", "1e3"});
+  EXPECT_EQ(o.err, "strata: error: [plot] --height '1e3' is not a decimal integer: it must be an integer in "
+                   "240..4096\n");
 }
 
 TEST_F(PlotTest, NonFiniteValuesAreSkippedAndCounted) {
