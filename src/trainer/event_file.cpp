@@ -7,6 +7,13 @@
 //                  file_version = 3 (string), summary = 5 (Summary)
 //   Summary:       value = 1 (repeated Value)
 //   Summary.Value: tag = 1 (string), simple_value = 2 (float)
+//   Summary.Value: metadata = 9 (SummaryMetadata)
+//   SummaryMetadata: plugin_data = 1 (PluginData: plugin_name = 1, content = 2)
+// and for the hparams plugin (tensorboard/plugins/hparams/*.proto):
+//   HParamsPluginData: version = 1, session_start_info = 3
+//   SessionStartInfo: hparams = 1 (map<string, google.protobuf.Value>,
+//                     entries with key = 1, value = 2), start_time_secs = 5
+//   google.protobuf.Value: number_value = 2, string_value = 3, bool_value = 4
 // Wire types: 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32.
 #include "strata/trainer/event_file.h"
 
@@ -166,6 +173,62 @@ std::string encode_scalars_event(double wall_time, std::int64_t step,
     put_bytes(summary, 1, entry);
   }
   std::string event = event_header(wall_time, step);
+  put_bytes(event, 5, summary);
+  return event;
+}
+
+namespace {
+
+// `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD
+// (protobuf readers refuse strings that are not UTF-8).
+std::string valid_utf8(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = utf8_sequence_length(text, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(text, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string encode_hparams_event(double wall_time, const std::vector<HparamValue>& hparams) {
+  std::string start_info;
+  for (const HparamValue& h : hparams) {
+    std::string value;
+    switch (h.kind) {
+      case HparamValue::Kind::kNumber: put_double(value, 2, h.number); break;
+      case HparamValue::Kind::kBool:
+        put_key(value, 4, 0);
+        put_varint(value, h.flag ? 1 : 0);
+        break;
+      case HparamValue::Kind::kText: put_bytes(value, 3, valid_utf8(h.text)); break;
+    }
+    std::string entry;
+    put_bytes(entry, 1, valid_utf8(h.name));
+    put_bytes(entry, 2, value);
+    put_bytes(start_info, 1, entry);
+  }
+  put_double(start_info, 5, wall_time);
+  std::string plugin_data;  // HParamsPluginData; version 0 is the default, not written
+  put_bytes(plugin_data, 3, start_info);
+  std::string plugin;
+  put_bytes(plugin, 1, "hparams");
+  put_bytes(plugin, 2, plugin_data);
+  std::string metadata;
+  put_bytes(metadata, 1, plugin);
+  std::string entry;
+  put_bytes(entry, 1, "_hparams_/session_start_info");
+  put_bytes(entry, 9, metadata);
+  std::string summary;
+  put_bytes(summary, 1, entry);
+  std::string event = event_header(wall_time, 0);
   put_bytes(event, 5, summary);
   return event;
 }

@@ -184,6 +184,7 @@ void TensorBoardLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
   }
   if (scalars.empty()) return;
   ensure_dir();
+  write_pending_hparams();
   writer_->append_event(encode_scalars_event(now_seconds(), step, scalars));
 }
 
@@ -191,6 +192,36 @@ void TensorBoardLogger::log_hyperparams(const Hyperparams& params) {
   for (const auto& [key, value] : params) hparams_[key] = value;
   ensure_dir();
   write_hparams();
+  hparams_pending_ = true;  // Note [One hparams record]
+}
+
+// Note [One hparams record]: TensorBoard keeps the first summary it reads
+// for a tag, so the HPARAMS tab shows the first session_start_info of a run.
+// log_hyperparams therefore only marks the hyperparameters pending; they
+// are written, all merged, just before the first scalars (or at save or
+// finalize). A later log_hyperparams writes another record that TensorBoard
+// ignores, exactly as with Lightning's logger; hparams.yaml has them all.
+void TensorBoardLogger::write_pending_hparams() {
+  if (!hparams_pending_) return;
+  hparams_pending_ = false;
+  ensure_dir();
+  // Numbers as numbers, true/false as booleans, the rest as text.
+  std::vector<HparamValue> values;
+  for (const auto& [key, text] : hparams_) {
+    HparamValue v;
+    v.name = key;
+    if (is_number(text)) {
+      v.kind = HparamValue::Kind::kNumber;
+      v.number = std::strtod(text.c_str(), nullptr);
+    } else if (text == "true" || text == "false" || text == "True" || text == "False") {
+      v.kind = HparamValue::Kind::kBool;
+      v.flag = text[0] == 't' || text[0] == 'T';
+    } else {
+      v.text = text;
+    }
+    values.push_back(std::move(v));
+  }
+  writer_->append_event(encode_hparams_event(now_seconds(), values));
 }
 
 void TensorBoardLogger::write_hparams() {
@@ -198,6 +229,7 @@ void TensorBoardLogger::write_hparams() {
 }
 
 void TensorBoardLogger::save() {
+  write_pending_hparams();
   if (writer_) writer_->flush();
   // Lightning writes hparams.yaml on save when the run has none yet.
   std::error_code ec;

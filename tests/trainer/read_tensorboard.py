@@ -6,7 +6,9 @@ Prints one JSON object to stdout:
    "records": {file name: number of records, every CRC checked},
    "first_events": {file name: {"file_version": ..., "step": ...}},
    "scalars": {tag: [[step, value], ...]},     (EventAccumulator)
-   "hparams": the hparams.yaml mapping or null}
+   "hparams": the hparams.yaml mapping or null,
+   "hparams_plugin": {name: value} from the last session_start_info the
+                     hparams plugin finds, or null}
 Values that JSON cannot hold are the strings "nan", "inf", "-inf".
 
 Usage: read_tensorboard.py RUN_DIR
@@ -60,6 +62,16 @@ def main():
     acc.Reload()
     for tag in acc.Tags()["scalars"]:
         out["scalars"][tag] = [[e.step, jsonable(e.value)] for e in acc.Scalars(tag)]
+    out["hparams_plugin"] = None
+    try:
+        content = acc.PluginTagToContent("hparams")
+    except KeyError:  # no summary of the hparams plugin in the run
+        content = {}
+    if "_hparams_/session_start_info" in content:
+        from tensorboard.plugins.hparams import plugin_data_pb2
+        data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+        out["hparams_plugin"] = {k: jsonable(getattr(v, v.WhichOneof("kind")))
+                                 for k, v in data.session_start_info.hparams.items()}
     hparams = os.path.join(run_dir, "hparams.yaml")
     if os.path.exists(hparams):
         import yaml

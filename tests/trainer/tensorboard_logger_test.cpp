@@ -234,6 +234,22 @@ TEST_F(TensorBoardLoggerTest, HparamsYamlReadsBackWithPyYaml) {
   EXPECT_EQ(out["files"].size(), 1u);  // log_hyperparams opened the event file, as Lightning's does
 }
 
+TEST_F(TensorBoardLoggerTest, HparamsReachTensorBoardsHparamsPlugin) {
+  TensorBoardLogger logger(root_);
+  logger.log_hyperparams({{"lr", "0.003"}, {"optimizer", "AdamW"}, {"compile", "false"}, {"odd", "x\xff"}});
+  logger.log_hyperparams({{"max_steps", "300"}});  // the latest record holds them all
+  logger.log_metrics({{"train_loss", 1.0}}, 1);
+  logger.finalize("success");
+  READ_BACK_OR_SKIP(out, logger.log_dir());
+  EXPECT_EQ(out["hparams_plugin"], nlohmann::json({{"lr", 0.003},
+                                                   {"optimizer", "AdamW"},
+                                                   {"compile", false},
+                                                   {"odd", "x\xef\xbf\xbd"},
+                                                   {"max_steps", 300}}));
+  EXPECT_EQ(out["scalars"]["train_loss"], nlohmann::json::parse("[[1, 1.0]]"));
+  EXPECT_EQ(out["scalars"].size(), 1u);  // the hparams records add no scalar
+}
+
 // ---- folders and bad arguments -----------------------------------------------
 
 TEST_F(TensorBoardLoggerTest, VersionsFollowLightningsNumbering) {

@@ -35,6 +35,23 @@ std::string encode_file_version_event(double wall_time, const std::string& file_
 std::string encode_scalars_event(double wall_time, std::int64_t step,
                                  const std::vector<std::pair<std::string, double>>& scalars);
 
+/// One hyperparameter as TensorBoard's HPARAMS tab shows it.
+struct HparamValue {
+  enum class Kind { kNumber, kBool, kText };
+  std::string name;
+  Kind kind = Kind::kText;
+  double number = 0;
+  bool flag = false;
+  std::string text;
+};
+
+/// A serialized Event holding the hparams plugin's session_start_info
+/// (tag "_hparams_/session_start_info", plugin "hparams", content a
+/// HParamsPluginData), as Lightning's TensorBoardLogger writes through
+/// torch's SummaryWriter. Names and texts that are not valid UTF-8 have
+/// the bad bytes replaced by U+FFFD.
+std::string encode_hparams_event(double wall_time, const std::vector<HparamValue>& hparams);
+
 /// Checks that `tag` can name a scalar: 1 to kMaxTagBytes bytes of valid
 /// UTF-8 with no control character. Throws ConfigError "[tensorboard]
 /// metric name ... " saying which rule it breaks.

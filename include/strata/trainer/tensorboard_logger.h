@@ -45,6 +45,9 @@ class TensorBoardLogger : public Logger {
   void log_metrics(const Metrics& metrics, std::int64_t step) override;
   /// Merges `params` into the run's hyperparameters and rewrites
   /// hparams.yaml (atomically: a reader sees the old file or the new one).
+  /// They reach TensorBoard's HPARAMS tab (encode_hparams_event) with the
+  /// next scalars, save() or finalize(); TensorBoard shows the first such
+  /// record of a run, so call this before logging metrics.
   void log_hyperparams(const Hyperparams& params) override;
   /// Writes buffered records to the event file.
   void save() override;
@@ -58,12 +61,14 @@ class TensorBoardLogger : public Logger {
  private:
   void ensure_dir();
   void write_hparams();
+  void write_pending_hparams();
 
   std::string root_dir_;
   std::string name_;
   int version_ = 0;
   std::string log_dir_;
   Hyperparams hparams_;
+  bool hparams_pending_ = false;
   std::unique_ptr<EventFileWriter> writer_;
 };
 
