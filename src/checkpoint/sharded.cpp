@@ -141,6 +141,10 @@ StateReader StateReader::open_impl(const std::string& path, const ReadOptions& o
                               "', expected 'full' or 'sharded' (written by a newer strata?)"));
   }
   reader.check_entries();
+  // Last, so the more specific checks above name a problem first: each
+  // rank file's own description agrees with the metadata.
+  for (int rank = 0; reader.sharded_ && rank < reader.world_size_; ++rank)
+    check_shard_file_metadata(reader.files_[rank], rank, reader.world_size_, meta["tensors"]);
   return reader;
 }
 
@@ -309,7 +313,6 @@ void StateReader::open_sharded(const ReadOptions& options) {
     STRATA_CHECK(is_listed(metadata_, file), CheckpointError, "[checkpoint] ", meta_path,
                  ": \"files\" does not list ", file, " (rank ", rank, " of ", world, ")");
     files_.push_back(SafetensorsFile::open(path_ + "/" + file, options));
-    check_shard_file_metadata(files_.back(), rank, world, metadata_["tensors"]);
   }
 
   // The files agree with the records, checked in file order so the first

@@ -21,6 +21,7 @@
 
 #include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/sharded.h"
+#include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
 #include "strata/models/gpt.h"
 #include "strata/core/error.h"
