@@ -96,6 +96,8 @@ void safetensors_input(const uint8_t* data, size_t size) {
       file.verify(key);
     }
   });
+  // The same bytes as a one-file checkpoint (metadata in "__metadata__").
+  expect_only_strata_errors([&] { read_everything(checkpoint::StateReader::open(path)); });
 }
 
 void metadata_input(const uint8_t* data, size_t size) {

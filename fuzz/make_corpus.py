@@ -65,4 +65,13 @@ m=json.dumps(sh,indent=2).encode()+b"\n"
 open(os.path.join(out,"metadata","sharded.json"),"wb").write(m)
 open(os.path.join(out,"safetensors","shard0.safetensors"),"wb").write(r0)
 open(os.path.join(out,"sharded","world2.bin"),"wb").write(struct.pack('<I',len(m))+m+struct.pack('<I',len(r0))+r0+r1)
+# A one-file checkpoint (metadata in __metadata__["strata"], the model under plain names).
+one=dict(full); del one["files"]; one.update({"layout":"file","consolidated_from":1})
+one["entries"]=dict(entries); one["entries"]["model"]={"kind":"module","prefix":""}
+open(os.path.join(out,"safetensors","onefile.safetensors"),"wb").write(
+  st([("w","F32",[2,3],w),("optimizer/w.momentum_buffer","F32",[2,3],mb),("rng","U8",[5],rng)],{"strata":json.dumps(one)}))
+# A shard file that describes itself (refused when read on its own).
+desc={"rank":1,"world_size":2,"tensors":{"model/w":{"shape":[2,3],"offset":3},"optimizer/w.momentum_buffer":{"shape":[2,3],"offset":3}}}
+open(os.path.join(out,"safetensors","shard1-described.safetensors"),"wb").write(
+  st([("model/w","F32",[3],w[12:]),("optimizer/w.momentum_buffer","F32",[3],mb[12:])],{"strata.shard":json.dumps(desc)}))
 print("ok")

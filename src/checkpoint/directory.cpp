@@ -224,6 +224,21 @@ void write_checkpoint_dir(const std::string& path, const std::map<std::string, N
 
 // ---- reader -----------------------------------------------------------------
 
+void check_checkpoint_format(const nlohmann::json& meta, const std::string& where) {
+  STRATA_CHECK(meta.is_object() && meta.contains("format") && meta["format"].is_string(),
+               CheckpointError, "[checkpoint] ", where,
+               ": has no \"format\" field; not a strata checkpoint");
+  const std::string format = meta["format"].get<std::string>();
+  STRATA_CHECK(format == kCheckpointFormat, CheckpointError, "[checkpoint] ", where,
+               ": format is '", format, "', expected '", kCheckpointFormat, "'");
+  STRATA_CHECK(meta.contains("version") && meta["version"].is_number_integer(), CheckpointError,
+               "[checkpoint] ", where, ": has no integer \"version\" field");
+  const int64_t version = meta["version"].get<int64_t>();
+  STRATA_CHECK(version >= 1 && version <= kCheckpointVersion, CheckpointError, "[checkpoint] ",
+               where, ": format version ", version, " is not supported (this build reads 1 to ",
+               kCheckpointVersion, "; a newer strata wrote it?)");
+}
+
 CheckpointReader CheckpointReader::open(const std::string& path_in, const ReadOptions& options) {
   std::string path = strip_trailing_slashes(path_in);
   std::error_code ec;
@@ -260,18 +275,7 @@ CheckpointReader CheckpointReader::open(const std::string& path_in, const ReadOp
   reader.metadata_ = parse_json_limited(read_regular_file(meta_path, limits.max_bytes), limits,
                                         meta_path, kMetadataFile);
   const auto& meta = reader.metadata_;
-  STRATA_CHECK(meta.is_object() && meta.contains("format") && meta["format"].is_string(),
-               CheckpointError, "[checkpoint] ", meta_path,
-               ": has no \"format\" field; not a strata checkpoint");
-  const std::string format = meta["format"].get<std::string>();
-  STRATA_CHECK(format == kCheckpointFormat, CheckpointError, "[checkpoint] ", meta_path,
-               ": format is '", format, "', expected '", kCheckpointFormat, "'");
-  STRATA_CHECK(meta.contains("version") && meta["version"].is_number_integer(), CheckpointError,
-               "[checkpoint] ", meta_path, ": has no integer \"version\" field");
-  const int64_t version = meta["version"].get<int64_t>();
-  STRATA_CHECK(version >= 1 && version <= kCheckpointVersion, CheckpointError, "[checkpoint] ",
-               meta_path, ": format version ", version, " is not supported (this build reads 1 to ",
-               kCheckpointVersion, "; a newer strata wrote it?)");
+  check_checkpoint_format(meta, meta_path);
   STRATA_CHECK(meta.contains("files") && meta["files"].is_array(), CheckpointError,
                "[checkpoint] ", meta_path, ": has no \"files\" list");
   std::set<std::string> listed;

@@ -24,6 +24,7 @@
 
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/input.h"
+#include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 
@@ -43,29 +44,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
-}
-
-// Metadata fields a conversion sets itself rather than copying from the source.
-const char* const kDerivedFields[] = {"format",          "version",    "files",
-                                      "tensors",         "world_size", "state_dict_type",
-                                      "consolidated_from", "resharded_from"};
-
-nlohmann::json carried_metadata(const StateReader& source) {
-  nlohmann::json out = source.metadata();
-  for (const char* field : kDerivedFields) out.erase(field);
-  return out;
-}
-
-// Conversions write only to a new place: never over the source, never over
-// a user's files or an earlier checkpoint.
-void check_new_output(const std::string& out) {
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(out, ec))) return;
-  STRATA_CHECK(fs::is_directory(out, ec), CheckpointError, "[checkpoint] ", out,
-               " already exists and is not a directory; choose a new path for the checkpoint");
-  STRATA_CHECK(fs::is_empty(out, ec), CheckpointError, "[checkpoint] ", out,
-               " already exists and is not empty; refusing to write over it (choose a new path, "
-               "or delete it first)");
 }
 
 }  // namespace
@@ -107,12 +85,27 @@ at::Tensor shard_of(const at::Tensor& full, int world, int rank) {
 // ---- StateReader: opening ---------------------------------------------------------
 
 StateReader StateReader::open(const std::string& path, const ReadOptions& options) {
-  CheckpointReader ckpt = CheckpointReader::open(path, options);
+  return open_impl(path, options, /*plain=*/false);
+}
+
+StateReader StateReader::open_impl(const std::string& path, const ReadOptions& options, bool plain) {
   StateReader reader;
-  reader.path_ = ckpt.path();
-  reader.metadata_ = ckpt.metadata();
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  // A directory, or a link to one (a user's choice), is a checkpoint
+  // directory; anything else is one file (whose reader refuses links).
+  if (plain || fs::is_regular_file(link) || (fs::is_symlink(link) && !fs::is_directory(fs::status(path, ec)))) {
+    // A one-file checkpoint (single_file.cpp); its metadata is in the file.
+    reader.path_ = path;
+    reader.single_file_ = true;
+    reader.open_single(options, plain);
+  } else {
+    CheckpointReader ckpt = CheckpointReader::open(path, options);
+    reader.path_ = ckpt.path();
+    reader.metadata_ = ckpt.metadata();
+  }
   const nlohmann::json& meta = reader.metadata_;
-  const std::string meta_path = reader.path_ + "/" + kMetadataFile;
+  const std::string meta_path = reader.metadata_source();
   if (meta.contains("entries")) {
     STRATA_CHECK(meta["entries"].is_object(), CheckpointError, "[checkpoint] ", meta_path,
                  ": \"entries\" is ", meta["entries"].type_name(), ", expected an object");
@@ -133,7 +126,10 @@ StateReader StateReader::open(const std::string& path, const ReadOptions& option
                  ", expected \"full\" or \"sharded\"");
     type = meta["state_dict_type"].get<std::string>();
   }
-  if (type == "full") {
+  if (reader.single_file_) {
+    STRATA_CHECK(type == "full", CheckpointError, "[checkpoint] ", meta_path, ": \"state_dict_type\" is '",
+                 type, "', but a one-file checkpoint holds a full state");
+  } else if (type == "full") {
     reader.open_full(options);
   } else if (type == "sharded") {
     STRATA_CHECK(meta.contains("world_size"), CheckpointError, "[checkpoint] ", meta_path,
@@ -145,6 +141,10 @@ StateReader StateReader::open(const std::string& path, const ReadOptions& option
                               "', expected 'full' or 'sharded' (written by a newer strata?)"));
   }
   reader.check_entries();
+  // Last, so the more specific checks above name a problem first: each
+  // rank file's own description agrees with the metadata.
+  for (int rank = 0; reader.sharded_ && rank < reader.world_size_; ++rank)
+    check_shard_file_metadata(reader.files_[rank], rank, reader.world_size_, meta["tensors"]);
   return reader;
 }
 
@@ -169,7 +169,18 @@ bool is_listed(const nlohmann::json& meta, const std::string& file) {
 // each optimizer's JSON agrees with the tensors stored under its key,
 // before anything is handed out.
 void StateReader::check_entries() const {
-  const std::string meta_path = path_ + "/" + kMetadataFile;
+  const std::string meta_path = metadata_source();
+  // Only the model of a one-file checkpoint drops its prefix; checked
+  // first, since every tensor name below depends on it.
+  int plain_modules = 0;
+  for (const auto& [key, entry] : entries_.items()) {
+    if (!entry.is_object() || !entry.contains("prefix")) continue;
+    STRATA_CHECK(entry.value("kind", nlohmann::json()) == "module" && single_file_ && entry["prefix"] == "" &&
+                     ++plain_modules == 1,
+                 CheckpointError, "[checkpoint] ", meta_path, ": entries['", key, "'].prefix is ",
+                 entry["prefix"].dump().substr(0, 64),
+                 "; only one module entry of a one-file checkpoint may have one, and it is \"\"");
+  }
   for (const auto& [key, entry] : entries_.items()) {
     const std::string field = cat("entries['", key, "']");
     STRATA_CHECK(entry.is_object() && entry.contains("kind") && entry["kind"].is_string(),
@@ -195,7 +206,7 @@ void StateReader::check_entries() const {
       for (const auto& [pname, pstate] : entry["state"]["state"].items()) {
         for (const auto& [mkey, mentry] : entries_.items()) {
           if (!mentry.is_object() || mentry.value("kind", "") != "module") continue;
-          const std::string param = mkey + "/" + pname;
+          const std::string param = tensor_of(mkey, pname);
           if (!contains(param)) continue;
           for (const auto& t : pstate["tensors"]) {
             const std::string name = key + "/" + pname + "." + t.get<std::string>();
@@ -370,9 +381,30 @@ c10::ScalarType StateReader::dtype(const std::string& name) const { return recor
 
 bool StateReader::is_sharded(const std::string& name) const { return record(name).sharded; }
 
+const nlohmann::json* StateReader::entry_prefix(const std::string& key) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->is_object() || !it->contains("prefix")) return nullptr;
+  return &(*it)["prefix"];
+}
+
+std::string StateReader::tensor_of(const std::string& key, const std::string& name) const {
+  if (entry_prefix(key)) return name;  // the model of a one-file checkpoint ("" checked on open)
+  return name.empty() ? key : key + "/" + name;
+}
+
 std::vector<std::string> StateReader::names_under(const std::string& key) const {
-  const std::string prefix = key + "/";
   std::vector<std::string> out;
+  if (entry_prefix(key)) {
+    // Plain names: every name without a '/' that is not a tensor entry.
+    for (const std::string& name : names_) {
+      if (name.find('/') != std::string::npos) continue;
+      auto entry = entries_.find(name);
+      if (entry != entries_.end() && entry->is_object() && entry->value("kind", "") == "tensor") continue;
+      out.push_back(name);
+    }
+    return out;
+  }
+  const std::string prefix = key + "/";
   for (const std::string& name : names_)
     if (name.rfind(prefix, 0) == 0) out.push_back(name.substr(prefix.size()));
   return out;
@@ -400,106 +432,6 @@ at::Tensor StateReader::flat_slice(const std::string& name, int64_t begin, int64
         .copy_(files_[rank].load_flat(name, lo - owned.begin, hi - owned.begin));
   }
   return out;
-}
-
-// ---- conversions ------------------------------------------------------------------
-
-void consolidate_checkpoint(const StateReader& source, const std::string& out,
-                            const OnFileWritten& on_file) {
-  check_new_output(out);
-  const std::vector<std::string> names = source.tensor_names();
-  std::vector<TensorSpec> specs;
-  WrittenFile written{kFullStateFile, names.size(), 0};
-  for (const std::string& name : names) {
-    specs.push_back(TensorSpec{name, source.dtype(name), source.shape(name)});
-    written.bytes += specs.back().nbytes();
-  }
-  CheckpointWriter writer = CheckpointWriter::begin(out);
-  SafetensorsWriter file = writer.open_file(kFullStateFile, std::move(specs));
-  for (const std::string& name : names) file.write(name, source.full(name));
-  file.close();
-  if (on_file) on_file(written);
-
-  nlohmann::json metadata = carried_metadata(source);
-  metadata["state_dict_type"] = "full";
-  metadata["world_size"] = source.world_size();
-  metadata["consolidated_from"] = source.world_size();
-  writer.commit(metadata);
-}
-
-void reshard_checkpoint(const StateReader& source, const std::string& out, int world,
-                        const OnFileWritten& on_file) {
-  STRATA_CHECK(world >= 1 && world <= 99999, ConfigError,
-               "[checkpoint] the target world size must be from 1 to 99999 (shard file names have "
-               "5 digits), got ", world);
-  check_new_output(out);
-  // Note [Resharding a full checkpoint]
-  // A sharded source says which tensors are sharded. A full one does not,
-  // and its names cannot tell a module's buffers from its parameters, so
-  // every tensor of a module or optimizer entry is sharded and only tensor
-  // entries stay whole. Readers do not care: StateReader reassembles any
-  // tensor, and the fully-sharded strategy takes each tensor's slice.
-  const std::vector<std::string> names = source.tensor_names();
-  std::vector<bool> sharded;
-  for (const std::string& name : names) {
-    if (source.sharded()) {
-      sharded.push_back(source.is_sharded(name));
-      continue;
-    }
-    const size_t slash = name.find('/');
-    const std::string key = slash == std::string::npos ? "" : name.substr(0, slash);
-    const nlohmann::json& entries = source.entries();
-    const std::string kind = slash != std::string::npos && entries.contains(key) &&
-                                     entries[key].is_object()
-                                 ? entries[key].value("kind", "")
-                                 : "";
-    sharded.push_back(kind == "module" || kind == "optimizer");
-  }
-
-  CheckpointWriter writer = CheckpointWriter::begin(out);
-  nlohmann::json records = nlohmann::json::object();
-  for (size_t i = 0; i < names.size(); ++i)
-    records[names[i]] = tensor_record(source.shape(names[i]), source.dtype(names[i]), sharded[i]);
-  for (int rank = 0; rank < world; ++rank) {
-    // What this rank's file holds: each sharded tensor's slice, and on
-    // rank 0 the whole tensors (index into `names`, slice; whole: empty).
-    struct Part {
-      size_t index;
-      std::optional<FlatSlice> slice;
-    };
-    std::vector<Part> parts;
-    std::vector<TensorSpec> specs;
-    WrittenFile written{shard_file_name(rank, world), 0, 0};
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (sharded[i]) {
-        const FlatSlice slice = shard_slice(numel_of(source.shape(names[i])), world, rank);
-        specs.push_back(TensorSpec{names[i], source.dtype(names[i]), {slice.size()}});
-        parts.push_back({i, slice});
-      } else if (rank == 0) {
-        specs.push_back(TensorSpec{names[i], source.dtype(names[i]), source.shape(names[i])});
-        parts.push_back({i, std::nullopt});
-      } else {
-        continue;
-      }
-      written.bytes += specs.back().nbytes();
-    }
-    written.tensors = specs.size();
-    SafetensorsWriter file = writer.open_file(written.name, std::move(specs));
-    for (const Part& part : parts) {
-      const std::string& name = names[part.index];
-      file.write(name, part.slice ? source.flat_slice(name, part.slice->begin, part.slice->end)
-                                  : source.full(name));
-    }
-    file.close();
-    if (on_file) on_file(written);
-  }
-
-  nlohmann::json metadata = carried_metadata(source);
-  metadata["state_dict_type"] = "sharded";
-  metadata["world_size"] = world;
-  metadata["tensors"] = records;
-  metadata["resharded_from"] = source.world_size();
-  writer.commit(metadata);
 }
 
 }  // namespace strata::checkpoint

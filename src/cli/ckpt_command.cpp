@@ -3,6 +3,7 @@
 //   strata ckpt consolidate SHARDED OUT           one full state.safetensors
 //   strata ckpt reshard SHARDED OUT --world-size N  shard files for N ranks
 //   strata ckpt verify PATH                       every check, every checksum
+//   strata ckpt export PATH OUT                   model.safetensors + config.json
 // The work is done by strata::checkpoint (StateReader,
 // consolidate_checkpoint, reshard_checkpoint), streaming one tensor at a
 // time; this file parses flags and prints.
@@ -12,12 +13,17 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/sharded.h"
+#include "strata/checkpoint/single_file.h"
+#include "strata/checkpoint/state.h"
+#include "strata/models/gpt.h"
 #include "strata/core/error.h"
 
 namespace strata::cli {
@@ -35,6 +41,9 @@ struct CkptConfig {
   CLI::App* consolidate = nullptr;
   CLI::App* reshard = nullptr;
   CLI::App* verify = nullptr;
+  CLI::App* export_ = nullptr;
+  std::string entry;       // export: the module entry ("" = "model" or the only one)
+  std::string model_size;  // export: preset for checkpoints saved without model_config
 };
 
 std::string human_bytes(uint64_t bytes) {
@@ -77,7 +86,7 @@ std::string entry_text(const nlohmann::json& entry) {
 nlohmann::json inspect_json(const StateReader& reader) {
   const nlohmann::json& meta = reader.metadata();
   nlohmann::json out = {{"path", reader.path()},
-                        {"layout", reader.sharded() ? "sharded" : "full"},
+                        {"layout", reader.sharded() ? "sharded" : reader.single_file() ? "file" : "full"},
                         {"world_size", reader.world_size()},
                         {"strategy", meta.value("strategy", nlohmann::json())},
                         {"format", meta.value("format", nlohmann::json())},
@@ -179,7 +188,7 @@ checkpoint::OnFileWritten progress(const std::string& out) {
 }
 
 std::string describe(const StateReader& reader) {
-  return std::string(reader.sharded() ? "sharded" : "full") + ", world size " +
+  return std::string(reader.sharded() ? "sharded" : reader.single_file() ? "one file" : "full") + ", world size " +
          std::to_string(reader.world_size());
 }
 
@@ -214,6 +223,79 @@ int run_verify(const CkptConfig& c) {
   }
   std::cout << "verified " << reader.path() << " (" << describe(reader) << "): " << reader.files().size()
             << " files, " << checked << " tensors, every checksum matches" << std::endl;
+  return 0;
+}
+
+
+std::string preset_list() {
+  std::string names;
+  for (const std::string& n : models::GPTConfig::preset_names()) names += (names.empty() ? "" : ", ") + n;
+  return names;
+}
+
+// The GPT configuration of the checkpoint: its "model_config" entry, or the
+// preset named by --model-size for checkpoints saved before it existed.
+models::GPTConfig export_config(const StateReader& reader, const CkptConfig& c) {
+  const nlohmann::json& entries = reader.entries();
+  if (entries.contains("model_config")) {
+    const nlohmann::json& entry = entries["model_config"];
+    STRATA_CHECK(entry.value("kind", "") == "value", ConfigError, "[ckpt] ", reader.path(),
+                 ": entry 'model_config' is not a value");
+    return models::GPTConfig::from_json(entry["value"], reader.path() + " entry 'model_config'");
+  }
+  STRATA_CHECK(!c.model_size.empty(), ConfigError, "[ckpt] ", reader.path(),
+               " has no 'model_config' entry (saved before strata stored the model's configuration); pass "
+               "--model-size with the preset it was trained with (", preset_list(), ")");
+  models::GPTConfig config = models::GPTConfig::preset(c.model_size);
+  if (entries.contains("model_size") && entries["model_size"].value("kind", "") == "value")
+    STRATA_CHECK(entries["model_size"]["value"] == c.model_size, ConfigError, "[ckpt] ", reader.path(),
+                 " holds a ", entries["model_size"]["value"].dump(), " model, not --model-size ", c.model_size);
+  return config;
+}
+
+int run_export(const CkptConfig& c) {
+  const StateReader reader = StateReader::open(c.path);
+  std::string key = c.entry;
+  if (key.empty()) {
+    std::vector<std::string> modules;
+    for (const auto& [k, entry] : reader.entries().items())
+      if (entry.value("kind", "") == "module") modules.push_back(k);
+    key = checkpoint::primary_module(modules);
+    STRATA_CHECK(!key.empty(), ConfigError, "[ckpt] ", reader.path(), " has ", modules.size(),
+                 " module entries and none is named 'model'; choose one with --entry");
+  }
+  models::GPTConfig config = export_config(reader, c);
+  // The checkpoint's tensors must be this configuration's, name for name
+  // and shape for shape, before anything is written.
+  {
+    torch::NoGradGuard no_grad;
+    models::GPT model(config);
+    std::vector<std::string> problems;
+    const std::vector<std::string> stored = reader.names_under(key);
+    for (const auto& [name, tensor] : checkpoint::module_state(*model)) {
+      const std::string full = reader.tensor_of(key, name);
+      if (!reader.contains(full))
+        problems.push_back("missing '" + name + "'");
+      else if (reader.shape(full) != tensor.sizes().vec())
+        problems.push_back("'" + name + "' has shape " + shape_text(reader.shape(full)) + ", the config gives " +
+                           shape_text(tensor.sizes().vec()));
+    }
+    STRATA_CHECK(problems.empty() && stored.size() == checkpoint::module_state(*model).size(), ConfigError,
+                 "[ckpt] ", reader.path(), " entry '", key, "' does not match its model configuration ",
+                 config.to_json().dump(), ": ", problems.empty() ? std::string("other tensors") : problems[0],
+                 problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : "");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(c.out, ec);
+  STRATA_CHECK(!ec, ConfigError, "[ckpt] cannot create ", c.out, ": ", ec.message());
+  // PyTorch's state_dict lists a tied head under both names.
+  std::vector<std::pair<std::string, std::string>> aliases;
+  if (config.tie_weights()) aliases.emplace_back("lm_head.weight", "wte.weight");
+  const std::string model_file = c.out + "/model.safetensors";
+  checkpoint::export_module(reader, key, model_file, aliases);
+  checkpoint::atomic_write_file(c.out + "/config.json", config.to_json().dump(2) + "\n");
+  std::cout << "exported " << reader.path() << " (" << describe(reader) << ") entry '" << key << "' to " << model_file
+            << " and " << c.out << "/config.json" << std::endl;
   return 0;
 }
 
@@ -270,6 +352,20 @@ Command make_ckpt_command() {
         "error naming the file and the tensor when anything differs.\n"
         "Example: strata ckpt verify ckpt/step-00000300");
     c.verify->add_option("path", c.path, "Checkpoint directory")->required();
+
+    c.export_ = ckpt->add_subcommand(
+        "export",
+        "Write a checkpoint's model (any layout, any world size) as a plain pair that\n"
+        "PyTorch and other tools read without strata: OUT/model.safetensors (every\n"
+        "tensor whole, under the model's own names, a tied head under both names)\n"
+        "and OUT/config.json (every GPT hyperparameter). docs/checkpoints.md shows\n"
+        "how to load it into a PyTorch GPT.\n"
+        "Example: strata ckpt export ckpt/step-00000300 exported");
+    c.export_->add_option("path", c.path, "Checkpoint to read")->required();
+    c.export_->add_option("out", c.out, "Folder to write model.safetensors and config.json into")->required();
+    c.export_->add_option("--entry", c.entry, "Module entry to export (default: 'model', or the only module)");
+    c.export_->add_option("--model-size", c.model_size,
+                          "GPT preset, for checkpoints saved without their model configuration");
     return ckpt;
   };
   command.run = [config] {
@@ -277,6 +373,7 @@ Command make_ckpt_command() {
     if (c.inspect->parsed()) return run_inspect(c);
     if (c.consolidate->parsed()) return run_consolidate(c);
     if (c.verify->parsed()) return run_verify(c);
+    if (c.export_->parsed()) return run_export(c);
     return run_reshard(c);
   };
   return command;

@@ -208,6 +208,7 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
                           {"step", 0},
                           {"loader", nlohmann::json(data::LoaderState{})},
                           {"model_size", config.model_size},
+                          {"model_config", model_config.to_json()},
                           {"rng", checkpoint::cpu_rng_state()}};
   if (!config.resume.empty()) {
     std::string path = config.resume == "latest" ? latest_checkpoint(config.ckpt_dir) : config.resume;
@@ -217,6 +218,9 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
     STRATA_CHECK(state.at("model_size").get<std::string>() == config.model_size, ConfigError, "[train] ", path,
                  " holds a '", state.at("model_size").get<std::string>(), "' model but --model-size is '",
                  config.model_size, "'");
+    STRATA_CHECK(state.at("model_config").value() == model_config.to_json(), ConfigError, "[train] ", path,
+                 " holds a model configured as ", state.at("model_config").value().dump(), " but this run builds ",
+                 model_config.to_json().dump(), " (another --seq-len?)");
     step = state.at("step").get<int64_t>();
     loader->load_state(state.at("loader").value().get<data::LoaderState>());
     checkpoint::set_cpu_rng_state(state.at("rng").tensor());

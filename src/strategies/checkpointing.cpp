@@ -15,6 +15,7 @@
 
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/sharded.h"
+#include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 #include "strata/strategies/strategy.h"
@@ -34,24 +35,34 @@ checkpoint::ParamNames param_names_of(const State& state) {
   return names;
 }
 
-// The tensors of `tensors` that `filter` keeps, named "<key>/<name>". They
+// The keys of the module entries of `state`.
+std::vector<std::string> module_keys_of(const State& state) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : state)
+    if (value.is_module()) keys.push_back(key);
+  return keys;
+}
+
+// The tensors of `tensors` that `filter` keeps, under their stored names
+// ("<key>/<name>", or plain for the model of a one-file checkpoint). They
 // alias the state's tensors: the writer copies them one at a time.
 checkpoint::NamedTensors with_prefix(const std::string& key, const checkpoint::NamedTensors& tensors,
-                                     const StateFilter& filter) {
+                                     const StateFilter& filter, const std::string& plain_key) {
   auto keep = filter.find(key);
   checkpoint::NamedTensors out;
   for (const auto& [name, tensor] : tensors) {
     if (keep != filter.end() && !keep->second(name, tensor)) continue;
-    out.emplace_back(key + "/" + name, tensor.detach());
+    out.emplace_back(checkpoint::entry_tensor_name(key, name, plain_key), tensor.detach());
   }
   return out;
 }
 
-// The tensors of the checkpoint whose names start with "<key>/", without
-// the prefix, each whole (assembled from its shards when sharded).
+// The tensors of entry `key` of the checkpoint, without their prefix, each
+// whole (assembled from its shards when sharded).
 checkpoint::NamedTensors read_prefixed(const checkpoint::StateReader& reader, const std::string& key) {
   checkpoint::NamedTensors out;
-  for (const std::string& name : reader.names_under(key)) out.emplace_back(name, reader.full(key + "/" + name));
+  for (const std::string& name : reader.names_under(key))
+    out.emplace_back(name, reader.full(reader.tensor_of(key, name)));
   return out;
 }
 
@@ -66,16 +77,21 @@ void Strategy::save_checkpoint(const std::string& path, const State& state, cons
     checkpoint::ParamNames names = param_names_of(state);
     checkpoint::NamedTensors tensors;
     nlohmann::json entries = nlohmann::json::object();
+    // One file (PATH.safetensors): the model keeps its plain names.
+    const bool one_file = checkpoint::is_single_file_path(path);
+    const std::string plain_key = one_file ? checkpoint::primary_module(module_keys_of(state)) : "";
     for (const auto& [key, value] : state) {
       STRATA_CHECK(key.find('/') == std::string::npos, ConfigError, "[checkpoint] state key '", key,
                    "' contains '/'; use another name");
       if (value.is_module()) {
-        checkpoint::NamedTensors part = with_prefix(key, checkpoint::module_state(*value.module()), filter);
+        checkpoint::NamedTensors part =
+            with_prefix(key, checkpoint::module_state(*value.module()), filter, plain_key);
         tensors.insert(tensors.end(), part.begin(), part.end());
         entries[key] = {{"kind", "module"}};
+        if (key == plain_key) entries[key]["prefix"] = "";
       } else if (value.is_optimizer()) {
         checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
-        checkpoint::NamedTensors part = with_prefix(key, optim.tensors, filter);
+        checkpoint::NamedTensors part = with_prefix(key, optim.tensors, filter, plain_key);
         tensors.insert(tensors.end(), part.begin(), part.end());
         entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
       } else if (value.is_tensor()) {
@@ -93,11 +109,17 @@ void Strategy::save_checkpoint(const std::string& path, const State& state, cons
     // time to CPU, so a device-resident state never needs a second copy.
     std::vector<checkpoint::TensorSpec> specs;
     for (const auto& [name, tensor] : tensors) specs.push_back(checkpoint::TensorSpec::of(name, tensor));
-    checkpoint::CheckpointWriter writer = checkpoint::CheckpointWriter::begin(path);
-    checkpoint::SafetensorsWriter file = writer.open_file(checkpoint::kFullStateFile, std::move(specs));
-    for (const auto& [name, tensor] : tensors) file.write(name, tensor);
-    file.close();
-    writer.commit(metadata);
+    if (one_file) {
+      checkpoint::SafetensorsWriter file = checkpoint::begin_checkpoint_file(path, std::move(specs), metadata);
+      for (const auto& [name, tensor] : tensors) file.write(name, tensor);
+      file.close();
+    } else {
+      checkpoint::CheckpointWriter writer = checkpoint::CheckpointWriter::begin(path);
+      checkpoint::SafetensorsWriter file = writer.open_file(checkpoint::kFullStateFile, std::move(specs));
+      for (const auto& [name, tensor] : tensors) file.write(name, tensor);
+      file.close();
+      writer.commit(metadata);
+    }
   }
   barrier("save_checkpoint");
 }
@@ -145,7 +167,7 @@ nlohmann::json Strategy::load_checkpoint(const std::string& path, State& state, 
       checkpoint::OptimizerState optim{read_optimizer_tensors(reader, key), entry.at("state")};
       checkpoint::load_optimizer_state(value.optimizer(), names, optim, strict, source);
     } else if (value.is_tensor()) {
-      at::Tensor stored = reader.full(key);
+      at::Tensor stored = reader.full(reader.tensor_of(key));
       at::Tensor target = value.tensor();
       STRATA_CHECK(target.sizes() == stored.sizes(), CheckpointError, "[checkpoint] ", source, ": shape ",
                    stored.sizes(), " in the checkpoint, ", target.sizes(), " in the state");

@@ -9,6 +9,7 @@
 #include "fsdp_impl.h"
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/sharded.h"
+#include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 
@@ -51,7 +52,11 @@ struct FSDPSavePlan {
   nlohmann::json entries = nlohmann::json::object();
 };
 
-FSDPSavePlan plan_save(const FSDPStrategy::Impl& impl, const State& state, const StateFilter& filter) {
+FSDPSavePlan plan_save(const FSDPStrategy::Impl& impl, const State& state, const StateFilter& filter,
+                       const std::string& plain_key) {
+  auto stored = [&](const std::string& key, const std::string& name) {
+    return checkpoint::entry_tensor_name(key, name, plain_key);
+  };
   FSDPSavePlan plan;
   checkpoint::ParamNames names;
   for (const auto& p : impl.params) names[p.shard.unsafeGetTensorImpl()] = p.name;
@@ -69,17 +74,18 @@ FSDPSavePlan plan_save(const FSDPStrategy::Impl& impl, const State& state, const
     };
     if (value.is_module()) {
       plan.entries[key] = {{"kind", "module"}};
+      if (key == plain_key) plan.entries[key]["prefix"] = "";
       bool sharded_module = value.module().get() == impl.root_module.get();
       found_sharded = found_sharded || sharded_module;
       if (sharded_module) {
         for (const auto& p : impl.params) {
-          if (keep(p.name, p.shard)) plan.pieces.push_back(sharded_piece(key + "/" + p.name, impl, p, p.shard));
+          if (keep(p.name, p.shard)) plan.pieces.push_back(sharded_piece(stored(key, p.name), impl, p, p.shard));
         }
       }
       checkpoint::NamedTensors tensors = checkpoint::module_state(*value.module());
       for (const auto& [name, t] : tensors) {
         if (sharded_module && impl.param_index.count(name)) continue;  // a shard, planned above
-        if (keep(name, t)) whole(key + "/" + name, t);
+        if (keep(name, t)) whole(stored(key, name), t);
       }
     } else if (value.is_optimizer()) {
       checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
@@ -88,9 +94,9 @@ FSDPSavePlan plan_save(const FSDPStrategy::Impl& impl, const State& state, const
         if (!keep(name, t)) continue;
         const FSDPStrategy::Impl::Param* p = impl.param_of_state(name);  // sharded like its parameter
         if (p && t.numel() == p->chunk) {
-          plan.pieces.push_back(sharded_piece(key + "/" + name, impl, *p, t));
+          plan.pieces.push_back(sharded_piece(stored(key, name), impl, *p, t));
         } else {
-          whole(key + "/" + name, t);
+          whole(stored(key, name), t);
         }
       }
     } else if (value.is_tensor()) {
@@ -134,7 +140,19 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
   STRATA_CHECK(impl_ != nullptr, ConfigError, "[fsdp] save_checkpoint before setup_module");
   // Every rank writes where rank 0 was told to.
   std::string path = group_.broadcast_object(requested_path, 0);
-  FSDPSavePlan plan = plan_save(*impl_, state, filter);
+  // One file (PATH.safetensors, full state only): the model keeps its plain names.
+  const bool one_file = checkpoint::is_single_file_path(path);
+  STRATA_CHECK(!one_file || options_.state_dict_type == "full", ConfigError, "[fsdp] ", path,
+               ": a sharded checkpoint is a directory (one file per rank); save it to a path without the "
+               ".safetensors suffix, or use state_dict_type \"full\" for one file");
+  std::string plain_key;
+  if (one_file) {
+    std::vector<std::string> modules;
+    for (const auto& [key, value] : state)
+      if (value.is_module()) modules.push_back(key);
+    plain_key = checkpoint::primary_module(modules);
+  }
+  FSDPSavePlan plan = plan_save(*impl_, state, filter, plain_key);
   nlohmann::json metadata = {{"strategy", name()},
                              {"world_size", world_size()},
                              {"state_dict_type", options_.state_dict_type},
@@ -143,7 +161,7 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
   std::optional<checkpoint::CheckpointWriter> writer;
   std::string staging;
   on_every_rank(group_, "starting the save to " + path, [&] {
-    if (is_global_zero()) {
+    if (is_global_zero() && !one_file) {
       writer.emplace(checkpoint::CheckpointWriter::begin(path));
       staging = writer->staging_dir();
     }
@@ -157,7 +175,9 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
     for (const Piece& piece : plan.pieces) specs.push_back({piece.name, piece.dtype, piece.shape});
     std::optional<checkpoint::SafetensorsWriter> file;
     on_every_rank(group_, "writing " + path, [&] {
-      if (is_global_zero()) file.emplace(writer->open_file(checkpoint::kFullStateFile, specs));
+      if (is_global_zero())
+        file.emplace(one_file ? checkpoint::begin_checkpoint_file(path, specs, metadata)
+                              : writer->open_file(checkpoint::kFullStateFile, specs));
     });
     std::string failure;  // rank 0 keeps joining the gathers after a failed write, then reports it
     for (const Piece& piece : plan.pieces) {
@@ -185,10 +205,12 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
         if (piece.local.defined()) local.emplace_back(piece.name, piece.local.contiguous());
       }
       std::string file = checkpoint::shard_file_name(global_rank(), world_size());
+      // The file says what it is: rank, world size, each slice's full shape and offset.
+      checkpoint::Metadata description = checkpoint::shard_file_metadata(global_rank(), world_size(), tensors);
       if (is_global_zero()) {
-        writer->write_file(file, local);
+        writer->write_file(file, local, description);
       } else {
-        checkpoint::CheckpointWriter::join(path, staging).write_file(file, local);
+        checkpoint::CheckpointWriter::join(path, staging).write_file(file, local, description);
       }
     };
     if (options_.sequential_save) {
@@ -202,7 +224,7 @@ void FSDPStrategy::save_checkpoint(const std::string& requested_path, const Stat
     }
   }
   on_every_rank(group_, "committing " + path, [&] {
-    if (is_global_zero()) writer->commit(metadata);
+    if (is_global_zero() && !one_file) writer->commit(metadata);
   });
 }
 
@@ -235,7 +257,7 @@ void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, cons
   torch::NoGradGuard no_grad;
   for (const auto& p : impl_->params) {
     known[p.name] = true;
-    std::string name = key + "/" + p.name;
+    std::string name = reader.tensor_of(key, p.name);
     if (!reader.contains(name)) {
       missing.push_back(p.name);
       continue;
@@ -247,7 +269,7 @@ void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, cons
   }
   for (const auto& item : module.named_buffers()) {
     known[item.key()] = true;
-    std::string name = key + "/" + item.key();
+    std::string name = reader.tensor_of(key, item.key());
     if (!reader.contains(name)) {
       missing.push_back(item.key());
       continue;
@@ -274,7 +296,7 @@ checkpoint::NamedTensors FSDPStrategy::read_optimizer_tensors(const checkpoint::
   if (!impl_) return Strategy::read_optimizer_tensors(reader, key);
   checkpoint::NamedTensors tensors;
   for (const std::string& name : reader.names_under(key)) {
-    std::string full_name = key + "/" + name;
+    std::string full_name = reader.tensor_of(key, name);
     if (const Impl::Param* p = impl_->param_of_state(name)) {  // sharded like its parameter
       tensors.emplace_back(name, my_piece(reader, full_name, *impl_, *p));
     } else {

@@ -197,6 +197,33 @@ TEST_F(FSDPCheckpointTest, ReshardingOnLoadIsExactForModelAndOptimizerState) {
   EXPECT_EQ(StateReader::open(path("at3")).world_size(), 3);
 }
 
+// A checkpoint saved to PATH.safetensors is one file: the model under its
+// own names, the rest under "<key>/", the metadata inside. FSDP (full) and
+// DDP write the same file, and FSDP at another world size resumes from it
+// exactly.
+TEST_F(FSDPCheckpointTest, OneFileCheckpointsHoldTheModelUnderItsOwnNamesAndLoadAnywhere) {
+  job(2, "fsdp-full", "adamw", "-", 2, "-", 0, path("fsdp.safetensors"), "-");
+  job(2, "ddp", "adamw", "-", 2, "-", 0, path("ddp.safetensors"), "-");
+  const StateReader one = StateReader::open(path("fsdp.safetensors"));
+  ASSERT_TRUE(fs::is_regular_file(path("fsdp.safetensors")));
+  EXPECT_TRUE(one.single_file());
+  EXPECT_TRUE(one.contains("wte.weight"));
+  EXPECT_TRUE(one.contains("optim/wte.weight.exp_avg"));
+  EXPECT_EQ(one.entries()["model"]["prefix"], "");
+  EXPECT_EQ(one.entries()["step"]["value"], 2);
+  expect_same_tensors(path("fsdp.safetensors"), path("ddp.safetensors"), 1e-4);
+
+  job(3, "fsdp-sharded", "adamw", path("fsdp.safetensors"), 0, "-", 0, path("again"), "-");
+  const StateReader again = StateReader::open(path("again"));
+  ASSERT_TRUE(again.sharded());
+  for (const std::string key : {"model", "optim"}) {
+    ASSERT_EQ(one.names_under(key), again.names_under(key)) << key;
+    for (const std::string& name : one.names_under(key))
+      EXPECT_TRUE(at::equal(one.full(one.tensor_of(key, name)), again.full(key + "/" + name))) << key << " " << name;
+  }
+  EXPECT_EQ(again.entries()["optim"]["state"], one.entries()["optim"]["state"]);
+}
+
 // Loads `path` into a model variant; with an expected message the load must
 // fail with it, without one it must succeed and restore wte.weight.
 // args: model variant, path, strict (0|1), expected message or "".

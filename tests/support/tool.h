@@ -34,10 +34,9 @@ struct Outcome {
   std::string out, err;
 };
 
-/// Starts `strata ARGS...` with stdout and stderr on pipes.
-inline Child start_strata(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{strata_binary()};
-  argv.insert(argv.end(), args.begin(), args.end());
+/// Starts the program argv[0] (a path) with arguments argv[1...], stdout
+/// and stderr on pipes.
+inline Child start_program(std::vector<std::string> argv) {
   std::vector<char*> cargv;
   for (std::string& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
@@ -54,6 +53,13 @@ inline Child start_strata(const std::vector<std::string>& args) {
   ::close(out[1]);
   ::close(err[1]);
   return {pid, out[0], err[0]};
+}
+
+/// Starts `strata ARGS...` with stdout and stderr on pipes.
+inline Child start_strata(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{strata_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return start_program(std::move(argv));
 }
 
 /// Reads both pipes to the end and reaps the child.
@@ -85,5 +91,21 @@ inline Outcome finish(Child child) {
 
 /// Runs `strata ARGS...` to the end.
 inline Outcome run_strata(const std::vector<std::string>& args) { return finish(start_strata(args)); }
+
+/// The project's Python (STRATA_PYTHON, set by the test main from the
+/// build's configuration), or "" when there is none.
+inline std::string project_python() {
+  const char* python = std::getenv("STRATA_PYTHON");
+  return python != nullptr ? python : "";
+}
+
+/// Runs the project's Python on `script` (relative to the source tree) with
+/// `args` to the end.
+inline Outcome run_python(const std::string& script, const std::vector<std::string>& args) {
+  const char* source = std::getenv("STRATA_SOURCE_DIR");
+  std::vector<std::string> argv{project_python(), std::string(source != nullptr ? source : ".") + "/" + script};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return finish(start_program(std::move(argv)));
+}
 
 }  // namespace strata::testing

@@ -25,6 +25,11 @@ inline constexpr const char* kCheckpointFormat = "strata-checkpoint";
 /// Value of metadata.json's "version" field written by this build; readers
 /// accept versions up to this one.
 inline constexpr int kCheckpointVersion = 1;
+/// Checks a checkpoint's metadata object (from `where`): "format" is
+/// kCheckpointFormat and "version" one this build reads. Throws
+/// CheckpointError naming `where` otherwise.
+void check_checkpoint_format(const nlohmann::json& meta, const std::string& where);
+
 /// Name of the metadata file inside a checkpoint directory.
 inline constexpr const char* kMetadataFile = "metadata.json";
 /// Name of the file inside a staging directory that says which process

@@ -69,7 +69,10 @@ at::Tensor shard_of(const at::Tensor& full, int world, int rank);
 /// Files are opened once and kept. Copies share the open files.
 class StateReader {
  public:
-  /// Opens `path` (CheckpointReader::open rules). Throws CheckpointError
+  /// Opens `path`: a checkpoint directory (CheckpointReader::open rules),
+  /// or a one-file checkpoint (single_file.h; a regular file, whose
+  /// "__metadata__" must hold strata's metadata: a shard file read on its
+  /// own, or a plain state dict, is refused saying what it is). Throws CheckpointError
   /// when a rank file listed by the world size is missing ("<path>:
   /// shard-00001-of-00002.safetensors is missing (rank 1 of 2 did not
   /// save?)"), when a shard file lacks a sharded tensor or holds one whose
@@ -86,6 +89,13 @@ class StateReader {
   /// "files", and every "tensors" record's shape (input.h). `options` say
   /// whether tensors are verified against their checksums when read.
   static StateReader open(const std::string& path, const ReadOptions& options = {});
+
+  /// Opens a plain safetensors file (a state_dict written by
+  /// safetensors.torch.save_file, or `strata ckpt export`'s model file) as
+  /// a one-file checkpoint with one module entry, "model", holding every
+  /// tensor under its own name. A strata checkpoint file opens as open()
+  /// does; a shard file is refused the same way.
+  static StateReader open_plain(const std::string& path, const ReadOptions& options = {});
 
   /// Reads every tensor of every file once and compares it with its
   /// checksum; returns the number of tensors checked (0 for a checkpoint
@@ -117,8 +127,15 @@ class StateReader {
   c10::ScalarType dtype(const std::string& name) const;
   /// True when `name` is stored sharded (always false in a full checkpoint).
   bool is_sharded(const std::string& name) const;
-  /// The names under "<key>/" with the prefix removed, in a stable order.
+  /// The names of entry `key`'s tensors without their prefix ("<key>/",
+  /// or none for the model of a one-file checkpoint), in a stable order.
   std::vector<std::string> names_under(const std::string& key) const;
+  /// The stored name of tensor `name` of entry `key`: "<key>/<name>", or
+  /// `name` alone for the model of a one-file checkpoint; for a tensor
+  /// entry (`name` empty) the key itself.
+  std::string tensor_of(const std::string& key, const std::string& name = "") const;
+  /// True for a one-file checkpoint (PATH.safetensors).
+  bool single_file() const { return single_file_; }
 
   /// The whole tensor (assembled from the shards when sharded), a new CPU
   /// tensor. CheckpointError naming path and name if absent.
@@ -138,12 +155,17 @@ class StateReader {
   const Record& record(const std::string& name) const;
   void open_full(const ReadOptions& options);
   void open_sharded(const ReadOptions& options);
+  static StateReader open_impl(const std::string& path, const ReadOptions& options, bool plain);
+  void open_single(const ReadOptions& options, bool plain);
+  std::string metadata_source() const;
+  const nlohmann::json* entry_prefix(const std::string& key) const;
   void check_entries() const;
 
   std::string path_;
   nlohmann::json metadata_;
   nlohmann::json entries_ = nlohmann::json::object();
   bool sharded_ = false;
+  bool single_file_ = false;
   int world_size_ = 1;
   std::vector<SafetensorsFile> files_;  // full: {state.safetensors}; sharded: one per rank
   std::vector<std::string> names_;
@@ -159,7 +181,9 @@ struct WrittenFile {
 /// Called after each file is written, for progress reports.
 using OnFileWritten = std::function<void(const WrittenFile&)>;
 
-/// Writes `source` as a full checkpoint at `out`: state.safetensors with
+/// Writes `source` as a full checkpoint at `out`: a one-file checkpoint when
+/// `out` ends in ".safetensors" (single_file.h), otherwise a directory with
+/// state.safetensors with
 /// every tensor whole, metadata as the source's with "state_dict_type":
 /// "full", "world_size" and "consolidated_from" the source's world size
 /// (so Strategy::load_checkpoint and every tool read it). Streams: one
@@ -176,5 +200,15 @@ void consolidate_checkpoint(const StateReader& source, const std::string& out,
 /// when `out` exists and is not an empty directory.
 void reshard_checkpoint(const StateReader& source, const std::string& out, int world,
                         const OnFileWritten& on_file = {});
+
+/// Writes module entry `key` of `source` as a plain safetensors file at
+/// `out`: every tensor whole, under the module's own names ("wte.weight"),
+/// "__metadata__" {"format": "pt"}, so PyTorch's load_state_dict takes it
+/// as it is. Each (alias, original) of `aliases` also stores a copy of
+/// `original` under `alias` unless the module has one (a tied head, which
+/// PyTorch's state_dict lists under both names). Atomic. Throws
+/// CheckpointError when there is no such module entry or original.
+void export_module(const StateReader& source, const std::string& key, const std::string& out,
+                   const std::vector<std::pair<std::string, std::string>>& aliases = {});
 
 }  // namespace strata::checkpoint

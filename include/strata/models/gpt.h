@@ -29,6 +29,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
@@ -73,6 +74,19 @@ struct GPTConfig {
   /// non-positive size, n_embd not divisible by n_head, dropout outside
   /// [0, 1).
   void validate() const;
+
+  /// Every field as JSON, with "model_type": "strata-gpt", so a reader can
+  /// rebuild the model from a checkpoint alone:
+  /// {"model_type": "strata-gpt", "vocab_size": 256, "block_size": 64,
+  ///  "n_layer": 2, "n_head": 2, "n_embd": 64, "dropout": 0.0,
+  ///  "tie_weights": true, "bias": true}.
+  nlohmann::json to_json() const;
+
+  /// The configuration `json` describes (as written by to_json). Hostile
+  /// input: every field must be present with its type, sizes within
+  /// [1, 2^20] (vocab_size up to 2^24), no unknown field; then validate().
+  /// Throws ConfigError naming `source`, the field and the value.
+  static GPTConfig from_json(const nlohmann::json& json, const std::string& source);
 };
 
 /// Multi-head causal self-attention: one qkv projection, attention over
