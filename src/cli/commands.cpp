@@ -7,6 +7,7 @@ std::vector<Command> all_commands() {
   commands.push_back(make_launch_command());
   commands.push_back(make_train_command());
   commands.push_back(make_ckpt_command());
+  commands.push_back(make_xla_probe_command());
   return commands;
 }
 

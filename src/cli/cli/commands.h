@@ -31,6 +31,9 @@ Command make_train_command();
 /// `strata ckpt`: inspect, consolidate and reshard checkpoints.
 Command make_ckpt_command();
 
+/// `strata xla-probe`: reach an XLA device through a PJRT plugin.
+Command make_xla_probe_command();
+
 /// Every subcommand of the tool, in help order.
 std::vector<Command> all_commands();
 
