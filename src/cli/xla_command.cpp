@@ -42,9 +42,11 @@ std::vector<float> as_vector(const at::Tensor& t) {
 // The probe's expected outputs, computed by LibTorch on the CPU.
 std::vector<std::vector<float>> libtorch_reference(const xla::ProbeCase& c) {
   if (c.name == "add")
-    return {as_vector(as_tensor(c.inputs[0][0], c.input_dims[0]) + as_tensor(c.inputs[0][1], c.input_dims[1]))};
+    return {
+        as_vector(as_tensor(c.inputs[0][0], c.input_dims[0]) + as_tensor(c.inputs[0][1], c.input_dims[1]))};
   if (c.name == "matmul")
-    return {as_vector(at::mm(as_tensor(c.inputs[0][0], c.input_dims[0]), as_tensor(c.inputs[0][1], c.input_dims[1])))};
+    return {as_vector(
+        at::mm(as_tensor(c.inputs[0][0], c.input_dims[0]), as_tensor(c.inputs[0][1], c.input_dims[1])))};
   if (c.name == "all_reduce") {
     at::Tensor sum = at::zeros(c.input_dims[0], at::kFloat);
     for (const auto& replica : c.inputs) sum = sum + as_tensor(replica[0], c.input_dims[0]);
@@ -56,7 +58,8 @@ std::vector<std::vector<float>> libtorch_reference(const xla::ProbeCase& c) {
 int run_xla_probe(const XlaProbeConfig& config) {
   xla::ProbeOptions options;
   options.plugin_path = xla::plugin_path_from(config.plugin);
-  for (const std::string& text : config.options) options.create_options.push_back(xla::parse_create_option(text));
+  for (const std::string& text : config.options)
+    options.create_options.push_back(xla::parse_create_option(text));
   // Defaults that make the probe meaningful, unless given: two CPU devices
   // (for the all-reduce), and no up-front grab of GPU memory.
   auto given = [&options](const std::string& name) {
@@ -64,7 +67,8 @@ int run_xla_probe(const XlaProbeConfig& config) {
                        [&name](const xla::NamedValue& v) { return v.name == name; });
   };
   const std::string kind = xla::plugin_kind(options.plugin_path);
-  if (kind == "cpu" && !given("cpu_device_count")) options.create_options.push_back({"cpu_device_count", int64_t{2}});
+  if (kind == "cpu" && !given("cpu_device_count"))
+    options.create_options.push_back({"cpu_device_count", int64_t{2}});
   if ((kind == "cuda" || kind == "rocm") && !given("preallocate"))
     options.create_options.push_back({"preallocate", false});
   options.reference_name = "libtorch";
@@ -96,7 +100,8 @@ Command make_xla_probe_command() {
         "Exit status 0 when every case that ran matched.\n"
         "Defaults: cpu_device_count=2 for a CPU plugin, preallocate=false for a GPU one.\n"
         "Example: strata xla-probe --plugin .../jax_plugins/xla_cuda13/xla_cuda_plugin.so");
-    probe->add_option("--plugin", config->plugin, "The plugin's shared library (default: $STRATA_PJRT_PLUGIN)");
+    probe->add_option("--plugin", config->plugin,
+                      "The plugin's shared library (default: $STRATA_PJRT_PLUGIN)");
     probe->add_option("--option", config->options,
                       "A PJRT_Client_Create option NAME=VALUE (repeatable); options the plugin\n"
                       "does not list are left out and reported");

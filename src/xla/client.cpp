@@ -42,8 +42,8 @@ using capi::PJRT_Api;
 // sent. A plugin of unknown kind gets no options at all.
 const std::vector<std::string> kCpuOptions = {"cpu_device_count", "asynchronous"};
 const std::vector<std::string> kGpuOptions = {
-    "platform_name", "allocator",  "memory_fraction",  "preallocate",      "collective_memory_size",
-    "visible_devices", "node_id",  "num_nodes",        "enable_mock_nccl", "mock_gpu_topology"};
+    "platform_name",   "allocator", "memory_fraction", "preallocate",      "collective_memory_size",
+    "visible_devices", "node_id",   "num_nodes",       "enable_mock_nccl", "mock_gpu_topology"};
 const std::vector<std::string> kNoOptions = {};
 
 std::string text_of(const char* data, size_t size) { return data != nullptr ? std::string(data, size) : ""; }
@@ -85,7 +85,8 @@ NamedValue parse_create_option(const std::string& text) {
   const size_t eq = text.find('=');
   STRATA_CHECK(eq != std::string::npos && eq > 0, ConfigError, "[pjrt] create option '", text,
                "' is not NAME=VALUE (e.g. cpu_device_count=2, preallocate=false)");
-  STRATA_CHECK(text.size() < 4096, ConfigError, "[pjrt] create option of ", text.size(), " bytes; keep it under 4096");
+  STRATA_CHECK(text.size() < 4096, ConfigError, "[pjrt] create option of ", text.size(),
+               " bytes; keep it under 4096");
   NamedValue out{text.substr(0, eq), std::string()};
   const std::string value = text.substr(eq + 1);
   if (value == "true" || value == "false") {
@@ -111,7 +112,8 @@ NamedValue parse_create_option(const std::string& text) {
 }
 
 std::string plugin_kind(const std::string& path) {
-  std::string name = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
+  std::string name =
+      path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
   for (const char* kind : {"cuda", "rocm", "tpu", "cpu"})
     if (name.find(kind) != std::string::npos) return kind;
@@ -228,7 +230,8 @@ std::vector<uint8_t> Buffer::to_host() const {
 
 // ---- LoadedExecutable -------------------------------------------------------
 
-LoadedExecutable::LoadedExecutable(std::shared_ptr<detail::ClientHandle> client, capi::PJRT_LoadedExecutable* exe)
+LoadedExecutable::LoadedExecutable(std::shared_ptr<detail::ClientHandle> client,
+                                   capi::PJRT_LoadedExecutable* exe)
     : client_(std::move(client)), exe_(exe) {}
 LoadedExecutable::LoadedExecutable(LoadedExecutable&& other) noexcept
     : client_(std::move(other.client_)), exe_(other.exe_) {
@@ -275,7 +278,8 @@ size_t LoadedExecutable::num_outputs() const {
 std::vector<std::vector<Buffer>> LoadedExecutable::execute(
     const std::vector<std::vector<const Buffer*>>& arguments) const {
   STRATA_CHECK(exe_ != nullptr, xla::XlaError, "[pjrt] execute() of an empty LoadedExecutable");
-  STRATA_CHECK(!arguments.empty(), xla::XlaError, "[pjrt] execute() needs the arguments of at least one device");
+  STRATA_CHECK(!arguments.empty(), xla::XlaError,
+               "[pjrt] execute() needs the arguments of at least one device");
   const size_t num_devices = arguments.size();
   const size_t num_args = arguments[0].size();
   std::vector<std::vector<capi::PJRT_Buffer*>> inputs(num_devices);
@@ -411,16 +415,17 @@ std::vector<Device> Client::addressable_devices() const {
   return out;
 }
 
-Buffer Client::buffer_from_host(const void* data, size_t size, ElementType type, const std::vector<int64_t>& dims,
-                                const Device& device) const {
+Buffer Client::buffer_from_host(const void* data, size_t size, ElementType type,
+                                const std::vector<int64_t>& dims, const Device& device) const {
   int64_t count = 1;
   for (int64_t d : dims) {
     STRATA_CHECK(d >= 0, ConfigError, "[pjrt] buffer_from_host: negative dimension ", d);
     count *= d;
   }
-  STRATA_CHECK(static_cast<size_t>(count) * element_size(type) == size, ConfigError, "[pjrt] buffer_from_host: ",
-               size, " bytes given for ", count, " elements of ", stablehlo_name(type), " (",
-               static_cast<size_t>(count) * element_size(type), " bytes expected)");
+  STRATA_CHECK(static_cast<size_t>(count) * element_size(type) == size, ConfigError,
+               "[pjrt] buffer_from_host: ", size, " bytes given for ", count, " elements of ",
+               stablehlo_name(type), " (", static_cast<size_t>(count) * element_size(type),
+               " bytes expected)");
   STRATA_CHECK(device.handle != nullptr, ConfigError, "[pjrt] buffer_from_host: no device given");
   auto args = capi::make_args<capi::PJRT_Client_BufferFromHostBuffer_Args>();
   args.client = client_->client;

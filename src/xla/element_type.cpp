@@ -54,8 +54,9 @@ bool is_floating(ElementType type) { return info(type).floating; }
 ElementType from_pjrt_buffer_type(int type) {
   for (const TypeInfo& t : kTypes)
     if (t.pjrt == type) return t.type;
-  throw XlaError(strata::detail::cat("[pjrt] buffer element type ", type,
-                             " (PJRT_Buffer_Type) is not one strata handles (bool, integers, f16, bf16, f32, f64)"));
+  throw XlaError(strata::detail::cat(
+      "[pjrt] buffer element type ", type,
+      " (PJRT_Buffer_Type) is not one strata handles (bool, integers, f16, bf16, f32, f64)"));
 }
 
 std::string tensor_type(ElementType type, const std::vector<int64_t>& dims) {

@@ -55,10 +55,10 @@ NamedValue::Value read_value(const capi::PJRT_NamedValue& v) {
 
 std::string status_code_name(int code) {
   static const char* const kNames[] = {
-      "OK",      "CANCELLED",         "UNKNOWN",      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS",  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-      "UNAVAILABLE", "DATA_LOSS",     "UNAUTHENTICATED"};
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
   if (code >= 0 && code < static_cast<int>(sizeof(kNames) / sizeof(kNames[0]))) return kNames[code];
   return "CODE_" + std::to_string(code);
 }
@@ -86,15 +86,15 @@ ApiVersion strata_api_version() { return {capi::kPjrtApiMajor, capi::kPjrtApiMin
 
 void check_api_version(ApiVersion plugin, const std::string& path) {
   const ApiVersion ours = strata_api_version();
-  const std::string versions = strata::detail::cat("the plugin has PJRT C API ", plugin.major, ".", plugin.minor,
-                                           ", strata was written against ", ours.major, ".", ours.minor);
+  const std::string versions =
+      strata::detail::cat("the plugin has PJRT C API ", plugin.major, ".", plugin.minor,
+                          ", strata was written against ", ours.major, ".", ours.minor);
   if (plugin.major != ours.major)
     throw XlaError(strata::detail::cat("[pjrt] ", path, ": unsupported PJRT C API major version: ", versions,
-                               ". Use a plugin with major version ", ours.major, "."));
+                                       ". Use a plugin with major version ", ours.major, "."));
   if (plugin.minor < ours.minor)
-    throw XlaError(strata::detail::cat("[pjrt] ", path, ": plugin too old: ", versions,
-                               " and needs ", ours.major, ".", ours.minor,
-                               " or newer. Install a newer plugin."));
+    throw XlaError(strata::detail::cat("[pjrt] ", path, ": plugin too old: ", versions, " and needs ",
+                                       ours.major, ".", ours.minor, " or newer. Install a newer plugin."));
 }
 
 std::string plugin_path_from(const std::string& option) {
@@ -120,14 +120,15 @@ std::shared_ptr<const Plugin> Plugin::load(const std::string& path) {
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = ::dlerror();
-    throw XlaError(strata::detail::cat("[pjrt] cannot open the PJRT plugin ", path, ": ",
-                               why != nullptr ? why : "unknown dlopen error",
-                               ". Check the path (--plugin or STRATA_PJRT_PLUGIN) and that the libraries it "
-                               "needs are on LD_LIBRARY_PATH"));
+    throw XlaError(strata::detail::cat(
+        "[pjrt] cannot open the PJRT plugin ", path, ": ", why != nullptr ? why : "unknown dlopen error",
+        ". Check the path (--plugin or STRATA_PJRT_PLUGIN) and that the libraries it "
+        "needs are on LD_LIBRARY_PATH"));
   }
   auto get_api = reinterpret_cast<StrataGetPjrtApiFn>(::dlsym(handle, "GetPjrtApi"));
   if (get_api == nullptr)
-    throw XlaError(strata::detail::cat("[pjrt] ", path, " is not a PJRT plugin: it does not export GetPjrtApi"));
+    throw XlaError(
+        strata::detail::cat("[pjrt] ", path, " is not a PJRT plugin: it does not export GetPjrtApi"));
   const capi::PJRT_Api* api = get_api();
   if (api == nullptr) throw XlaError(strata::detail::cat("[pjrt] ", path, ": GetPjrtApi() returned null"));
   // Note [Never unload]: `handle` is intentionally never passed to dlclose.
@@ -141,7 +142,7 @@ Plugin::Plugin(std::string path, const capi::PJRT_Api* api) : path_(std::move(pa
   const size_t version_end = offsetof(capi::PJRT_Api, pjrt_api_version) + sizeof(capi::PJRT_Api_Version);
   if (api_->struct_size < version_end)
     throw XlaError(strata::detail::cat("[pjrt] ", path_, ": the PJRT_Api table is ", api_->struct_size,
-                               " bytes, too small to hold a version; this is not a usable plugin"));
+                                       " bytes, too small to hold a version; this is not a usable plugin"));
   version_ = {api_->pjrt_api_version.major_version, api_->pjrt_api_version.minor_version};
   check_api_version(version_, path_);
 
@@ -152,8 +153,8 @@ Plugin::Plugin(std::string path, const capi::PJRT_Api* api) : path_(std::move(pa
   if (has(&capi::PJRT_Api::PJRT_Plugin_Attributes)) {
     auto args = capi::make_args<capi::PJRT_Plugin_Attributes_Args>();
     call(&capi::PJRT_Api::PJRT_Plugin_Attributes, args, "PJRT_Plugin_Attributes");
-    STRATA_CHECK(args.num_attributes < 4096, xla::XlaError, "[pjrt] ", path_, " reports ", args.num_attributes,
-                 " attributes; refusing more than 4096");
+    STRATA_CHECK(args.num_attributes < 4096, xla::XlaError, "[pjrt] ", path_, " reports ",
+                 args.num_attributes, " attributes; refusing more than 4096");
     for (size_t i = 0; i < args.num_attributes; ++i) {
       const capi::PJRT_NamedValue& v = args.attributes[i];
       attributes_.push_back({std::string(v.name, v.name_size), read_value(v)});
@@ -167,7 +168,7 @@ bool Plugin::slot_present(ptrdiff_t offset, size_t size) const {
 
 void Plugin::throw_missing(std::string_view what) const {
   throw XlaError(strata::detail::cat("[pjrt] ", path_, " (PJRT C API ", version_.major, ".", version_.minor,
-                             ") does not provide ", what));
+                                     ") does not provide ", what));
 }
 
 void Plugin::check(capi::PJRT_Error* error, std::string_view what) const {
@@ -190,7 +191,8 @@ void Plugin::check(capi::PJRT_Error* error, std::string_view what) const {
     args.error = error;
     api_->PJRT_Error_Destroy(&args);
   }
-  throw XlaError(strata::detail::cat("[pjrt] ", what, " failed (", status_code_name(code), "): ", message), code);
+  throw XlaError(strata::detail::cat("[pjrt] ", what, " failed (", status_code_name(code), "): ", message),
+                 code);
 }
 
 }  // namespace strata::xla

@@ -60,12 +60,16 @@ std::string named_values(const std::vector<NamedValue>& values) {
   for (size_t i = 0; i < values.size(); ++i) {
     const NamedValue& v = values[i];
     std::string value;
-    if (const auto* s = std::get_if<std::string>(&v.value)) value = quote(*s);
-    else if (const auto* n = std::get_if<int64_t>(&v.value)) value = std::to_string(*n);
+    if (const auto* s = std::get_if<std::string>(&v.value))
+      value = quote(*s);
+    else if (const auto* n = std::get_if<int64_t>(&v.value))
+      value = std::to_string(*n);
     else if (const auto* l = std::get_if<std::vector<int64_t>>(&v.value))
       value = list(*l, [](int64_t x) { return std::to_string(x); });
-    else if (const auto* f = std::get_if<float>(&v.value)) value = number(*f);
-    else value = std::get<bool>(v.value) ? "true" : "false";
+    else if (const auto* f = std::get_if<float>(&v.value))
+      value = number(*f);
+    else
+      value = std::get<bool>(v.value) ? "true" : "false";
     out += (i ? ", " : "") + quote(v.name) + ": " + value;
   }
   return out + "}";
@@ -185,20 +189,23 @@ ProbeReport run_probe(const ProbeOptions& options) {
   report.dropped_options = client.dropped_options();
   report.platform_name = client.platform_name();
   report.platform_version = client.platform_version();
-  for (const Device& d : client.devices()) report.devices.push_back({d.id, d.process_index, d.kind, d.description});
+  for (const Device& d : client.devices())
+    report.devices.push_back({d.id, d.process_index, d.kind, d.description});
   const std::vector<Device> local = client.addressable_devices();
   report.addressable_devices = static_cast<int>(local.size());
 
   for (ProbeCase& c : probe_cases()) {
     if (static_cast<int>(local.size()) < c.replicas) {
-      c.skipped = strata::detail::cat("needs ", c.replicas, " addressable devices, the plugin has ", local.size());
+      c.skipped =
+          strata::detail::cat("needs ", c.replicas, " addressable devices, the plugin has ", local.size());
       report.cases.push_back(std::move(c));
       continue;
     }
     try {
       CompileOptions compile;
       compile.num_replicas = c.replicas;
-      for (int r = 0; r < c.replicas; ++r) compile.device_assignment.push_back({local[static_cast<size_t>(r)].id});
+      for (int r = 0; r < c.replicas; ++r)
+        compile.device_assignment.push_back({local[static_cast<size_t>(r)].id});
       auto t = Clock::now();
       LoadedExecutable exe = client.compile(c.module, compile);
       c.compile_seconds = seconds_since(t);
@@ -248,18 +255,23 @@ std::string ProbeReport::json() const {
   out += "  \"ok\": " + std::string(ok() ? "true" : "false") + ",\n";
   out += "  \"plugin\": " + quote(plugin_path) + ",\n";
   out += "  \"plugin_kind\": " + quote(plugin_kind) + ",\n";
-  out += "  \"pjrt_api_version\": " + quote(strata::detail::cat(api_version.major, ".", api_version.minor)) + ",\n";
-  out += "  \"strata_pjrt_api_version\": " + quote(strata::detail::cat(strata_version.major, ".", strata_version.minor)) +
+  out += "  \"pjrt_api_version\": " + quote(strata::detail::cat(api_version.major, ".", api_version.minor)) +
          ",\n";
+  out += "  \"strata_pjrt_api_version\": " +
+         quote(strata::detail::cat(strata_version.major, ".", strata_version.minor)) + ",\n";
   out += "  \"attributes\": " + named_values(attributes) + ",\n";
   out += "  \"create_options_sent\": " + named_values(sent_options) + ",\n";
   out += "  \"create_options_dropped\": " + list(dropped_options, quote) + ",\n";
   out += "  \"platform\": " + quote(platform_name) + ",\n";
   out += "  \"platform_version\": " + quote(platform_version) + ",\n";
-  out += "  \"devices\": " + list(devices, [](const DeviceInfo& d) {
-           return "{\"id\": " + std::to_string(d.id) + ", \"process_index\": " + std::to_string(d.process_index) +
-                  ", \"kind\": " + quote(d.kind) + ", \"description\": " + quote(d.description) + "}";
-         }) + ",\n";
+  out += "  \"devices\": " +
+         list(devices,
+              [](const DeviceInfo& d) {
+                return "{\"id\": " + std::to_string(d.id) +
+                       ", \"process_index\": " + std::to_string(d.process_index) +
+                       ", \"kind\": " + quote(d.kind) + ", \"description\": " + quote(d.description) + "}";
+              }) +
+         ",\n";
   out += "  \"addressable_devices\": " + std::to_string(addressable_devices) + ",\n";
   out += "  \"reference\": " + quote(reference_name) + ",\n";
   out += "  \"load_seconds\": " + number(load_seconds) + ",\n";
@@ -278,7 +290,8 @@ std::string ProbeReport::json() const {
       out += ", \"error\": " + quote(c.error) + "}";
       continue;
     }
-    out += ", \"max_abs_diff\": " + number(c.max_abs_diff) + ", \"compile_seconds\": " + number(c.compile_seconds) +
+    out += ", \"max_abs_diff\": " + number(c.max_abs_diff) +
+           ", \"compile_seconds\": " + number(c.compile_seconds) +
            ", \"run_seconds\": " + number(c.run_seconds) +
            ", \"output_dims\": " + list(c.output_dims, [](int64_t d) { return std::to_string(d); }) +
            ", \"outputs\": " + list(c.outputs, floats) + ", \"expected\": " + list(c.expected, floats) + "}";

@@ -22,9 +22,12 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) throw strata::ConfigError("[xla-probe] " + arg + " needs a value");
         return argv[++i];
       };
-      if (arg == "--plugin") plugin = value();
-      else if (arg == "--option") options.push_back(parse_create_option(value()));
-      else if (arg == "--out") out = value();
+      if (arg == "--plugin")
+        plugin = value();
+      else if (arg == "--option")
+        options.push_back(parse_create_option(value()));
+      else if (arg == "--out")
+        out = value();
       else if (arg == "--help" || arg == "-h") {
         std::cout << "usage: strata-xla-probe [--plugin PATH] [--option NAME=VALUE]... [--out FILE]\n";
         return 0;

@@ -43,22 +43,32 @@ void check_dims(const char* op, const std::vector<int64_t>& dims, size_t rank) {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "add";
-    case ReduceOp::kProduct: return "multiply";
-    case ReduceOp::kMax: return "maximum";
-    case ReduceOp::kMin: return "minimum";
+    case ReduceOp::kSum:
+      return "add";
+    case ReduceOp::kProduct:
+      return "multiply";
+    case ReduceOp::kMax:
+      return "maximum";
+    case ReduceOp::kMin:
+      return "minimum";
   }
   return "add";
 }
 
 const char* direction_name(Direction d) {
   switch (d) {
-    case Direction::kEQ: return "EQ";
-    case Direction::kNE: return "NE";
-    case Direction::kLT: return "LT";
-    case Direction::kLE: return "LE";
-    case Direction::kGT: return "GT";
-    case Direction::kGE: return "GE";
+    case Direction::kEQ:
+      return "EQ";
+    case Direction::kNE:
+      return "NE";
+    case Direction::kLT:
+      return "LT";
+    case Direction::kLE:
+      return "LE";
+    case Direction::kGT:
+      return "GT";
+    case Direction::kGE:
+      return "GE";
   }
   return "EQ";
 }
@@ -97,8 +107,8 @@ int64_t Type::numel() const {
 std::string element_literal(double value, ElementType dtype) {
   if (dtype == ElementType::kPred) return value != 0 ? "true" : "false";
   if (!is_floating(dtype)) {
-    STRATA_CHECK(std::isfinite(value) && value == std::floor(value), ConfigError, "[stablehlo] constant ", value,
-                 " is not an integer, but the element type is ", stablehlo_name(dtype));
+    STRATA_CHECK(std::isfinite(value) && value == std::floor(value), ConfigError, "[stablehlo] constant ",
+                 value, " is not an integer, but the element type is ", stablehlo_name(dtype));
     return std::to_string(static_cast<int64_t>(value));
   }
   if (!std::isfinite(value)) return hex_literal(value, dtype);
@@ -118,21 +128,24 @@ std::string replica_groups_attribute(const ReplicaGroups& groups) {
   std::string out = "dense<[";
   for (size_t g = 0; g < groups.size(); ++g) {
     STRATA_CHECK(groups[g].size() == groups[0].size(), ConfigError, "[stablehlo] replica group ", g, " has ",
-                 groups[g].size(), " replicas, group 0 has ", groups[0].size(), "; groups must be the same size");
+                 groups[g].size(), " replicas, group 0 has ", groups[0].size(),
+                 "; groups must be the same size");
     out += (g ? ", [" : "[") + join(groups[g]) + "]";
   }
-  return out + "]> : tensor<" + std::to_string(groups.size()) + "x" + std::to_string(groups[0].size()) + "xi64>";
+  return out + "]> : tensor<" + std::to_string(groups.size()) + "x" + std::to_string(groups[0].size()) +
+         "xi64>";
 }
 
 // ---- Function ----------------------------------------------------------------------
 
 Function::Function(std::string name, std::vector<Type> params) : name_(std::move(name)) {
-  for (size_t i = 0; i < params.size(); ++i) args_.push_back({"%arg" + std::to_string(i), std::move(params[i])});
+  for (size_t i = 0; i < params.size(); ++i)
+    args_.push_back({"%arg" + std::to_string(i), std::move(params[i])});
 }
 
 const Value& Function::arg(size_t i) const {
-  STRATA_CHECK(i < args_.size(), ConfigError, "[stablehlo] ", name_, " has ", args_.size(), " arguments, asked for ",
-               i);
+  STRATA_CHECK(i < args_.size(), ConfigError, "[stablehlo] ", name_, " has ", args_.size(),
+               " arguments, asked for ", i);
   return args_[i];
 }
 
@@ -158,9 +171,9 @@ Value Function::emit(const std::string& op, const std::vector<Value>& operands, 
 std::string Function::reduction_region(ReduceOp op, ElementType dtype) {
   const std::string scalar = tensor_type(dtype, {});
   const std::string a = fresh(), b = fresh(), r = fresh();
-  return "{\n    ^bb0(" + a + ": " + scalar + ", " + b + ": " + scalar + "):\n      " + r + " = \"stablehlo." +
-         reduce_op_name(op) + "\"(" + a + ", " + b + ") : (" + scalar + ", " + scalar + ") -> " + scalar +
-         "\n      \"stablehlo.return\"(" + r + ") : (" + scalar + ") -> ()\n  }";
+  return "{\n    ^bb0(" + a + ": " + scalar + ", " + b + ": " + scalar + "):\n      " + r +
+         " = \"stablehlo." + reduce_op_name(op) + "\"(" + a + ", " + b + ") : (" + scalar + ", " + scalar +
+         ") -> " + scalar + "\n      \"stablehlo.return\"(" + r + ") : (" + scalar + ") -> ()\n  }";
 }
 
 Value Function::constant(const Type& type, const std::vector<double>& values) {
@@ -196,8 +209,8 @@ Value Function::constant(const Type& type, const std::vector<double>& values) {
 
 Value Function::binary(const char* op, const Value& a, const Value& b) {
   check_open(op);
-  STRATA_CHECK(a.type == b.type, ConfigError, "[stablehlo] ", op, ": operand types differ: ", a.type.text(), " and ",
-               b.type.text());
+  STRATA_CHECK(a.type == b.type, ConfigError, "[stablehlo] ", op, ": operand types differ: ", a.type.text(),
+               " and ", b.type.text());
   return emit(op, {a, b}, "", "", a.type);
 }
 
@@ -208,10 +221,12 @@ Value Function::unary(const char* op, const Value& a) {
 
 Value Function::dot_general(const Value& lhs, const Value& rhs, const DotDims& dims) {
   check_open("dot_general");
-  STRATA_CHECK(lhs.type.dtype == rhs.type.dtype, ConfigError, "[stablehlo] dot_general: element types differ: ",
-               lhs.type.text(), " and ", rhs.type.text());
-  STRATA_CHECK(dims.lhs_batch.size() == dims.rhs_batch.size() && dims.lhs_contract.size() == dims.rhs_contract.size(),
-               ConfigError, "[stablehlo] dot_general: lhs and rhs list different numbers of batch or contracting dims");
+  STRATA_CHECK(lhs.type.dtype == rhs.type.dtype, ConfigError,
+               "[stablehlo] dot_general: element types differ: ", lhs.type.text(), " and ", rhs.type.text());
+  STRATA_CHECK(
+      dims.lhs_batch.size() == dims.rhs_batch.size() && dims.lhs_contract.size() == dims.rhs_contract.size(),
+      ConfigError,
+      "[stablehlo] dot_general: lhs and rhs list different numbers of batch or contracting dims");
   check_dims("dot_general", dims.lhs_batch, lhs.type.dims.size());
   check_dims("dot_general", dims.rhs_batch, rhs.type.dims.size());
   check_dims("dot_general", dims.lhs_contract, lhs.type.dims.size());
@@ -224,9 +239,11 @@ Value Function::dot_general(const Value& lhs, const Value& rhs, const DotDims& d
   }
   for (size_t i = 0; i < dims.lhs_contract.size(); ++i) {
     const int64_t l = lhs.type.dims[dims.lhs_contract[i]], r = rhs.type.dims[dims.rhs_contract[i]];
-    STRATA_CHECK(l == r, ConfigError, "[stablehlo] dot_general: contracting dim sizes differ: ", l, " and ", r);
+    STRATA_CHECK(l == r, ConfigError, "[stablehlo] dot_general: contracting dim sizes differ: ", l, " and ",
+                 r);
   }
-  auto free_dims = [&result](const Type& t, const std::vector<int64_t>& batch, const std::vector<int64_t>& contract) {
+  auto free_dims = [&result](const Type& t, const std::vector<int64_t>& batch,
+                             const std::vector<int64_t>& contract) {
     for (int64_t d = 0; d < static_cast<int64_t>(t.dims.size()); ++d)
       if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
           std::find(contract.begin(), contract.end(), d) == contract.end())
@@ -243,7 +260,8 @@ Value Function::dot_general(const Value& lhs, const Value& rhs, const DotDims& d
   field("rhs_batching_dimensions", dims.rhs_batch);
   field("lhs_contracting_dimensions", dims.lhs_contract);
   field("rhs_contracting_dimensions", dims.rhs_contract);
-  return emit("dot_general", {lhs, rhs}, "", "dot_dimension_numbers = #stablehlo.dot<" + numbers + ">", result);
+  return emit("dot_general", {lhs, rhs}, "", "dot_dimension_numbers = #stablehlo.dot<" + numbers + ">",
+              result);
 }
 
 Value Function::reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims, ReduceOp op) {
@@ -256,7 +274,8 @@ Value Function::reduce(const Value& x, const Value& init, const std::vector<int6
   std::sort(sorted.begin(), sorted.end());
   Type result{x.type.dtype, {}};
   for (int64_t d = 0; d < static_cast<int64_t>(x.type.dims.size()); ++d)
-    if (!std::binary_search(sorted.begin(), sorted.end(), d)) result.dims.push_back(x.type.dims[static_cast<size_t>(d)]);
+    if (!std::binary_search(sorted.begin(), sorted.end(), d))
+      result.dims.push_back(x.type.dims[static_cast<size_t>(d)]);
   const std::string region = reduction_region(op, x.type.dtype);
   return emit("reduce", {x, init}, region, "dimensions = " + array_attr(sorted), result);
 }
@@ -264,13 +283,14 @@ Value Function::reduce(const Value& x, const Value& init, const std::vector<int6
 Value Function::broadcast_in_dim(const Value& x, const std::vector<int64_t>& dims,
                                  const std::vector<int64_t>& broadcast_dims) {
   check_open("broadcast_in_dim");
-  STRATA_CHECK(broadcast_dims.size() == x.type.dims.size(), ConfigError, "[stablehlo] broadcast_in_dim: ",
-               broadcast_dims.size(), " broadcast dims for an operand of rank ", x.type.dims.size());
+  STRATA_CHECK(broadcast_dims.size() == x.type.dims.size(), ConfigError,
+               "[stablehlo] broadcast_in_dim: ", broadcast_dims.size(),
+               " broadcast dims for an operand of rank ", x.type.dims.size());
   check_dims("broadcast_in_dim", broadcast_dims, dims.size());
   for (size_t i = 0; i < broadcast_dims.size(); ++i) {
     const int64_t from = x.type.dims[i], to = dims[static_cast<size_t>(broadcast_dims[i])];
-    STRATA_CHECK(from == to || from == 1, ConfigError, "[stablehlo] broadcast_in_dim: operand dim ", i, " (", from,
-                 ") cannot broadcast to ", to);
+    STRATA_CHECK(from == to || from == 1, ConfigError, "[stablehlo] broadcast_in_dim: operand dim ", i, " (",
+                 from, ") cannot broadcast to ", to);
   }
   return emit("broadcast_in_dim", {x}, "", "broadcast_dimensions = " + array_attr(broadcast_dims),
               {x.type.dtype, dims});
@@ -301,19 +321,22 @@ Value Function::convert(const Value& x, ElementType dtype) {
 
 Value Function::compare(const Value& a, const Value& b, Direction direction) {
   check_open("compare");
-  STRATA_CHECK(a.type == b.type, ConfigError, "[stablehlo] compare: operand types differ: ", a.type.text(), " and ",
-               b.type.text());
+  STRATA_CHECK(a.type == b.type, ConfigError, "[stablehlo] compare: operand types differ: ", a.type.text(),
+               " and ", b.type.text());
   return emit("compare", {a, b}, "",
-              std::string("comparison_direction = #stablehlo<comparison_direction ") + direction_name(direction) + ">",
+              std::string("comparison_direction = #stablehlo<comparison_direction ") +
+                  direction_name(direction) + ">",
               {ElementType::kPred, a.type.dims});
 }
 
 Value Function::select(const Value& pred, const Value& on_true, const Value& on_false) {
   check_open("select");
   STRATA_CHECK(pred.type.dtype == ElementType::kPred && pred.type.dims == on_true.type.dims, ConfigError,
-               "[stablehlo] select: the predicate must be bool with the operands' shape, got ", pred.type.text());
-  STRATA_CHECK(on_true.type == on_false.type, ConfigError, "[stablehlo] select: operand types differ: ",
-               on_true.type.text(), " and ", on_false.type.text());
+               "[stablehlo] select: the predicate must be bool with the operands' shape, got ",
+               pred.type.text());
+  STRATA_CHECK(on_true.type == on_false.type, ConfigError,
+               "[stablehlo] select: operand types differ: ", on_true.type.text(), " and ",
+               on_false.type.text());
   return emit("select", {pred, on_true, on_false}, "", "", on_true.type);
 }
 
@@ -327,8 +350,8 @@ Value Function::all_reduce(const Value& x, ReduceOp op, const ReplicaGroups& gro
 Value Function::all_gather(const Value& x, int64_t dim, const ReplicaGroups& groups) {
   check_open("all_gather");
   check_dims("all_gather", {dim}, x.type.dims.size());
-  const std::string attr =
-      "all_gather_dim = " + std::to_string(dim) + " : i64, replica_groups = " + replica_groups_attribute(groups);
+  const std::string attr = "all_gather_dim = " + std::to_string(dim) +
+                           " : i64, replica_groups = " + replica_groups_attribute(groups);
   Type result = x.type;
   result.dims[static_cast<size_t>(dim)] *= static_cast<int64_t>(groups[0].size());
   return emit("all_gather", {x}, "", attr, result);
@@ -341,8 +364,9 @@ Value Function::reduce_scatter(const Value& x, int64_t dim, ReduceOp op, const R
                            ", scatter_dimension = " + std::to_string(dim) + " : i64";
   const int64_t n = static_cast<int64_t>(groups[0].size());
   Type result = x.type;
-  STRATA_CHECK(result.dims[static_cast<size_t>(dim)] % n == 0, ConfigError, "[stablehlo] reduce_scatter: dim ", dim,
-               " of ", x.type.text(), " does not split into ", n, " equal parts");
+  STRATA_CHECK(result.dims[static_cast<size_t>(dim)] % n == 0, ConfigError,
+               "[stablehlo] reduce_scatter: dim ", dim, " of ", x.type.text(), " does not split into ", n,
+               " equal parts");
   result.dims[static_cast<size_t>(dim)] /= n;
   const std::string region = reduction_region(op, x.type.dtype);
   return emit("reduce_scatter", {x}, region, attr, result);
@@ -363,7 +387,8 @@ void Function::returns(const std::vector<Value>& results) {
 std::string Function::text() const {
   STRATA_CHECK(closed_, ConfigError, "[stablehlo] ", name_, " has no returns()");
   std::string out = "func.func public @" + name_ + "(";
-  for (size_t i = 0; i < args_.size(); ++i) out += (i ? ", " : "") + args_[i].name + ": " + args_[i].type.text();
+  for (size_t i = 0; i < args_.size(); ++i)
+    out += (i ? ", " : "") + args_[i].name + ": " + args_[i].type.text();
   out += ") -> (";
   for (size_t i = 0; i < results_.size(); ++i) out += (i ? ", " : "") + results_[i].text();
   out += ") {\n";
@@ -384,13 +409,15 @@ std::string Function::text() const {
 Module::Module(std::string name, int64_t num_replicas, int64_t num_partitions)
     : name_(std::move(name)), num_replicas_(num_replicas), num_partitions_(num_partitions) {
   STRATA_CHECK(num_replicas_ >= 1 && num_partitions_ >= 1, ConfigError,
-               "[stablehlo] a module needs >= 1 replica and partition, got ", num_replicas_, " and ", num_partitions_);
+               "[stablehlo] a module needs >= 1 replica and partition, got ", num_replicas_, " and ",
+               num_partitions_);
 }
 
 void Module::add(const Function& function) { functions_.push_back(function.text()); }
 
 std::string Module::text() const {
-  std::string out = "module @" + name_ + " attributes {mhlo.num_partitions = " + std::to_string(num_partitions_) +
+  std::string out = "module @" + name_ +
+                    " attributes {mhlo.num_partitions = " + std::to_string(num_partitions_) +
                     " : i32, mhlo.num_replicas = " + std::to_string(num_replicas_) + " : i32} {\n";
   for (const std::string& f : functions_) out += "  " + f;
   return out + "}\n";

@@ -55,7 +55,8 @@ inline HostTensor f32(std::vector<int64_t> dims, double lo, double hi, int salt 
 
 inline std::vector<CatalogueEntry> catalogue() {
   std::vector<CatalogueEntry> out;
-  auto add = [&out](std::string name, const Function& f, int replicas, std::vector<std::vector<HostTensor>> inputs) {
+  auto add = [&out](std::string name, const Function& f, int replicas,
+                    std::vector<std::vector<HostTensor>> inputs) {
     Module m(name, replicas);
     m.add(f);
     out.push_back({std::move(name), m.text(), replicas, std::move(inputs)});
@@ -64,7 +65,8 @@ inline std::vector<CatalogueEntry> catalogue() {
   {
     Function f("main", {m23, m23});
     const Value a = f.arg(0), b = f.arg(1);
-    f.returns({f.add(a, b), f.subtract(a, b), f.multiply(a, b), f.divide(a, b), f.maximum(a, b), f.minimum(a, b)});
+    f.returns(
+        {f.add(a, b), f.subtract(a, b), f.multiply(a, b), f.divide(a, b), f.maximum(a, b), f.minimum(a, b)});
     add("binary", f, 1, {{f32({2, 3}, -3, 2), f32({2, 3}, 0.25, 4, 1)}});
   }
   {
@@ -92,7 +94,8 @@ inline std::vector<CatalogueEntry> catalogue() {
     Function f("main", {Type{ElementType::kF32, {3, 4}}});
     const Value zero = f.constant(Type{ElementType::kF32, {}}, {0.0});
     const Value lowest = f.constant(Type{ElementType::kF32, {}}, {-std::numeric_limits<double>::infinity()});
-    f.returns({f.reduce(f.arg(0), zero, {1}, ReduceOp::kSum), f.reduce(f.arg(0), lowest, {0, 1}, ReduceOp::kMax)});
+    f.returns(
+        {f.reduce(f.arg(0), zero, {1}, ReduceOp::kSum), f.reduce(f.arg(0), lowest, {0, 1}, ReduceOp::kMax)});
     add("reduce", f, 1, {{f32({3, 4}, -5, 5)}});
   }
   {

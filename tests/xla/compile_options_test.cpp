@@ -30,13 +30,20 @@ TEST(CompileOptionsTest, VarintsAreBase128LittleEndian) {
   detail::put_varint(out, 127);
   detail::put_varint(out, 128);
   detail::put_varint(out, 300);
-  EXPECT_EQ(hex(out), "00" "01" "7f" "8001" "ac02");
+  EXPECT_EQ(hex(out),
+            "00"
+            "01"
+            "7f"
+            "8001"
+            "ac02");
 }
 
 TEST(CompileOptionsTest, MinusOneIsTenBytes) {
   std::string out;
   detail::put_int64_field(out, 1, -1);
-  EXPECT_EQ(hex(out), "08" "ffffffffffffffffff01");
+  EXPECT_EQ(hex(out),
+            "08"
+            "ffffffffffffffffff01");
 }
 
 TEST(CompileOptionsTest, DefaultsWriteOrdinalReplicasAndPartitions) {
@@ -44,7 +51,11 @@ TEST(CompileOptionsTest, DefaultsWriteOrdinalReplicasAndPartitions) {
   //   08 ff..ff01  device_ordinal = -1 (11 bytes)
   //   20 01        num_replicas = 1
   //   28 01        num_partitions = 1
-  EXPECT_EQ(hex(CompileOptions{}.serialize()), "1a0f" "08ffffffffffffffffff01" "2001" "2801");
+  EXPECT_EQ(hex(CompileOptions{}.serialize()),
+            "1a0f"
+            "08ffffffffffffffffff01"
+            "2001"
+            "2801");
 }
 
 TEST(CompileOptionsTest, TwoReplicasWithAnAssignment) {
@@ -60,7 +71,15 @@ TEST(CompileOptionsTest, TwoReplicasWithAnAssignment) {
   //     1a 04                  computation_devices (field 3), 4 bytes:
   //       0a 02 00 01            replica_device_ids, packed: 0, 1
   EXPECT_EQ(hex(options.serialize()),
-            "1a1b" "08ffffffffffffffffff01" "2002" "2801" "4a0a" "0802" "1001" "1a04" "0a020001");
+            "1a1b"
+            "08ffffffffffffffffff01"
+            "2002"
+            "2801"
+            "4a0a"
+            "0802"
+            "1001"
+            "1a04"
+            "0a020001");
 }
 
 TEST(CompileOptionsTest, AssignmentIsStoredPerPartition) {
@@ -70,8 +89,19 @@ TEST(CompileOptionsTest, AssignmentIsStoredPerPartition) {
   const std::string bytes = options.serialize();
   // ... 30 01 (spmd), then the assignment: partition 0 lists replicas' 3, 2;
   // partition 1 lists 1, 0.
-  EXPECT_EQ(hex(bytes), "1a23" "08ffffffffffffffffff01" "2002" "2802" "3001"
-                        "4a10" "0802" "1002" "1a04" "0a020302" "1a04" "0a020100");
+  EXPECT_EQ(hex(bytes),
+            "1a23"
+            "08ffffffffffffffffff01"
+            "2002"
+            "2802"
+            "3001"
+            "4a10"
+            "0802"
+            "1002"
+            "1a04"
+            "0a020302"
+            "1a04"
+            "0a020100");
 }
 
 TEST(CompileOptionsTest, LargeDeviceIdsUseMultiByteVarints) {
@@ -79,7 +109,15 @@ TEST(CompileOptionsTest, LargeDeviceIdsUseMultiByteVarints) {
   options.assignment({{300}});
   options.device_ordinal = 0;
   EXPECT_EQ(hex(options.serialize()),
-            "1a12" "0800" "2001" "2801" "4a0a" "0801" "1001" "1a04" "0a02ac02");
+            "1a12"
+            "0800"
+            "2001"
+            "2801"
+            "4a0a"
+            "0801"
+            "1001"
+            "1a04"
+            "0a02ac02");
 }
 
 TEST(CompileOptionsTest, RejectsBadCountsAndShapes) {

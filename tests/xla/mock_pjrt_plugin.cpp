@@ -16,4 +16,6 @@ strata::xla::capi::PJRT_Api make_api() {
 const strata::xla::capi::PJRT_Api kApi = make_api();
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const strata::xla::capi::PJRT_Api* GetPjrtApi() { return &kApi; }
+extern "C" __attribute__((visibility("default"))) const strata::xla::capi::PJRT_Api* GetPjrtApi() {
+  return &kApi;
+}

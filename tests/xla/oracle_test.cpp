@@ -6,8 +6,8 @@
 //  - strata's own PJRT runtime over the CPU plugin (skipped when the
 //    plugin is not installed), with cpu_device_count=2.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -57,7 +57,8 @@ TEST(OracleTest, JaxRunsEveryEmittedProgramAsLibTorchDoes) {
       for (const HostTensor& h : replica) args.push_back(host_json(h));
       inputs.push_back(args);
     }
-    request["cases"].push_back({{"name", e.name}, {"module", e.module}, {"replicas", e.replicas}, {"inputs", inputs}});
+    request["cases"].push_back(
+        {{"name", e.name}, {"module", e.module}, {"replicas", e.replicas}, {"inputs", inputs}});
   }
   const xla::CompileOptions one{};
   xla::CompileOptions two;
@@ -70,8 +71,9 @@ TEST(OracleTest, JaxRunsEveryEmittedProgramAsLibTorchDoes) {
   std::ofstream(dir / "request.json") << request.dump();
 
   std::string output;
-  const std::string command = python + " " + xla_test_file("jax_oracle.py") + " " + (dir / "request.json").string() +
-                              " " + (dir / "result.json").string() + " 2>&1";
+  const std::string command = python + " " + xla_test_file("jax_oracle.py") + " " +
+                              (dir / "request.json").string() + " " + (dir / "result.json").string() +
+                              " 2>&1";
   ASSERT_EQ(run_command(command, output), 0) << output;
   std::ifstream in(dir / "result.json");
   const nlohmann::json result = nlohmann::json::parse(in);
@@ -102,14 +104,16 @@ TEST(OracleTest, JaxRunsEveryEmittedProgramAsLibTorchDoes) {
   EXPECT_EQ(parsed[0]["device_assignment"], "");
   EXPECT_EQ(parsed[1]["num_replicas"], 2);
   EXPECT_EQ(parsed[1]["num_partitions"], 1);
-  EXPECT_EQ(parsed[1]["device_assignment"], "DeviceAssignment{replica_count=2, computation_count=1, Computation0{0 1}}");
+  EXPECT_EQ(parsed[1]["device_assignment"],
+            "DeviceAssignment{replica_count=2, computation_count=1, Computation0{0 1}}");
   EXPECT_EQ(parsed[2]["num_replicas"], 0);
 }
 
 TEST(OracleTest, CpuPluginRunsEveryEmittedProgramAsLibTorchDoes) {
   if (cpu_plugin_path().empty()) GTEST_SKIP() << kNoCpuPlugin;
   auto plugin = xla::Plugin::load(cpu_plugin_path());
-  xla::Client client = xla::Client::create(plugin, xla::ClientOptions().option("cpu_device_count", int64_t{2}));
+  xla::Client client =
+      xla::Client::create(plugin, xla::ClientOptions().option("cpu_device_count", int64_t{2}));
   const std::vector<xla::Device> devices = client.addressable_devices();
   ASSERT_EQ(devices.size(), 2u);
 

@@ -27,11 +27,11 @@ namespace {
   EXPECT_EQ(offsetof(capi::Mine, mine), offsetof(::Theirs, theirs)) << #Theirs "." #theirs
 // A struct declared at the header's minor has its size; a newer header's
 // may only have grown.
-#define SAME_SIZE_AS(Mine, Theirs)                                                    \
-  do {                                                                                \
-    if (PJRT_API_MINOR == capi::kPjrtApiMinor)                                        \
+#define SAME_SIZE_AS(Mine, Theirs)                                                       \
+  do {                                                                                   \
+    if (PJRT_API_MINOR == capi::kPjrtApiMinor)                                           \
       EXPECT_EQ(capi::kStructSize<capi::Mine>, size_t(Theirs##_STRUCT_SIZE)) << #Theirs; \
-    else                                                                              \
+    else                                                                                 \
       EXPECT_LE(capi::kStructSize<capi::Mine>, size_t(Theirs##_STRUCT_SIZE)) << #Theirs; \
   } while (0)
 #define SAME_SIZE(S) SAME_SIZE_AS(S, S)
@@ -142,7 +142,8 @@ TEST(PjrtAbiTest, ArgumentStructsMatch) {
   SAME_OFFSET(PJRT_DeviceDescription_Kind_Args, value, device_kind);
   SAME_OFFSET(PJRT_DeviceDescription_Kind_Args, value_size, device_kind_size);
   SAME_SIZE(PJRT_DeviceDescription_Kind_Args);
-  SAME_OFFSET_AS(PJRT_DeviceDescription_ToString_Args, PJRT_DeviceDescription_ToString_Args, value, to_string);
+  SAME_OFFSET_AS(PJRT_DeviceDescription_ToString_Args, PJRT_DeviceDescription_ToString_Args, value,
+                 to_string);
   SAME_OFFSET_AS(PJRT_DeviceDescription_ToString_Args, PJRT_DeviceDescription_ToString_Args, value_size,
                  to_string_size);
   SAME_SIZE_AS(PJRT_DeviceDescription_ToString_Args, PJRT_DeviceDescription_ToString_Args);
@@ -253,9 +254,10 @@ TEST(PjrtAbiTest, EnumValuesMatch) {
 #else
 
 TEST(PjrtAbiTest, SkippedWithoutAPackagedHeader) {
-  GTEST_SKIP() << "no packaged pjrt_c_api.h was found at configure time (pip install the xla-cpu-pjrt pinned in "
-                  "scripts/requirements.txt, or configure with -DSTRATA_PJRT_HEADER=PATH); strata's declarations "
-                  "are not compared";
+  GTEST_SKIP()
+      << "no packaged pjrt_c_api.h was found at configure time (pip install the xla-cpu-pjrt pinned in "
+         "scripts/requirements.txt, or configure with -DSTRATA_PJRT_HEADER=PATH); strata's declarations "
+         "are not compared";
 }
 
 #endif

@@ -27,25 +27,28 @@ TEST(PluginTest, LibraryWithoutGetPjrtApiIsNotAPlugin) {
 
 TEST(PluginTest, OlderPluginIsRefusedWithBothVersions) {
   const std::string path = STRATA_TEST_MOCK_PJRT_OLD;
-  EXPECT_EQ(error_message<XlaError>([&] { Plugin::load(path); }),
-            "[pjrt] " + path +
-                ": plugin too old: the plugin has PJRT C API 0.50, strata was written against 0.81 and needs 0.81 "
-                "or newer. Install a newer plugin.");
+  EXPECT_EQ(
+      error_message<XlaError>([&] { Plugin::load(path); }),
+      "[pjrt] " + path +
+          ": plugin too old: the plugin has PJRT C API 0.50, strata was written against 0.81 and needs 0.81 "
+          "or newer. Install a newer plugin.");
 }
 
 TEST(PluginTest, AnotherMajorVersionIsRefused) {
   const std::string path = STRATA_TEST_MOCK_PJRT_MAJOR1;
   EXPECT_EQ(error_message<XlaError>([&] { Plugin::load(path); }),
             "[pjrt] " + path +
-                ": unsupported PJRT C API major version: the plugin has PJRT C API 1.90, strata was written against "
+                ": unsupported PJRT C API major version: the plugin has PJRT C API 1.90, strata was written "
+                "against "
                 "0.81. Use a plugin with major version 0.");
 }
 
 TEST(PluginTest, TableTooShortForAVersionIsRefused) {
   const std::string path = STRATA_TEST_MOCK_PJRT_SHORT;
   EXPECT_EQ(error_message<XlaError>([&] { Plugin::load(path); }),
-            "[pjrt] " + path + ": the PJRT_Api table is 16 bytes, too small to hold a version; this is not a usable "
-                               "plugin");
+            "[pjrt] " + path +
+                ": the PJRT_Api table is 16 bytes, too small to hold a version; this is not a usable "
+                "plugin");
 }
 
 TEST(PluginTest, NewerMinorAndTheSameMinorAreAccepted) {
@@ -72,8 +75,9 @@ TEST(PluginTest, CreateOptionsParseByTheirValue) {
   const NamedValue s = parse_create_option("allocator=platform");
   EXPECT_EQ(s.name, "allocator");
   EXPECT_EQ(std::get<std::string>(s.value), "platform");
-  EXPECT_EQ(error_message<ConfigError>([] { parse_create_option("preallocate"); }),
-            "[pjrt] create option 'preallocate' is not NAME=VALUE (e.g. cpu_device_count=2, preallocate=false)");
+  EXPECT_EQ(
+      error_message<ConfigError>([] { parse_create_option("preallocate"); }),
+      "[pjrt] create option 'preallocate' is not NAME=VALUE (e.g. cpu_device_count=2, preallocate=false)");
   EXPECT_EQ(value_text(std::vector<int64_t>{1, 20, 0}), "[1, 20, 0]");
 }
 

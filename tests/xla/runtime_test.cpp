@@ -84,13 +84,15 @@ TEST_F(RuntimeTest, PluginErrorsCarryTheMessageAndTheCode) {
   } catch (const XlaError& e) {
     const std::string message = e.what();
     EXPECT_NE(e.code(), 0);
-    EXPECT_EQ(message.rfind("[pjrt] PJRT_Client_Compile failed (" + xla::status_code_name(e.code()) + "): ", 0), 0u)
+    EXPECT_EQ(
+        message.rfind("[pjrt] PJRT_Client_Compile failed (" + xla::status_code_name(e.code()) + "): ", 0), 0u)
         << message;
     EXPECT_NE(message.find("strata.not_an_op"), std::string::npos) << message;
   }
   const float values[3] = {1, 2, 3};
   EXPECT_EQ(error_message<ConfigError>([&] {
-              client.buffer_from_host(values, sizeof values, ElementType::kF32, {4}, client.addressable_devices()[0]);
+              client.buffer_from_host(values, sizeof values, ElementType::kF32, {4},
+                                      client.addressable_devices()[0]);
             }),
             "[pjrt] buffer_from_host: 12 bytes given for 4 elements of f32 (16 bytes expected)");
 }

@@ -67,7 +67,8 @@ TEST(StablehloTest, LiteralsAreValidMlirNumbers) {
   EXPECT_EQ(element_literal(std::numeric_limits<double>::infinity(), ElementType::kF32), "0x7F800000");
   EXPECT_EQ(element_literal(-std::numeric_limits<double>::infinity(), ElementType::kBF16), "0xFF80");
   EXPECT_EQ(element_literal(std::numeric_limits<double>::infinity(), ElementType::kF16), "0x7C00");
-  EXPECT_EQ(element_literal(std::numeric_limits<double>::infinity(), ElementType::kF64), "0x7FF0000000000000");
+  EXPECT_EQ(element_literal(std::numeric_limits<double>::infinity(), ElementType::kF64),
+            "0x7FF0000000000000");
   EXPECT_EQ(element_literal(-3, ElementType::kS64), "-3");
   EXPECT_EQ(element_literal(2, ElementType::kPred), "true");
   EXPECT_EQ(error_message<ConfigError>([] { element_literal(0.5, ElementType::kS32); }),
@@ -77,7 +78,9 @@ TEST(StablehloTest, LiteralsAreValidMlirNumbers) {
 TEST(StablehloTest, ReplicaGroupsAreADenseI64Matrix) {
   EXPECT_EQ(replica_groups_attribute({{0, 1}}), "dense<[[0, 1]]> : tensor<1x2xi64>");
   EXPECT_EQ(replica_groups_attribute({{0, 2}, {1, 3}}), "dense<[[0, 2], [1, 3]]> : tensor<2x2xi64>");
-  EXPECT_EQ(error_message<ConfigError>([] { replica_groups_attribute({{0, 1}, {2}}); }),
+  EXPECT_EQ(error_message<ConfigError>([] {
+              replica_groups_attribute({{0, 1}, {2}});
+            }),
             "[stablehlo] replica group 1 has 1 replicas, group 0 has 2; groups must be the same size");
 }
 
@@ -85,18 +88,27 @@ TEST(StablehloTest, OpsRejectMismatchedShapes) {
   Function f("main", {Type{ElementType::kF32, {2, 3}}, Type{ElementType::kF32, {3, 2}}});
   EXPECT_EQ(error_message<ConfigError>([&] { f.add(f.arg(0), f.arg(1)); }),
             "[stablehlo] add: operand types differ: tensor<2x3xf32> and tensor<3x2xf32>");
-  EXPECT_EQ(error_message<ConfigError>([&] { f.dot_general(f.arg(0), f.arg(1), {{}, {}, {1}, {1}}); }),
+  EXPECT_EQ(error_message<ConfigError>([&] {
+              f.dot_general(f.arg(0), f.arg(1), {{}, {}, {1}, {1}});
+            }),
             "[stablehlo] dot_general: contracting dim sizes differ: 3 and 2");
   EXPECT_EQ(error_message<ConfigError>([&] { f.reshape(f.arg(0), {4}); }),
             "[stablehlo] reshape: tensor<2x3xf32> has 6 elements, [4] has 4");
-  EXPECT_EQ(error_message<ConfigError>([&] { f.transpose(f.arg(0), {0, 0}); }),
+  EXPECT_EQ(error_message<ConfigError>([&] {
+              f.transpose(f.arg(0), {0, 0});
+            }),
             "[stablehlo] transpose: dimension 0 is listed twice");
-  EXPECT_EQ(error_message<ConfigError>([&] { f.broadcast_in_dim(f.arg(0), {2, 4}, {0, 1}); }),
+  EXPECT_EQ(error_message<ConfigError>([&] {
+              f.broadcast_in_dim(f.arg(0), {2, 4}, {0, 1});
+            }),
             "[stablehlo] broadcast_in_dim: operand dim 1 (3) cannot broadcast to 4");
-  EXPECT_EQ(error_message<ConfigError>([&] { f.reduce_scatter(f.arg(0), 1, ReduceOp::kSum, {{0, 1}}); }),
+  EXPECT_EQ(error_message<ConfigError>([&] {
+              f.reduce_scatter(f.arg(0), 1, ReduceOp::kSum, {{0, 1}});
+            }),
             "[stablehlo] reduce_scatter: dim 1 of tensor<2x3xf32> does not split into 2 equal parts");
   f.returns({f.arg(0)});
-  EXPECT_EQ(error_message<ConfigError>([&] { f.negate(f.arg(0)); }), "[stablehlo] negate after returns() in main");
+  EXPECT_EQ(error_message<ConfigError>([&] { f.negate(f.arg(0)); }),
+            "[stablehlo] negate after returns() in main");
 }
 
 }  // namespace

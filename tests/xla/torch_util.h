@@ -15,19 +15,32 @@ namespace strata::testing {
 
 inline at::ScalarType scalar_type(ElementType type) {
   switch (type) {
-    case ElementType::kPred: return at::kBool;
-    case ElementType::kS8: return at::kChar;
-    case ElementType::kS16: return at::kShort;
-    case ElementType::kS32: return at::kInt;
-    case ElementType::kS64: return at::kLong;
-    case ElementType::kU8: return at::kByte;
-    case ElementType::kU16: return at::kUInt16;
-    case ElementType::kU32: return at::kUInt32;
-    case ElementType::kU64: return at::kUInt64;
-    case ElementType::kF16: return at::kHalf;
-    case ElementType::kBF16: return at::kBFloat16;
-    case ElementType::kF32: return at::kFloat;
-    case ElementType::kF64: return at::kDouble;
+    case ElementType::kPred:
+      return at::kBool;
+    case ElementType::kS8:
+      return at::kChar;
+    case ElementType::kS16:
+      return at::kShort;
+    case ElementType::kS32:
+      return at::kInt;
+    case ElementType::kS64:
+      return at::kLong;
+    case ElementType::kU8:
+      return at::kByte;
+    case ElementType::kU16:
+      return at::kUInt16;
+    case ElementType::kU32:
+      return at::kUInt32;
+    case ElementType::kU64:
+      return at::kUInt64;
+    case ElementType::kF16:
+      return at::kHalf;
+    case ElementType::kBF16:
+      return at::kBFloat16;
+    case ElementType::kF32:
+      return at::kFloat;
+    case ElementType::kF64:
+      return at::kDouble;
   }
   return at::kFloat;
 }
@@ -60,7 +73,9 @@ inline void expect_same(const at::Tensor& got, const at::Tensor& want, const std
   if (at::isFloatingType(want.scalar_type())) {
     const double rtol = want.scalar_type() == at::kBFloat16 ? 1e-2 : 2e-5;
     EXPECT_TRUE(at::allclose(got.to(at::kDouble), want.to(at::kDouble), rtol, 1e-6, /*equal_nan=*/true))
-        << what << "\ngot:\n" << got << "\nwant:\n" << want;
+        << what << "\ngot:\n"
+        << got << "\nwant:\n"
+        << want;
   } else {
     EXPECT_TRUE(at::equal(got, want)) << what << "\ngot:\n" << got << "\nwant:\n" << want;
   }
@@ -76,12 +91,16 @@ inline std::vector<std::vector<at::Tensor>> libtorch_reference(const CatalogueEn
   const auto& x = in[0];
   const std::string& n = e.name;
   if (n == "binary")
-    return {{x[0] + x[1], x[0] - x[1], x[0] * x[1], x[0] / x[1], at::maximum(x[0], x[1]), at::minimum(x[0], x[1])}};
+    return {{x[0] + x[1], x[0] - x[1], x[0] * x[1], x[0] / x[1], at::maximum(x[0], x[1]),
+             at::minimum(x[0], x[1])}};
   if (n == "unary")
-    return {{-x[0], at::exp(x[0]), at::log(x[1]), at::sqrt(x[1]), at::rsqrt(x[1]), at::tanh(x[0]), at::abs(x[0])}};
+    return {{-x[0], at::exp(x[0]), at::log(x[1]), at::sqrt(x[1]), at::rsqrt(x[1]), at::tanh(x[0]),
+             at::abs(x[0])}};
   if (n == "constant") {
     const double inf = std::numeric_limits<double>::infinity();
-    return {{at::tensor(std::vector<double>{1.5, -0.25, 1e20, -inf, 0.0, 3.0}, at::kDouble).to(at::kFloat).reshape({2, 3}),
+    return {{at::tensor(std::vector<double>{1.5, -0.25, 1e20, -inf, 0.0, 3.0}, at::kDouble)
+                 .to(at::kFloat)
+                 .reshape({2, 3}),
              x[0] + 0.5, at::tensor(std::vector<int32_t>{1, -2, 3, 2147483647}, at::kInt).reshape({2, 2}),
              at::tensor(std::vector<double>{1, 0, 1}, at::kDouble).to(at::kBool)}};
   }

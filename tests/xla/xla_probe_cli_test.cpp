@@ -43,8 +43,9 @@ TEST(XlaProbeCliTest, WithoutAPluginTheErrorSaysHowToGiveOne) {
   ::unsetenv("STRATA_PJRT_PLUGIN");
   const Outcome o = run_strata({"xla-probe"});
   EXPECT_EQ(o.status, 1);
-  EXPECT_NE(o.err.find("strata: error: [pjrt] no PJRT plugin given: pass --plugin PATH or set STRATA_PJRT_PLUGIN"),
-            std::string::npos)
+  EXPECT_NE(
+      o.err.find("strata: error: [pjrt] no PJRT plugin given: pass --plugin PATH or set STRATA_PJRT_PLUGIN"),
+      std::string::npos)
       << o.err;
 }
 

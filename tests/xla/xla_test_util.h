@@ -40,7 +40,8 @@ inline const std::string& cpu_plugin_path() {
     const std::string python = test_python();
     if (python.empty()) return std::string();
     std::string out;
-    if (run_command(python + " -c 'import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)' 2>/dev/null", out) != 0)
+    if (run_command(python + " -c 'import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)' 2>/dev/null",
+                    out) != 0)
       return std::string();
     while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
     return std::filesystem::exists(out) ? out : std::string();

@@ -21,9 +21,18 @@ struct CompileOptions {
   /// the plugin's default assignment.
   std::vector<std::vector<int64_t>> device_assignment;
 
-  CompileOptions& replicas(int64_t n) { num_replicas = n; return *this; }
-  CompileOptions& partitions(int64_t n) { num_partitions = n; return *this; }
-  CompileOptions& assignment(std::vector<std::vector<int64_t>> a) { device_assignment = std::move(a); return *this; }
+  CompileOptions& replicas(int64_t n) {
+    num_replicas = n;
+    return *this;
+  }
+  CompileOptions& partitions(int64_t n) {
+    num_partitions = n;
+    return *this;
+  }
+  CompileOptions& assignment(std::vector<std::vector<int64_t>> a) {
+    device_assignment = std::move(a);
+    return *this;
+  }
 
   /// The serialized CompileOptionsProto. Throws ConfigError for counts
   /// below 1 or an assignment whose shape is not

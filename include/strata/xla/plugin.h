@@ -73,8 +73,7 @@ class Plugin {
   /// is set.
   template <class Fn>
   bool has(Fn capi::PJRT_Api::*slot) const {
-    return slot_present(reinterpret_cast<const char*>(&(api_->*slot)) -
-                            reinterpret_cast<const char*>(api_),
+    return slot_present(reinterpret_cast<const char*>(&(api_->*slot)) - reinterpret_cast<const char*>(api_),
                         sizeof(Fn)) &&
            api_->*slot != nullptr;
   }

@@ -43,9 +43,9 @@ std::vector<std::vector<float>> loop_reference(const ProbeCase& c);
 std::vector<ProbeCase> probe_cases();
 
 struct ProbeOptions {
-  std::string plugin_path;                ///< resolved already (plugin_path_from)
+  std::string plugin_path;                 ///< resolved already (plugin_path_from)
   std::vector<NamedValue> create_options;  ///< filtered by the plugin's list
-  std::string reference_name = "loops";   ///< named in the JSON
+  std::string reference_name = "loops";    ///< named in the JSON
   ProbeReference reference = loop_reference;
   double tolerance = 1e-5;  ///< max |out - expected| / (1 + |expected|)
 };

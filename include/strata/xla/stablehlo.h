@@ -79,7 +79,8 @@ class Function {
   Value reduce(const Value& x, const Value& init, const std::vector<int64_t>& dims, ReduceOp op);
   /// Broadcasts `x` to `dims`; operand dim i becomes result dim
   /// `broadcast_dims[i]`.
-  Value broadcast_in_dim(const Value& x, const std::vector<int64_t>& dims, const std::vector<int64_t>& broadcast_dims);
+  Value broadcast_in_dim(const Value& x, const std::vector<int64_t>& dims,
+                         const std::vector<int64_t>& broadcast_dims);
   Value reshape(const Value& x, const std::vector<int64_t>& dims);
   Value transpose(const Value& x, const std::vector<int64_t>& permutation);
   Value convert(const Value& x, ElementType dtype);
