@@ -6,7 +6,8 @@ REQUEST: {"cases": [{"name", "module" (StableHLO text), "replicas",
           "inputs": [[{"dtype", "dims", "values"} per argument] per replica]}],
           "compile_options": [{"name", "hex"}]}
 RESULT:  {"jax": version, "cases": [{"name", "outputs": [[{"dtype", "dims",
-          "values"} per output] per replica]} or {"name", "error"}],
+          "values" (inf and nan as strings)} per output] per replica]} or
+          {"name", "error"}],
           "compile_options": [{"name", "num_replicas", "num_partitions",
           "device_assignment" (jaxlib's text of it, "" when absent)}]}
 or {"skip": why} when jax is not installed. The collectives need two host
@@ -18,6 +19,7 @@ scripts/requirements.txt, and tests/xla/oracle_test.cpp fails first if a jax
 bump moves them.
 """
 import json
+import math
 import os
 import sys
 
@@ -85,7 +87,8 @@ def main():
                 for out in per_output:
                     value = np.asarray(out[r])
                     replica.append({"dtype": names[value.dtype], "dims": list(value.shape),
-                                    "values": value.astype(np.float64).reshape(-1).tolist()})
+                                    "values": [v if math.isfinite(v) else repr(v)  # "inf", "nan": not JSON numbers
+                                               for v in value.astype(np.float64).reshape(-1).tolist()]})
                 outputs.append(replica)
             result["cases"].append({"name": case["name"], "outputs": outputs})
         except Exception as e:  # reported per case; the C++ test names it

@@ -37,8 +37,10 @@ nlohmann::json host_json(const HostTensor& h) {
 }
 
 at::Tensor tensor_from_json(const nlohmann::json& j) {
-  HostTensor h{element_type_named(j.at("dtype").get<std::string>()), j.at("dims").get<std::vector<int64_t>>(),
-               j.at("values").get<std::vector<double>>()};
+  HostTensor h{element_type_named(j.at("dtype").get<std::string>()), j.at("dims").get<std::vector<int64_t>>(), {}};
+  // Non-finite values come as "inf", "-inf", "nan" (JSON has no such numbers).
+  for (const nlohmann::json& v : j.at("values"))
+    h.values.push_back(v.is_string() ? std::stod(v.get<std::string>()) : v.get<double>());
   return to_tensor(h);
 }
 

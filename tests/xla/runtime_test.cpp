@@ -79,7 +79,7 @@ TEST_F(RuntimeTest, EveryDtypeRoundTripsThroughTheDevice) {
 TEST_F(RuntimeTest, PluginErrorsCarryTheMessageAndTheCode) {
   Client client = Client::create(plugin_);
   try {
-    client.compile("module { \"strata.not_an_op\"() : () -> () }", xla::CompileOptions{});
+    client.compile("module { strata_not_an_op }", xla::CompileOptions{});
     FAIL() << "compiling nonsense succeeded";
   } catch (const XlaError& e) {
     const std::string message = e.what();
@@ -87,7 +87,7 @@ TEST_F(RuntimeTest, PluginErrorsCarryTheMessageAndTheCode) {
     EXPECT_EQ(
         message.rfind("[pjrt] PJRT_Client_Compile failed (" + xla::status_code_name(e.code()) + "): ", 0), 0u)
         << message;
-    EXPECT_NE(message.find("strata.not_an_op"), std::string::npos) << message;
+    EXPECT_NE(message.find("strata_not_an_op"), std::string::npos) << message;
   }
   const float values[3] = {1, 2, 3};
   EXPECT_EQ(error_message<ConfigError>([&] {
