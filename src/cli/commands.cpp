@@ -8,6 +8,7 @@ std::vector<Command> all_commands() {
   commands.push_back(make_train_command());
   commands.push_back(make_ckpt_command());
   commands.push_back(make_plot_command());
+  commands.push_back(make_xla_probe_command());
   return commands;
 }
 

@@ -34,6 +34,9 @@ Command make_ckpt_command();
 /// `strata plot`: draw loss and learning rate from a metrics file.
 Command make_plot_command();
 
+/// `strata xla-probe`: reach an XLA device through a PJRT plugin.
+Command make_xla_probe_command();
+
 /// Every subcommand of the tool, in help order.
 std::vector<Command> all_commands();
 

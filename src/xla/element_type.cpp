@@ -1,0 +1,69 @@
+// ElementType's sizes and names in PJRT and StableHLO.
+#include "strata/xla/element_type.h"
+
+#include "strata/xla/error.h"
+#include "strata/xla/pjrt_c_api.h"
+
+namespace strata::xla {
+namespace {
+
+struct TypeInfo {
+  ElementType type;
+  size_t size;
+  std::string_view stablehlo;
+  int pjrt;
+  bool floating;
+};
+
+// StableHLO integers are signless ("i32") except unsigned ones ("ui32");
+// bool is "i1".
+constexpr TypeInfo kTypes[] = {
+    {ElementType::kPred, 1, "i1", capi::PJRT_Buffer_Type_PRED, false},
+    {ElementType::kS8, 1, "i8", capi::PJRT_Buffer_Type_S8, false},
+    {ElementType::kS16, 2, "i16", capi::PJRT_Buffer_Type_S16, false},
+    {ElementType::kS32, 4, "i32", capi::PJRT_Buffer_Type_S32, false},
+    {ElementType::kS64, 8, "i64", capi::PJRT_Buffer_Type_S64, false},
+    {ElementType::kU8, 1, "ui8", capi::PJRT_Buffer_Type_U8, false},
+    {ElementType::kU16, 2, "ui16", capi::PJRT_Buffer_Type_U16, false},
+    {ElementType::kU32, 4, "ui32", capi::PJRT_Buffer_Type_U32, false},
+    {ElementType::kU64, 8, "ui64", capi::PJRT_Buffer_Type_U64, false},
+    {ElementType::kF16, 2, "f16", capi::PJRT_Buffer_Type_F16, true},
+    {ElementType::kBF16, 2, "bf16", capi::PJRT_Buffer_Type_BF16, true},
+    {ElementType::kF32, 4, "f32", capi::PJRT_Buffer_Type_F32, true},
+    {ElementType::kF64, 8, "f64", capi::PJRT_Buffer_Type_F64, true},
+};
+
+const TypeInfo& info(ElementType type) { return kTypes[static_cast<size_t>(type)]; }
+
+}  // namespace
+
+const std::vector<ElementType>& all_element_types() {
+  static const std::vector<ElementType> types = [] {
+    std::vector<ElementType> out;
+    for (const TypeInfo& t : kTypes) out.push_back(t.type);
+    return out;
+  }();
+  return types;
+}
+
+size_t element_size(ElementType type) { return info(type).size; }
+std::string_view stablehlo_name(ElementType type) { return info(type).stablehlo; }
+int pjrt_buffer_type(ElementType type) { return info(type).pjrt; }
+bool is_floating(ElementType type) { return info(type).floating; }
+
+ElementType from_pjrt_buffer_type(int type) {
+  for (const TypeInfo& t : kTypes)
+    if (t.pjrt == type) return t.type;
+  throw XlaError(strata::detail::cat(
+      "[pjrt] buffer element type ", type,
+      " (PJRT_Buffer_Type) is not one strata handles (bool, integers, f16, bf16, f32, f64)"));
+}
+
+std::string tensor_type(ElementType type, const std::vector<int64_t>& dims) {
+  std::string out = "tensor<";
+  for (int64_t d : dims) out += std::to_string(d) + "x";
+  out += stablehlo_name(type);
+  return out + ">";
+}
+
+}  // namespace strata::xla

@@ -1,0 +1,122 @@
+// strata's PJRT runtime on a real plugin: XLA's CPU plugin from the pinned
+// lammps-jax-pjrt-cpu wheel (skipped, saying so, when it is not installed).
+#include <gtest/gtest.h>
+
+#include "strata/xla/client.h"
+#include "support/errors.h"
+#include "xla/torch_util.h"
+#include "xla/xla_test_util.h"
+
+namespace strata::testing {
+namespace {
+
+using xla::Client;
+using xla::ClientOptions;
+using xla::Plugin;
+using xla::XlaError;
+
+class RuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cpu_plugin_path().empty()) GTEST_SKIP() << kNoCpuPlugin;
+    plugin_ = Plugin::load(cpu_plugin_path());
+  }
+  std::shared_ptr<const Plugin> plugin_;
+};
+
+TEST_F(RuntimeTest, ReportsVersionAttributesPlatformAndDevices) {
+  EXPECT_EQ(plugin_->version().major, 0);
+  EXPECT_GE(plugin_->version().minor, 81);
+  bool has_stablehlo_version = false;
+  for (const xla::NamedValue& a : plugin_->attributes())
+    has_stablehlo_version |= a.name == "stablehlo_current_version";
+  EXPECT_TRUE(has_stablehlo_version);
+  EXPECT_EQ(Plugin::load(cpu_plugin_path()).get(), plugin_.get()) << "a second load opens nothing new";
+
+  Client client = Client::create(
+      plugin_, ClientOptions().option("cpu_device_count", int64_t{2}).option("preallocate", false));
+  EXPECT_EQ(client.platform_name(), "cpu");
+  EXPECT_EQ(client.process_index(), 0);
+  ASSERT_EQ(client.sent_options().size(), 1u);
+  EXPECT_EQ(client.sent_options()[0].name, "cpu_device_count");
+  EXPECT_EQ(client.dropped_options(), std::vector<std::string>{"preallocate"});
+  const auto devices = client.devices();
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_EQ(devices[0].id, 0);
+  EXPECT_EQ(devices[1].id, 1);
+  EXPECT_EQ(devices[0].kind, "cpu");
+  EXPECT_EQ(client.addressable_devices().size(), 2u);
+}
+
+TEST_F(RuntimeTest, EveryDtypeRoundTripsThroughTheDevice) {
+  Client client = Client::create(plugin_);
+  const xla::Device device = client.addressable_devices().at(0);
+  for (ElementType type : xla::all_element_types()) {
+    SCOPED_TRACE(std::string(xla::stablehlo_name(type)));
+    HostTensor h{type, {2, 3}, {0, 1, 0, 1, 1, 0}};
+    if (type != ElementType::kPred) h.values = {1, 2, 3, 4, 5, 127};
+    if (xla::is_floating(type)) h.values = {-1.5, 0.25, 3, 1e-3, -0.0, 65504};
+    const at::Tensor t = to_tensor(h).contiguous();
+    const xla::Buffer buffer = client.buffer_from_host(t.data_ptr(), t.nbytes(), type, h.dims, device);
+    EXPECT_EQ(buffer.element_type(), type);
+    EXPECT_EQ(buffer.dims(), h.dims);
+    EXPECT_EQ(buffer.byte_size(), t.nbytes());
+    // Bytes, not values: LibTorch has no comparison kernels for uint16-64.
+    const at::Tensor back = to_tensor(buffer);
+    ASSERT_EQ(back.nbytes(), t.nbytes());
+    EXPECT_EQ(std::memcmp(back.data_ptr(), t.data_ptr(), t.nbytes()), 0);
+  }
+  // A scalar and an empty tensor.
+  const float scalar = 2.5f;
+  const xla::Buffer s = client.buffer_from_host(&scalar, sizeof scalar, ElementType::kF32, {}, device);
+  EXPECT_TRUE(s.dims().empty());
+  EXPECT_EQ(to_tensor(s).item<float>(), 2.5f);
+  const xla::Buffer empty = client.buffer_from_host(nullptr, 0, ElementType::kF32, {0, 4}, device);
+  EXPECT_EQ(empty.dims(), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(empty.byte_size(), 0u);
+}
+
+TEST_F(RuntimeTest, PluginErrorsCarryTheMessageAndTheCode) {
+  Client client = Client::create(plugin_);
+  try {
+    client.compile("module { strata_not_an_op }", xla::CompileOptions{});
+    FAIL() << "compiling nonsense succeeded";
+  } catch (const XlaError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(e.code(), 0);
+    EXPECT_EQ(
+        message.rfind("[pjrt] PJRT_Client_Compile failed (" + xla::status_code_name(e.code()) + "): ", 0), 0u)
+        << message;
+    EXPECT_NE(message.find("strata_not_an_op"), std::string::npos) << message;
+  }
+  const float values[3] = {1, 2, 3};
+  EXPECT_EQ(error_message<ConfigError>([&] {
+              client.buffer_from_host(values, sizeof values, ElementType::kF32, {4},
+                                      client.addressable_devices()[0]);
+            }),
+            "[pjrt] buffer_from_host: 12 bytes given for 4 elements of f32 (16 bytes expected)");
+}
+
+TEST_F(RuntimeTest, ExecutableOutputsOutliveTheClientObject) {
+  // Buffers and executables hold the client: destroying the Client object
+  // first must leave them usable.
+  std::vector<std::vector<xla::Buffer>> outputs;
+  {
+    Client client = Client::create(plugin_);
+    Function f("main", {Type{ElementType::kF32, {2}}});
+    f.returns({f.multiply(f.arg(0), f.arg(0))});
+    Module m("square");
+    m.add(f);
+    const xla::LoadedExecutable exe = client.compile(m.text(), xla::CompileOptions{});
+    EXPECT_EQ(exe.num_outputs(), 1u);
+    const float in[2] = {3, -4};
+    const xla::Buffer b =
+        client.buffer_from_host(in, sizeof in, ElementType::kF32, {2}, client.addressable_devices()[0]);
+    outputs = exe.execute({{&b}});
+  }
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_TRUE(at::equal(to_tensor(outputs[0][0]), at::tensor({9.f, 16.f})));
+}
+
+}  // namespace
+}  // namespace strata::testing
