@@ -19,6 +19,7 @@
 
 #include "strata/checkpoint/sharded.h"
 #include "strata/core/error.h"
+#include "strata/core/strings.h"
 
 namespace strata::cli {
 namespace {
@@ -36,22 +37,6 @@ struct CkptConfig {
   CLI::App* reshard = nullptr;
   CLI::App* verify = nullptr;
 };
-
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  if (unit == 0)
-    std::snprintf(text, sizeof(text), "%llu B", static_cast<unsigned long long>(bytes));
-  else
-    std::snprintf(text, sizeof(text), "%.1f %s", value, units[unit]);
-  return text;
-}
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string out = "[";

@@ -1,7 +1,7 @@
-// Full (consolidated) checkpoints for strategies whose ranks hold whole
-// modules (single device, DDP): global rank 0 writes one checkpoint
-// directory; every rank reads it, in either layout (full, or the sharded
-// layout of the fully-sharded strategy at any world size) through
+// Checkpoints of every strategy: the save is planned (each strategy says
+// where each tensor lives; Note [Checkpoint planning]) and written by one
+// code path; every rank reads either layout (full, or the sharded layout of
+// the fully-sharded strategy at any world size) through
 // checkpoint::StateReader.
 //
 // Layout (docs/checkpoints.md): PATH/state.safetensors holds every tensor,
@@ -18,6 +18,7 @@
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 #include "strata/strategies/strategy.h"
+#include "checkpoint_plan.h"
 
 namespace strata::strategies {
 namespace {
@@ -34,19 +35,6 @@ checkpoint::ParamNames param_names_of(const State& state) {
   return names;
 }
 
-// The tensors of `tensors` that `filter` keeps, named "<key>/<name>". They
-// alias the state's tensors: the writer copies them one at a time.
-checkpoint::NamedTensors with_prefix(const std::string& key, const checkpoint::NamedTensors& tensors,
-                                     const StateFilter& filter) {
-  auto keep = filter.find(key);
-  checkpoint::NamedTensors out;
-  for (const auto& [name, tensor] : tensors) {
-    if (keep != filter.end() && !keep->second(name, tensor)) continue;
-    out.emplace_back(key + "/" + name, tensor.detach());
-  }
-  return out;
-}
-
 // The tensors of the checkpoint whose names start with "<key>/", without
 // the prefix, each whole (assembled from its shards when sharded).
 checkpoint::NamedTensors read_prefixed(const checkpoint::StateReader& reader, const std::string& key) {
@@ -57,49 +45,63 @@ checkpoint::NamedTensors read_prefixed(const checkpoint::StateReader& reader, co
 
 }  // namespace
 
-void Strategy::save_checkpoint(const std::string& path, const State& state, const nlohmann::json& storage_options,
-                               const StateFilter& filter) {
+void Strategy::save_checkpoint(const std::string& requested_path, const State& state,
+                               const nlohmann::json& storage_options, const StateFilter& filter) {
   STRATA_CHECK(storage_options.is_null() || storage_options.empty(), ConfigError, "[", name(),
                "] storage_options are not supported (no CheckpointIO plugins); pass none");
   STRATA_CHECK(!state.empty(), ConfigError, "[", name(), "] save_checkpoint got an empty state; nothing to save");
-  if (is_global_zero()) {
-    checkpoint::ParamNames names = param_names_of(state);
-    checkpoint::NamedTensors tensors;
-    nlohmann::json entries = nlohmann::json::object();
-    for (const auto& [key, value] : state) {
-      STRATA_CHECK(key.find('/') == std::string::npos, ConfigError, "[checkpoint] state key '", key,
-                   "' contains '/'; use another name");
-      if (value.is_module()) {
-        checkpoint::NamedTensors part = with_prefix(key, checkpoint::module_state(*value.module()), filter);
-        tensors.insert(tensors.end(), part.begin(), part.end());
-        entries[key] = {{"kind", "module"}};
-      } else if (value.is_optimizer()) {
-        checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
-        checkpoint::NamedTensors part = with_prefix(key, optim.tensors, filter);
-        tensors.insert(tensors.end(), part.begin(), part.end());
-        entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
-      } else if (value.is_tensor()) {
-        tensors.emplace_back(key, value.tensor().detach());
-        entries[key] = {{"kind", "tensor"}};
-      } else {
-        entries[key] = {{"kind", "value"}, {"value", value.value()}};
-      }
-    }
-    nlohmann::json metadata = {{"strategy", name()},
-                               {"world_size", world_size()},
-                               {"state_dict_type", "full"},
-                               {"entries", entries}};
-    // Streamed: the writer takes the specs first, then copies one tensor at a
-    // time to CPU, so a device-resident state never needs a second copy.
-    std::vector<checkpoint::TensorSpec> specs;
-    for (const auto& [name, tensor] : tensors) specs.push_back(checkpoint::TensorSpec::of(name, tensor));
-    checkpoint::CheckpointWriter writer = checkpoint::CheckpointWriter::begin(path);
-    checkpoint::SafetensorsWriter file = writer.open_file(checkpoint::kFullStateFile, std::move(specs));
-    for (const auto& [name, tensor] : tensors) file.write(name, tensor);
-    file.close();
-    writer.commit(metadata);
+  for (const auto& [key, value] : state) {
+    STRATA_CHECK(key.find('/') == std::string::npos, ConfigError, "[checkpoint] state key '", key,
+                 "' contains '/'; use another name");
   }
-  barrier("save_checkpoint");
+  // Every rank writes where rank 0 was told to.
+  const std::string path = group_.broadcast_object(requested_path, 0);
+  SavePlan plan = plan_save(state, filter);
+  const bool sharded = sharded_state_dict();
+  nlohmann::json metadata = {
+      {"strategy", name()}, {"world_size", world_size()}, {"state_dict_type", sharded ? "sharded" : "full"}};
+  WriteOptions options;
+  options.sharded_layout = sharded;
+  options.sequential = sequential_checkpoint_writes();
+  options.local_rank = local_rank();
+  options.local_world_size = env_.local_world_size;
+  options.tag = name();
+  write_plan(group_, path, plan, std::move(metadata), options);
+}
+
+SavePlan Strategy::plan_save(const State& state, const StateFilter& filter) {
+  SavePlan plan;
+  const checkpoint::ParamNames names = param_names_of(state);
+  for (const auto& [key, value] : state) {
+    if (value.is_module()) {
+      plan.entries[key] = {{"kind", "module"}};
+      plan_module_entry(key, *value.module(), filter, plan);
+    } else if (value.is_optimizer()) {
+      checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
+      plan.entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
+      plan_optimizer_entry(key, optim.tensors, filter, plan);
+    } else if (value.is_tensor()) {
+      plan.entries[key] = {{"kind", "tensor"}};
+      plan.add_whole(key, value.tensor(), is_global_zero());
+    } else {
+      plan.entries[key] = {{"kind", "value"}, {"value", value.value()}};
+    }
+  }
+  return plan;
+}
+
+void Strategy::plan_module_entry(const std::string& key, torch::nn::Module& module, const StateFilter& filter,
+                                 SavePlan& plan) {
+  for (const auto& [name, tensor] : checkpoint::module_state(module)) {
+    if (filter_keeps(filter, key, name, tensor)) plan.add_whole(key + "/" + name, tensor, is_global_zero());
+  }
+}
+
+void Strategy::plan_optimizer_entry(const std::string& key, const checkpoint::NamedTensors& tensors,
+                                    const StateFilter& filter, SavePlan& plan) {
+  for (const auto& [name, tensor] : tensors) {
+    if (filter_keeps(filter, key, name, tensor)) plan.add_whole(key + "/" + name, tensor, is_global_zero());
+  }
 }
 
 void Strategy::load_module_entry(const checkpoint::StateReader& reader, const std::string& key,
