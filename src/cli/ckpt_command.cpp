@@ -25,6 +25,7 @@
 #include "strata/checkpoint/state.h"
 #include "strata/models/gpt.h"
 #include "strata/core/error.h"
+#include "strata/core/strings.h"
 
 namespace strata::cli {
 namespace {
@@ -45,22 +46,6 @@ struct CkptConfig {
   std::string entry;       // export: the module entry ("" = "model" or the only one)
   std::string model_size;  // export: preset for checkpoints saved without model_config
 };
-
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  if (unit == 0)
-    std::snprintf(text, sizeof(text), "%llu B", static_cast<unsigned long long>(bytes));
-  else
-    std::snprintf(text, sizeof(text), "%.1f %s", value, units[unit]);
-  return text;
-}
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string out = "[";

@@ -33,13 +33,13 @@
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 #include "strata/core/module_hooks.h"
+#include "strata/core/strings.h"
 #include "strata/data/loader.h"
 #include "strata/data/text_dataset.h"
 #include "strata/fabric/fabric.h"
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
-#include "strata/strategies/ddp.h"
-#include "strata/strategies/fsdp.h"
+#include "strata/strategies/make_strategy.h"
 
 namespace strata::cli {
 namespace {
@@ -50,12 +50,6 @@ std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
   return buf;
-}
-
-std::string join(const std::set<std::string>& names) {
-  std::string out;
-  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
-  return out;
 }
 
 // Note [Which modules can be FSDP units]
@@ -70,9 +64,9 @@ std::string join(const std::set<std::string>& names) {
 class RecordingHooks : public ForwardHooks {
  public:
   explicit RecordingHooks(std::set<std::string>& ran) : ran_(ran) {}
-  at::Tensor run(torch::nn::Module& module, const at::Tensor& input, const ForwardBody& body) override {
+  TensorList run(torch::nn::Module& module, const TensorList& inputs, const ForwardFn& body) override {
     ran_.insert(module.name());
-    return body(input);
+    return body(inputs);
   }
 
  private:
@@ -111,19 +105,20 @@ GPTModuleTypes gpt_module_types(const std::string& model_size) {
 std::shared_ptr<strategies::Strategy> make_train_strategy(const TrainConfig& config) {
   if (config.strategy != "fsdp" && !(config.strategy == "ddp" && config.debug)) return nullptr;
   auto accelerator = strategies::make_accelerator(config.accelerator);
-  strategies::Precision precision = strategies::Precision::parse(config.precision, accelerator->name());
-  if (config.strategy == "ddp") {
-    return std::make_shared<strategies::DDPStrategy>(accelerator, precision,
-                                                     strategies::DDPOptions().with_debug(true));
-  }
-  strategies::FSDPOptions options;
+  strategies::StrategyOptions options;
+  options.with_kind(config.strategy)
+      .with_accelerator(accelerator)
+      .with_precision(strategies::Precision::parse(config.precision, accelerator->name()))
+      .with_ddp(strategies::DDPOptions().with_debug(config.debug));
   strategies::ModuleTypes units = config.wrap_types();
-  if (!units.empty()) options.with_auto_wrap_policy(units);
-  if (config.activation_checkpointing) options.with_activation_checkpointing_policy({models::BlockImpl::kTypeName});
-  options.with_state_dict_type(config.checkpoint_layout())
+  if (!units.empty()) options.fsdp.with_auto_wrap_policy(units);
+  if (config.activation_checkpointing) {
+    options.fsdp.with_activation_checkpointing_policy({models::BlockImpl::kTypeName});
+  }
+  options.fsdp.with_state_dict_type(config.checkpoint_layout())
       .with_sequential_save(config.sequential_save)
       .with_debug(config.debug);
-  return std::make_shared<strategies::FSDPStrategy>(accelerator, precision, options);
+  return strategies::make_strategy(options);
 }
 
 // The strategy and its settings, for the line that starts the run.
@@ -316,7 +311,7 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
   // rank, so under FSDP every rank samples, with the same seed (the same
   // tokens, hence the same forwards and collectives), and rank 0 prints.
   // Replicated strategies sample on rank 0 alone.
-  const bool sharded = fabric.strategy().name() == "fsdp";
+  const bool sharded = fabric.strategy().shards_parameters();
   if (config.sample_tokens > 0 && (sharded || fabric.is_global_zero())) {
     torch::NoGradGuard no_grad;
     model->eval();

@@ -25,8 +25,10 @@
 #include <unistd.h>
 
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/runtime/env.h"
 #include "strata/runtime/launcher.h"
+#include "strata/runtime/process.h"
 
 namespace strata {
 namespace {
@@ -45,7 +47,6 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
                "[fabric] collective_timeout must be positive");
   std::shared_ptr<strategies::Accelerator> accelerator = strategies::make_accelerator(options_.accelerator);
   if (options_.devices == -1) options_.devices = accelerator->auto_device_count();
-  strategies::Precision precision = strategies::Precision::parse(options_.precision, accelerator->name());
   runtime::Environment env = runtime::Environment::from_env();
   int world_size = env.launched() ? env.world_size : options_.devices * options_.num_nodes;
   if (env.launched()) {
@@ -54,9 +55,21 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
                  " per host, but devices=", options_.devices,
                  "; start as many workers as devices (or leave devices at 1 when an outside launcher decides)");
   }
-  strategy_ = options_.strategy_object
-                  ? options_.strategy_object
-                  : strategies::make_strategy(options_.strategy, accelerator, precision, world_size);
+  std::optional<strategies::Precision> precision;
+  if (options_.precision) precision = strategies::Precision::parse(*options_.precision, accelerator->name());
+  if (auto* object = std::get_if<std::shared_ptr<strategies::Strategy>>(&options_.strategy)) {
+    STRATA_CHECK(*object != nullptr, ConfigError, "[fabric] with_strategy got a null strategy object");
+    strategy_ = *object;
+    // Fabric's precision, when given, is the strategy's (Lightning's rule).
+    if (precision) strategy_->set_precision(*precision);
+  } else {
+    strategy_ = strategies::make_strategy(strategies::StrategyOptions()
+                                              .with_kind(std::get<std::string>(options_.strategy))
+                                              .with_accelerator(accelerator)
+                                              .with_precision(precision.value_or(strategies::Precision::parse(
+                                                  "32-true", accelerator->name())))
+                                              .with_world_size(world_size));
+  }
   strategy_->set_collective_timeout(options_.collective_timeout);
 }
 
@@ -138,15 +151,16 @@ void Fabric::leave_worker(const nlohmann::json& result) {
     std::filesystem::rename(tmp, path);
   }
   strategy_->teardown();
-  std::cout.flush();
-  std::cerr.flush();
-  std::exit(0);
+  // Code after launch() runs in the launching process only: the launcher's
+  // protocol ends this worker here.
+  runtime::end_relaunched_worker(0, /*graceful=*/true);
 }
 
 void Fabric::fail_worker(const std::exception& error) {
   if (!spawned_by_fabric()) return;
-  std::cerr << "error: " << error.what() << std::endl;
-  std::_Exit(1);
+  // The launcher reports a worker's last "error: " line as its reason.
+  log::error(error.what());
+  runtime::end_relaunched_worker(1, /*graceful=*/false);
 }
 
 strategies::ModulePtr Fabric::setup_module(strategies::ModulePtr module) {

@@ -4,10 +4,8 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
-#include <algorithm>
-#include <cctype>
-
 #include "strata/core/error.h"
+#include "strata/core/strings.h"
 #include "strata/strategies/precision.h"
 #include "strata/strategies/state.h"
 
@@ -19,7 +17,6 @@ class CpuAccelerator : public Accelerator {
   std::string name() const override { return "cpu"; }
   c10::Device device(int) const override { return c10::Device(c10::kCPU); }
   int auto_device_count() const override { return 1; }
-  std::string comm_backend() const override { return "gloo"; }
 };
 
 class CudaAccelerator : public Accelerator {
@@ -29,13 +26,7 @@ class CudaAccelerator : public Accelerator {
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
   }
   int auto_device_count() const override { return static_cast<int>(at::detail::getCUDAHooks().getNumGPUs()); }
-  std::string comm_backend() const override { return "nccl"; }
 };
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
 
 }  // namespace
 

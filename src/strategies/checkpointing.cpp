@@ -1,7 +1,7 @@
-// Full (consolidated) checkpoints for strategies whose ranks hold whole
-// modules (single device, DDP): global rank 0 writes one checkpoint
-// directory; every rank reads it, in either layout (full, or the sharded
-// layout of the fully-sharded strategy at any world size) through
+// Checkpoints of every strategy: the save is planned (each strategy says
+// where each tensor lives; Note [Checkpoint planning]) and written by one
+// code path; every rank reads either layout (full, or the sharded layout of
+// the fully-sharded strategy at any world size) through
 // checkpoint::StateReader.
 //
 // Layout (docs/checkpoints.md): PATH/state.safetensors holds every tensor,
@@ -15,10 +15,10 @@
 
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/sharded.h"
-#include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 #include "strata/strategies/strategy.h"
+#include "checkpoint_plan.h"
 
 namespace strata::strategies {
 namespace {
@@ -35,30 +35,8 @@ checkpoint::ParamNames param_names_of(const State& state) {
   return names;
 }
 
-// The keys of the module entries of `state`.
-std::vector<std::string> module_keys_of(const State& state) {
-  std::vector<std::string> keys;
-  for (const auto& [key, value] : state)
-    if (value.is_module()) keys.push_back(key);
-  return keys;
-}
-
-// The tensors of `tensors` that `filter` keeps, under their stored names
-// ("<key>/<name>", or plain for the model of a one-file checkpoint). They
-// alias the state's tensors: the writer copies them one at a time.
-checkpoint::NamedTensors with_prefix(const std::string& key, const checkpoint::NamedTensors& tensors,
-                                     const StateFilter& filter, const std::string& plain_key) {
-  auto keep = filter.find(key);
-  checkpoint::NamedTensors out;
-  for (const auto& [name, tensor] : tensors) {
-    if (keep != filter.end() && !keep->second(name, tensor)) continue;
-    out.emplace_back(checkpoint::entry_tensor_name(key, name, plain_key), tensor.detach());
-  }
-  return out;
-}
-
-// The tensors of entry `key` of the checkpoint, without their prefix, each
-// whole (assembled from its shards when sharded).
+// The tensors of the checkpoint whose names start with "<key>/", without
+// the prefix, each whole (assembled from its shards when sharded).
 checkpoint::NamedTensors read_prefixed(const checkpoint::StateReader& reader, const std::string& key) {
   checkpoint::NamedTensors out;
   for (const std::string& name : reader.names_under(key))
@@ -68,60 +46,63 @@ checkpoint::NamedTensors read_prefixed(const checkpoint::StateReader& reader, co
 
 }  // namespace
 
-void Strategy::save_checkpoint(const std::string& path, const State& state, const nlohmann::json& storage_options,
-                               const StateFilter& filter) {
+void Strategy::save_checkpoint(const std::string& requested_path, const State& state,
+                               const nlohmann::json& storage_options, const StateFilter& filter) {
   STRATA_CHECK(storage_options.is_null() || storage_options.empty(), ConfigError, "[", name(),
                "] storage_options are not supported (no CheckpointIO plugins); pass none");
   STRATA_CHECK(!state.empty(), ConfigError, "[", name(), "] save_checkpoint got an empty state; nothing to save");
-  if (is_global_zero()) {
-    checkpoint::ParamNames names = param_names_of(state);
-    checkpoint::NamedTensors tensors;
-    nlohmann::json entries = nlohmann::json::object();
-    // One file (PATH.safetensors): the model keeps its plain names.
-    const bool one_file = checkpoint::is_single_file_path(path);
-    const std::string plain_key = one_file ? checkpoint::primary_module(module_keys_of(state)) : "";
-    for (const auto& [key, value] : state) {
-      STRATA_CHECK(key.find('/') == std::string::npos, ConfigError, "[checkpoint] state key '", key,
-                   "' contains '/'; use another name");
-      if (value.is_module()) {
-        checkpoint::NamedTensors part =
-            with_prefix(key, checkpoint::module_state(*value.module()), filter, plain_key);
-        tensors.insert(tensors.end(), part.begin(), part.end());
-        entries[key] = {{"kind", "module"}};
-        if (key == plain_key) entries[key]["prefix"] = "";
-      } else if (value.is_optimizer()) {
-        checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
-        checkpoint::NamedTensors part = with_prefix(key, optim.tensors, filter, plain_key);
-        tensors.insert(tensors.end(), part.begin(), part.end());
-        entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
-      } else if (value.is_tensor()) {
-        tensors.emplace_back(key, value.tensor().detach());
-        entries[key] = {{"kind", "tensor"}};
-      } else {
-        entries[key] = {{"kind", "value"}, {"value", value.value()}};
-      }
-    }
-    nlohmann::json metadata = {{"strategy", name()},
-                               {"world_size", world_size()},
-                               {"state_dict_type", "full"},
-                               {"entries", entries}};
-    // Streamed: the writer takes the specs first, then copies one tensor at a
-    // time to CPU, so a device-resident state never needs a second copy.
-    std::vector<checkpoint::TensorSpec> specs;
-    for (const auto& [name, tensor] : tensors) specs.push_back(checkpoint::TensorSpec::of(name, tensor));
-    if (one_file) {
-      checkpoint::SafetensorsWriter file = checkpoint::begin_checkpoint_file(path, std::move(specs), metadata);
-      for (const auto& [name, tensor] : tensors) file.write(name, tensor);
-      file.close();
+  for (const auto& [key, value] : state) {
+    STRATA_CHECK(key.find('/') == std::string::npos, ConfigError, "[checkpoint] state key '", key,
+                 "' contains '/'; use another name");
+  }
+  // Every rank writes where rank 0 was told to.
+  const std::string path = group_.broadcast_object(requested_path, 0);
+  SavePlan plan = plan_save(state, filter);
+  const bool sharded = sharded_state_dict();
+  nlohmann::json metadata = {
+      {"strategy", name()}, {"world_size", world_size()}, {"state_dict_type", sharded ? "sharded" : "full"}};
+  WriteOptions options;
+  options.sharded_layout = sharded;
+  options.sequential = sequential_checkpoint_writes();
+  options.local_rank = local_rank();
+  options.local_world_size = env_.local_world_size;
+  options.tag = name();
+  write_plan(group_, path, plan, std::move(metadata), options);
+}
+
+SavePlan Strategy::plan_save(const State& state, const StateFilter& filter) {
+  SavePlan plan;
+  const checkpoint::ParamNames names = param_names_of(state);
+  for (const auto& [key, value] : state) {
+    if (value.is_module()) {
+      plan.entries[key] = {{"kind", "module"}};
+      plan_module_entry(key, *value.module(), filter, plan);
+    } else if (value.is_optimizer()) {
+      checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
+      plan.entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
+      plan_optimizer_entry(key, optim.tensors, filter, plan);
+    } else if (value.is_tensor()) {
+      plan.entries[key] = {{"kind", "tensor"}};
+      plan.add_whole(key, value.tensor(), is_global_zero());
     } else {
-      checkpoint::CheckpointWriter writer = checkpoint::CheckpointWriter::begin(path);
-      checkpoint::SafetensorsWriter file = writer.open_file(checkpoint::kFullStateFile, std::move(specs));
-      for (const auto& [name, tensor] : tensors) file.write(name, tensor);
-      file.close();
-      writer.commit(metadata);
+      plan.entries[key] = {{"kind", "value"}, {"value", value.value()}};
     }
   }
-  barrier("save_checkpoint");
+  return plan;
+}
+
+void Strategy::plan_module_entry(const std::string& key, torch::nn::Module& module, const StateFilter& filter,
+                                 SavePlan& plan) {
+  for (const auto& [name, tensor] : checkpoint::module_state(module)) {
+    if (filter_keeps(filter, key, name, tensor)) plan.add_whole(key + "/" + name, tensor, is_global_zero());
+  }
+}
+
+void Strategy::plan_optimizer_entry(const std::string& key, const checkpoint::NamedTensors& tensors,
+                                    const StateFilter& filter, SavePlan& plan) {
+  for (const auto& [name, tensor] : tensors) {
+    if (filter_keeps(filter, key, name, tensor)) plan.add_whole(key + "/" + name, tensor, is_global_zero());
+  }
 }
 
 void Strategy::load_module_entry(const checkpoint::StateReader& reader, const std::string& key,

@@ -14,15 +14,13 @@
 // buckets and writes the averages back into the gradients.
 #include "strata/strategies/ddp.h"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
-#include <iostream>
 #include <mutex>
 
 #include "strata/core/error.h"
+#include "strata/core/log.h"
+#include "grad_hooks.h"
 
 namespace strata::strategies {
 
@@ -44,7 +42,6 @@ struct DDPStrategy::Reducer {
   std::vector<bool> ready;
   size_t next_to_launch = 0;
   bool sync_enabled = true;
-  bool in_backward = false;
   std::mutex mutex;
 
   Reducer(comm::Group g, std::vector<at::Tensor> ps, int64_t bucket_cap_bytes)
@@ -88,13 +85,14 @@ struct DDPStrategy::Reducer {
     return buckets[b].buffer.narrow(0, buckets[b].offsets[s], params[index].numel());
   }
 
-  // Called by the accumulator hook of params[index] during backward.
-  void on_grad_ready(size_t index) {
+  // Called by the gradient hook of params[index] during backward; false
+  // when it was ignored (synchronisation off, or seen already).
+  bool on_grad_ready(size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!sync_enabled || ready[index]) return;
-    in_backward = true;
+    if (!sync_enabled || ready[index]) return false;
     mark_ready(index);
     launch_ready_buckets();
+    return true;
   }
 
   // Copies params[index]'s gradient (zero when it has none) into its bucket.
@@ -144,33 +142,10 @@ struct DDPStrategy::Reducer {
     reset();
   }
 
-  // Runs after the accumulator of params[index] added a gradient.
-  // Runs after autograd accumulated parameter `index`'s gradient (a
-  // post-accumulate-grad hook, which lives on the tensor itself). It holds
-  // the reducer weakly: after teardown, or once the strategy is gone, it
-  // does nothing.
-  class Hook : public torch::autograd::PostAccumulateGradHook {
-   public:
-    Hook(std::weak_ptr<Reducer> reducer, size_t index) : reducer_(std::move(reducer)), index_(index) {}
-    void operator()(const torch::autograd::Variable&) override {
-      if (auto reducer = reducer_.lock()) reducer->on_grad_ready(index_);
-    }
-
-   private:
-    std::weak_ptr<Reducer> reducer_;
-    size_t index_;
-  };
-
-  // Removes the hooks this reducer installed.
-  void unhook() {
-    for (at::Tensor& p : params) torch::autograd::impl::post_acc_grad_hooks(p).reset();
-  }
-
   void reset() {
     std::fill(ready.begin(), ready.end(), false);
     for (Bucket& bucket : buckets) bucket.pending = bucket.params.size();
     next_to_launch = 0;
-    in_backward = false;
   }
 };
 
@@ -183,14 +158,11 @@ DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::optional
                "[ddp] checkpoint_io plugins are not supported; leave checkpoint_io empty");
 }
 
-DDPStrategy::~DDPStrategy() {
-  if (reducer_) reducer_->unhook();
-}
+DDPStrategy::~DDPStrategy() = default;
 
 void DDPStrategy::setup_environment() {
   Strategy::setup_environment();
-  check_parallel_devices(options_.parallel_devices);
-  group_.set_debug(options_.debug);
+  setup_parallel_environment(options_.parallel_devices, options_.debug);
 }
 
 ModulePtr DDPStrategy::setup_module(ModulePtr module) {
@@ -208,45 +180,34 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
     if (p.requires_grad()) params.push_back(p);
   }
   reducer_ = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
-  for (size_t i = 0; i < params.size(); ++i) {
-    STRATA_CHECK(torch::autograd::impl::post_acc_grad_hooks(params[i]) == nullptr, ConfigError,
-                 "[ddp] parameter ", i, " already has a post-accumulate-grad hook; DDP needs that slot to "
-                 "start its gradient all-reduce");
-    torch::autograd::impl::set_post_acc_grad_hooks(params[i], std::make_unique<Reducer::Hook>(reducer_, i));
-  }
+  std::weak_ptr<Reducer> weak = reducer_;
+  grad_hooks_ = std::make_unique<GradHooks>([weak](size_t i) {
+    auto reducer = weak.lock();
+    return reducer && reducer->on_grad_ready(i);
+  });
+  for (size_t i = 0; i < params.size(); ++i) grad_hooks_->add(params[i], i);
   return module;
 }
 
 void DDPStrategy::backward(const at::Tensor& loss) {
-  STRATA_CHECK(!reducer_ || !reducer_->in_backward, ConfigError,
-               "[ddp] gradients were computed by a loss.backward() outside fabric.backward(), so they were "
-               "never averaged across ranks; call fabric.backward(loss) (or strategy.backward) instead");
+  if (grad_hooks_) grad_hooks_->check_no_stray_backward("ddp");
   Strategy::backward(loss);
   if (!reducer_) return;
   reducer_->finish();
-  ++step_;
-  if (options_.debug) {
-    comm::CommStats stats = group_.stats();
-    if (is_global_zero()) std::cerr << "[ddp] step " << step_ << " communication: " << stats.summary() << "\n";
-    group_.reset_stats();
-  }
+  grad_hooks_->end_backward();
+  report_step_communication(++step_, options_.debug);
 }
 
 Scope DDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
   require_set_up(module, "no_backward_sync");
   if (!enabled || !reducer_) return Scope();
-  std::shared_ptr<Reducer> reducer = reducer_;
-  bool previous = reducer->sync_enabled;
-  reducer->sync_enabled = false;
-  return Scope([reducer, previous] { reducer->sync_enabled = previous; });
+  return set_for_scope(reducer_, &Reducer::sync_enabled, false);
 }
 
 void DDPStrategy::teardown() {
-  if (reducer_) {
-    // Drop the hooks before the module outlives the strategy.
-    reducer_->unhook();
-    reducer_.reset();
-  }
+  // Drop the hooks before the module outlives the strategy.
+  grad_hooks_.reset();
+  reducer_.reset();
   Strategy::teardown();
 }
 

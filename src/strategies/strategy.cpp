@@ -2,22 +2,16 @@
 // gradient clipping and the collectives every strategy shares.
 #include "strata/strategies/strategy.h"
 
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <malloc.h>
-
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
-#include <thread>
 
 #include "strata/core/error.h"
-#include "strata/strategies/ddp.h"
-#include "strata/strategies/fsdp.h"
-#include "strata/strategies/single_device.h"
+#include "strata/core/log.h"
+#include "strata/runtime/process.h"
 
 namespace strata::strategies {
 namespace {
@@ -60,25 +54,8 @@ Strategy::~Strategy() = default;
 void Strategy::setup_environment() {
   if (launched_) return;
   env_ = runtime::Environment::from_env();
-  // Note [Threads per worker]
-  // N CPU workers on one host each default to all cores, oversubscribing
-  // the machine N times over. Split the cores unless the user chose.
-  if (accelerator_->name() == "cpu" && env_.local_world_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    int cores = static_cast<int>(std::thread::hardware_concurrency());
-    at::set_num_threads(std::max(1, cores / env_.local_world_size));
-  }
-  // Note [Allocator settings]
-  // glibc returns freed memory at the top of the heap to the kernel after
-  // every step (trim) and serves large tensors with fresh mmaps, so each
-  // training step page-faults its temporaries in again: measured (bench/
-  // run_ddp.sh, LibTorch 1.13 with OpenBLAS) as 2.5x slower MLP steps and
-  // 1.5x slower GPT steps than with the heap kept; the LibTorch 2.13 rows
-  // of docs/benchmarks.md are measured with it kept. Keep it, unless the
-  // user tuned malloc already.
-  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr && std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) {
-    ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  }
+  runtime::apply_worker_settings(env_, accelerator_->name());
+  log::set_rank(env_.rank);
   comm::ProcessGroupOptions options;
   options.device_type = accelerator_->name();
   options.group.timeout = collective_timeout_;
@@ -102,6 +79,13 @@ ModulePtr Strategy::setup_module(ModulePtr module) {
 
 void Strategy::setup_optimizer(torch::optim::Optimizer&) {}
 
+void Strategy::set_precision(Precision precision) {
+  STRATA_CHECK(!launched_ || precision.name() == precision_.name(), ConfigError, "[", name(),
+               "] the precision cannot change after launch (it is '", precision_.name(), "', asked for '",
+               precision.name(), "')");
+  precision_ = std::move(precision);
+}
+
 ModulePtr Strategy::setup_module_and_optimizers(ModulePtr module,
                                                 const std::vector<torch::optim::Optimizer*>& optimizers) {
   ModulePtr result = setup_module(std::move(module));
@@ -124,7 +108,7 @@ void Strategy::require_set_up(const torch::nn::Module& module, const std::string
   for (const ModulePtr& m : modules_) {
     if (m.get() == &module) return;
   }
-  throw ConfigError(detail::cat(
+  throw ConfigError(::strata::detail::cat(
       "[", name(), "] ", what, " got a module that was not set up (", module.name(), ", ",
       modules_.empty() ? "and no module has been set up yet" : "not the one setup_module returned",
       "); pass the module returned by setup_module (fabric.setup_module(model)), as Lightning requires"));
@@ -216,6 +200,18 @@ void Strategy::check_parallel_devices(const std::optional<std::vector<c10::Devic
                " workers; pass one device per local worker or leave parallel_devices unset");
 }
 
+void Strategy::setup_parallel_environment(const std::optional<std::vector<c10::Device>>& devices, bool debug) {
+  check_parallel_devices(devices);
+  group_.set_debug(debug);
+}
+
+void Strategy::report_step_communication(int64_t step, bool debug) {
+  if (!debug) return;
+  comm::CommStats stats = group_.stats();
+  log::info("[", name(), "] step ", step, " communication: ", stats.summary());
+  group_.reset_stats();
+}
+
 void Strategy::remove_checkpoint(const std::string& path) {
   // Ranks may still be reading the checkpoint: remove only once all are done.
   barrier("remove_checkpoint:begin");
@@ -234,25 +230,6 @@ void Strategy::teardown() {
   if (launched_) group_.synchronize();
   group_ = comm::Group();
   launched_ = false;
-}
-
-std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr<Accelerator> accelerator,
-                                        const Precision& precision, int world_size) {
-  if (name == "ddp" || (name == "auto" && world_size > 1)) {
-    return std::make_shared<DDPStrategy>(std::move(accelerator), precision);
-  }
-  if (name == "single_device" || name == "auto") {
-    return std::make_shared<SingleDeviceStrategy>(std::move(accelerator), precision);
-  }
-  if (name == "xla" || name == "xla_fsdp") {
-    throw ConfigError("[strategy] '" + name +
-                      "' needs the XLA accelerator, which strata does not support yet; use '" +
-                      (name == "xla" ? "ddp" : "fsdp") + "' for the same strategy on cpu or cuda");
-  }
-  if (name == "fsdp") {
-    return std::make_shared<FSDPStrategy>(std::move(accelerator), precision);
-  }
-  throw ConfigError("[strategy] unknown strategy '" + name + "'; choose one of: auto, ddp, fsdp, single_device");
 }
 
 }  // namespace strata::strategies

@@ -362,8 +362,9 @@ STRATA_WORKER(fsdp_bf16) {
     struct Probe : strata::ForwardHooks {
       std::shared_ptr<strata::ForwardHooks> inner;
       at::ScalarType* seen;
-      at::Tensor run(torch::nn::Module& m, const at::Tensor& x, const strata::ForwardBody& body) override {
-        return inner->run(m, x, [&](const at::Tensor& in) {
+      strata::TensorList run(torch::nn::Module& m, const strata::TensorList& x,
+                             const strata::ForwardFn& body) override {
+        return inner->run(m, x, [&](const strata::TensorList& in) {
           *seen = m.as<BlockImpl>()->attn->c_attn->weight.scalar_type();
           return body(in);
         });

@@ -14,16 +14,34 @@
 //     });
 //   }
 //
+// Any number of tensors in and out (the body returns a tensor, a
+// std::tuple of tensors or a std::vector of them):
+//
+//   auto [y, state] = strata::hooked_forward(*this,
+//       [&](const at::Tensor& x, const at::Tensor& h) { return std::make_tuple(f(x, h), g(h)); }, x, h);
+//
 // Without a strategy's hooks on the module, hooked_forward(m, x, body) is
 // body(x). The body may run more than once (activation checkpointing runs
-// it again in backward), so it must depend only on its input and the
+// it again in backward), so it must depend only on its inputs and the
 // module's parameters and buffers.
+//
+// Note [Hooks live in the module]
+// A strategy's hooks are kept by the module itself, in a child module
+// without parameters or buffers (named kForwardHooksName) that
+// set_forward_hooks registers and removes. They live and die with the
+// module: a module freed and another one built at the same address never
+// share hooks, and nothing outside the module maps addresses to hooks.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <concepts>
 #include <functional>
 #include <memory>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace torch::nn {
 class Module;
@@ -31,28 +49,92 @@ class Module;
 
 namespace strata {
 
-/// A module's forward computation, from one input tensor to one output.
+/// Tensors in or out of a forward.
+using TensorList = std::vector<at::Tensor>;
+/// A module's forward computation, from its input tensors to its outputs.
+using ForwardFn = std::function<TensorList(const TensorList&)>;
+/// The one-tensor form of a forward computation.
 using ForwardBody = std::function<at::Tensor(const at::Tensor&)>;
 
 /// What a strategy does around the forward of a module it hooked.
 class ForwardHooks {
  public:
   virtual ~ForwardHooks() = default;
-  /// Runs `body(input)` as `module`'s forward, with the strategy's work
-  /// around it, and returns the output.
-  virtual at::Tensor run(torch::nn::Module& module, const at::Tensor& input, const ForwardBody& body) = 0;
+  /// Runs `body(inputs)` as `module`'s forward, with the strategy's work
+  /// around it, and returns the outputs.
+  virtual TensorList run(torch::nn::Module& module, const TensorList& inputs, const ForwardFn& body) = 0;
 };
 
-/// Runs `module`'s forward `body(input)` through the hooks a strategy set
-/// on `module` (set_forward_hooks); body(input) when there are none.
-at::Tensor hooked_forward(torch::nn::Module& module, const at::Tensor& input, const ForwardBody& body);
+/// The name of the child module that holds a module's hooks.
+inline constexpr const char* kForwardHooksName = "strata_forward_hooks";
 
 /// Sets the hooks of `module` (replacing any), or removes them when
 /// `hooks` is null. Strategies call this from setup_module and teardown.
-void set_forward_hooks(const torch::nn::Module& module, std::shared_ptr<ForwardHooks> hooks);
+void set_forward_hooks(torch::nn::Module& module, std::shared_ptr<ForwardHooks> hooks);
 
 /// The hooks set on `module`, or null.
 std::shared_ptr<ForwardHooks> forward_hooks(const torch::nn::Module& module);
+
+/// True for the child module that holds hooks (walks over a model's
+/// modules skip it).
+bool is_forward_hooks_holder(const torch::nn::Module& module);
+
+/// Runs `module`'s forward `body(inputs)` through the hooks a strategy set
+/// on `module`; body(inputs) when there are none.
+TensorList hooked_forward(torch::nn::Module& module, const TensorList& inputs, const ForwardFn& body);
+
+/// The one-tensor form.
+at::Tensor hooked_forward(torch::nn::Module& module, const at::Tensor& input, const ForwardBody& body);
+
+namespace detail {
+
+template <class T>
+struct IsTensorTuple : std::false_type {};
+template <class... Ts>
+struct IsTensorTuple<std::tuple<Ts...>> : std::bool_constant<(std::same_as<Ts, at::Tensor> && ...)> {};
+
+template <class Out>
+TensorList to_list(Out&& out) {
+  using T = std::decay_t<Out>;
+  if constexpr (std::same_as<T, at::Tensor>) {
+    return {std::forward<Out>(out)};
+  } else if constexpr (std::same_as<T, TensorList>) {
+    return std::forward<Out>(out);
+  } else {
+    return std::apply([](auto&&... ts) { return TensorList{ts...}; }, std::forward<Out>(out));
+  }
+}
+
+template <class Out>
+Out from_list(TensorList list) {
+  if constexpr (std::same_as<Out, at::Tensor>) {
+    return list.at(0);
+  } else if constexpr (std::same_as<Out, TensorList>) {
+    return list;
+  } else {
+    return [&]<size_t... I>(std::index_sequence<I...>) { return Out{list.at(I)...}; }
+    (std::make_index_sequence<std::tuple_size_v<Out>>());
+  }
+}
+
+}  // namespace detail
+
+/// The variadic form: `body(inputs...)` returns a tensor, a tuple of
+/// tensors or a vector of tensors; hooked_forward returns the same type.
+template <class Body, class... Inputs>
+  requires(sizeof...(Inputs) > 0 && (std::same_as<std::decay_t<Inputs>, at::Tensor> && ...) &&
+           std::invocable<const std::decay_t<Body>&, const Inputs&...>)
+auto hooked_forward(torch::nn::Module& module, Body&& body, const Inputs&... inputs) {
+  using Out = std::decay_t<std::invoke_result_t<const std::decay_t<Body>&, const Inputs&...>>;
+  static_assert(std::same_as<Out, at::Tensor> || std::same_as<Out, TensorList> || detail::IsTensorTuple<Out>::value,
+                "hooked_forward: the body must return at::Tensor, std::vector<at::Tensor> or a std::tuple of tensors");
+  // A copy of the body: activation checkpointing keeps it until backward.
+  ForwardFn fn = [body = std::decay_t<Body>(std::forward<Body>(body))](const TensorList& in) {
+    return [&]<size_t... I>(std::index_sequence<I...>) { return detail::to_list(body(in.at(I)...)); }
+    (std::index_sequence_for<Inputs...>());
+  };
+  return detail::from_list<Out>(hooked_forward(module, TensorList{inputs...}, fn));
+}
 
 /// Called by a model's constructor when a submodule that may become a
 /// sharded unit is complete (the example GPT: after each block), so that a

@@ -26,8 +26,10 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
+#include "strata/strategies/make_strategy.h"
 #include "strata/strategies/strategy.h"
 
 namespace strata {
@@ -37,10 +39,12 @@ struct FabricOptions {
   std::string accelerator = "cpu";  ///< "cpu", "cuda", "auto"
   int devices = 1;                  ///< workers on this host (-1: one per device)
   int num_nodes = 1;                ///< hosts
-  std::string strategy = "auto";    ///< "auto", "ddp", "single_device" (and "fsdp")
-  /// A strategy object; overrides `strategy` when set.
-  std::shared_ptr<strategies::Strategy> strategy_object;
-  std::string precision = "32-true";  ///< "32-true", "bf16-mixed"
+  /// The strategy: a name ("auto", "ddp", "fsdp", "single_device"), built
+  /// with default options, or a strategy object.
+  std::variant<std::string, std::shared_ptr<strategies::Strategy>> strategy = std::string("auto");
+  /// "32-true", "bf16-mixed"; unset: "32-true", or a strategy object's own.
+  /// When set it is applied to a strategy object too, as in Lightning.
+  std::optional<std::string> precision;
   std::optional<uint64_t> seed;       ///< seed_everything(seed) in every worker
   /// Timeout of each collective (PyTorch's default: 30 minutes).
   std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
@@ -49,7 +53,7 @@ struct FabricOptions {
   FabricOptions& with_devices(int d) { devices = d; return *this; }
   FabricOptions& with_num_nodes(int n) { num_nodes = n; return *this; }
   FabricOptions& with_strategy(std::string s) { strategy = std::move(s); return *this; }
-  FabricOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy_object = std::move(s); return *this; }
+  FabricOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy = std::move(s); return *this; }
   FabricOptions& with_precision(std::string p) { precision = std::move(p); return *this; }
   FabricOptions& with_seed(uint64_t s) { seed = s; return *this; }
   FabricOptions& with_collective_timeout(std::chrono::milliseconds t) { collective_timeout = t; return *this; }

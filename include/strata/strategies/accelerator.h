@@ -20,8 +20,6 @@ class Accelerator {
   virtual c10::Device device(int local_rank) const = 0;
   /// How many workers to start on this host when the user asks for "auto".
   virtual int auto_device_count() const = 0;
-  /// The collectives backend this accelerator's tensors need ("gloo", "nccl").
-  virtual std::string comm_backend() const = 0;
 };
 
 /// Every worker on the CPU.

@@ -17,4 +17,8 @@ namespace strata::strategies {
 /// it must not capture locals by reference.
 at::Tensor checkpointed_forward(const ForwardBody& body, const at::Tensor& input);
 
+/// The form with any number of tensors in and out: gradients flow to every
+/// input that requires grad, from every output that does.
+TensorList checkpointed_forward(const ForwardFn& body, const TensorList& inputs);
+
 }  // namespace strata::strategies

@@ -10,6 +10,8 @@
 
 namespace strata::strategies {
 
+class GradHooks;
+
 /// Options of DDPStrategy, with the seed page's defaults.
 struct DDPOptions {
   /// Check every collective across ranks and print a per-step
@@ -60,6 +62,7 @@ class DDPStrategy : public Strategy {
   struct Reducer;
   DDPOptions options_;
   std::shared_ptr<Reducer> reducer_;
+  std::unique_ptr<GradHooks> grad_hooks_;
   int64_t step_ = 0;
 };
 

@@ -8,7 +8,8 @@
 // freed; before its backward they are gathered again, and its gradients
 // are reduce-scattered (mean) into the shards. The next unit's gather is
 // prefetched while the current one computes. docs/strategies.md has the
-// details; Note [FSDP parameters] in fsdp.cpp the mechanics.
+// details; Note [FSDP parameters] in src/strategies/fsdp/sharded_param.h the
+// mechanics.
 //
 // Units must run their forward through strata::hooked_forward
 // (core/module_hooks.h): LibTorch's C++ modules have no forward hooks. The
@@ -28,9 +29,15 @@
 #include <variant>
 #include <vector>
 
+#include "strata/strategies/options.h"
 #include "strata/strategies/strategy.h"
 
 namespace strata::strategies {
+
+namespace detail {
+class FSDPState;
+struct Presharded;
+}  // namespace detail
 
 /// Module types by the name module.name() reports: the kTypeName of the
 /// example models ("Block", "GPT"), or LibTorch's default, the demangled
@@ -53,8 +60,8 @@ struct FSDPOptions {
   /// Instances of these types recompute their forward during backward
   /// instead of keeping their activations (with or without auto-wrap).
   ModuleTypes activation_checkpointing_policy;
-  /// "sharded" (one file per rank) or "full" (one consolidated file).
-  std::string state_dict_type = "sharded";
+  /// kSharded (one file per rank) or kFull (one consolidated file).
+  StateDictType state_dict_type = StateDictType::kSharded;
   /// Local ranks write their checkpoint files one after another.
   bool sequential_save = false;
   /// Free a unit's gathered parameters after its forward (gather them again
@@ -81,7 +88,9 @@ struct FSDPOptions {
 
   FSDPOptions& with_auto_wrap_policy(AutoWrapPolicy p) { auto_wrap_policy = std::move(p); return *this; }
   FSDPOptions& with_activation_checkpointing_policy(ModuleTypes t) { activation_checkpointing_policy = std::move(t); return *this; }
-  FSDPOptions& with_state_dict_type(std::string t) { state_dict_type = std::move(t); return *this; }
+  FSDPOptions& with_state_dict_type(StateDictType t) { state_dict_type = t; return *this; }
+  /// Parses "full" or "sharded" (ConfigError otherwise).
+  FSDPOptions& with_state_dict_type(const std::string& t) { state_dict_type = parse_state_dict_type(t); return *this; }
   FSDPOptions& with_sequential_save(bool s) { sequential_save = s; return *this; }
   FSDPOptions& with_reshard_after_forward(bool r) { reshard_after_forward = r; return *this; }
   FSDPOptions& with_prefetch(bool p) { prefetch = p; return *this; }
@@ -103,18 +112,22 @@ struct FSDPUnitInfo {
 /// The fully-sharded strategy.
 class FSDPStrategy : public Strategy {
  public:
-  /// Throws ConfigError for a state_dict_type other than "full" or
-  /// "sharded", and for checkpoint_io plugins.
+  /// Throws ConfigError for checkpoint_io plugins and for a compute dtype
+  /// the precision cannot feed.
   explicit FSDPStrategy(std::shared_ptr<Accelerator> accelerator = cpu_accelerator(),
                         std::optional<Precision> precision = std::nullopt, FSDPOptions options = {});
   ~FSDPStrategy() override;
 
   std::string name() const override { return "fsdp"; }
+  bool shards_parameters() const override { return true; }
   const FSDPOptions& options() const { return options_; }
-  const std::string& state_dict_type() const { return options_.state_dict_type; }
+  /// "full" or "sharded".
+  std::string state_dict_type() const { return to_string(options_.state_dict_type); }
   bool sequential_save() const { return options_.sequential_save; }
 
   void setup_environment() override;
+  /// Checks the compute dtype against the new precision, then sets it.
+  void set_precision(Precision precision) override;
   /// Splits the module into units by the auto-wrap policy, shards every
   /// unit's parameters (module->parameters() then returns this rank's
   /// shards, under the same names) and installs the forward and gradient
@@ -141,9 +154,6 @@ class FSDPStrategy : public Strategy {
   void backward(const at::Tensor& loss) override;
   Scope no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
 
-  void save_checkpoint(const std::string& path, const State& state, const nlohmann::json& storage_options = nullptr,
-                       const StateFilter& filter = {}) override;
-
   void teardown() override;
 
   /// The units of the module set up, in the order their forward first ran
@@ -155,6 +165,16 @@ class FSDPStrategy : public Strategy {
 
  protected:
   at::Tensor reduce_norm(const at::Tensor& local, bool is_max) override;
+  /// Refuses a state without the module set up; then plans as the base does.
+  SavePlan plan_save(const State& state, const StateFilter& filter) override;
+  /// The module set up: its parameters sharded, its buffers whole.
+  void plan_module_entry(const std::string& key, torch::nn::Module& module, const StateFilter& filter,
+                         SavePlan& plan) override;
+  /// Optimizer state of sharded parameters: sharded like the parameter.
+  void plan_optimizer_entry(const std::string& key, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                            const StateFilter& filter, SavePlan& plan) override;
+  bool sharded_state_dict() const override { return options_.state_dict_type == StateDictType::kSharded; }
+  bool sequential_checkpoint_writes() const override { return options_.sequential_save; }
   /// The module set up: each rank reads only its slices (any saved layout
   /// and world size); other modules: whole.
   void load_module_entry(const checkpoint::StateReader& reader, const std::string& key, torch::nn::Module& module,
@@ -163,15 +183,10 @@ class FSDPStrategy : public Strategy {
   std::vector<std::pair<std::string, at::Tensor>> read_optimizer_tensors(const checkpoint::StateReader& reader,
                                                                          const std::string& key) override;
 
- public:
-  /// Internal state (src/strategies/fsdp_impl.h).
-  struct Impl;
-  struct Presharded;
-
  private:
   FSDPOptions options_;
-  std::shared_ptr<Impl> impl_;
-  std::shared_ptr<Presharded> presharded_;  ///< units sharded by module_sharded_context
+  std::shared_ptr<detail::FSDPState> state_;  ///< src/strategies/fsdp/state.h
+  std::shared_ptr<detail::Presharded> presharded_;  ///< units sharded by module_sharded_context
 };
 
 }  // namespace strata::strategies

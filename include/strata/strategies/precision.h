@@ -21,8 +21,6 @@ class Precision {
 
   /// The canonical name ("32-true", "bf16-mixed").
   const std::string& name() const { return name_; }
-  /// dtype of parameters and optimizer state (fp32 for every precision here).
-  c10::ScalarType param_dtype() const { return c10::kFloat; }
   /// dtype forward runs in under autocast (kFloat when no autocast).
   c10::ScalarType compute_dtype() const { return compute_dtype_; }
   /// True when forward should run under autocast.
@@ -43,9 +41,6 @@ class Precision {
     c10::ScalarType previous_dtype_ = c10::kBFloat16;
     std::string device_type_;
   };
-
-  /// Enter with `auto guard = precision.forward_context();`.
-  ForwardContext forward_context() const { return ForwardContext(*this); }
 
  private:
   Precision(std::string name, c10::ScalarType compute, std::string device_type)

@@ -31,6 +31,10 @@ class StateReader;
 }
 
 namespace strata::strategies {
+struct SavePlan;
+}
+
+namespace strata::strategies {
 
 /// RAII scope returned by module_init_context() and no_backward_sync():
 /// the strategy's setting holds while it is alive and is undone when it is
@@ -62,6 +66,9 @@ class Strategy {
 
   /// "single_device", "ddp", "fsdp".
   virtual std::string name() const = 0;
+  /// True when each rank holds only a shard of the parameters (FSDP), so
+  /// that a forward needs every rank.
+  virtual bool shards_parameters() const { return false; }
 
   // ---- environment ---------------------------------------------------------
   /// Reads this process's place from the environment, creates the process
@@ -90,6 +97,10 @@ class Strategy {
   const Accelerator& accelerator() const { return *accelerator_; }
   /// The precision forward and gradients use.
   const Precision& precision() const { return precision_; }
+  /// Replaces the precision (Fabric applies its own to a strategy object
+  /// it is handed, as Lightning does). ConfigError after launch, or when
+  /// the strategy's options need another precision.
+  virtual void set_precision(Precision precision);
   /// The process group; a one-rank group before setup_environment().
   comm::Group& group() { return group_; }
   /// Collective timeout used by setup_environment() (default 30 min).
@@ -184,6 +195,21 @@ class Strategy {
   /// `local` is the max of |g| (is_max, the inf-norm) or the sum of |g|^p.
   /// Strategies whose ranks hold whole gradients return it as is.
   virtual at::Tensor reduce_norm(const at::Tensor& local, bool is_max) { return local; }
+  /// Note [Checkpoint planning] (src/strategies/checkpoint_plan.h): what
+  /// this rank saves of `state`, entry by entry, through the two hooks below.
+  virtual SavePlan plan_save(const State& state, const StateFilter& filter);
+  /// Adds module entry `key`'s tensors to `plan` (whole, by default).
+  virtual void plan_module_entry(const std::string& key, torch::nn::Module& module, const StateFilter& filter,
+                                 SavePlan& plan);
+  /// Adds optimizer entry `key`'s tensors ("<param>.<state>") to `plan`
+  /// (whole, by default).
+  virtual void plan_optimizer_entry(const std::string& key,
+                                    const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                    const StateFilter& filter, SavePlan& plan);
+  /// True when saves use the sharded layout (one file per rank).
+  virtual bool sharded_state_dict() const { return false; }
+  /// True when local ranks write their files one after another.
+  virtual bool sequential_checkpoint_writes() const { return false; }
   /// load_checkpoint's part for a module entry `key`: restores `module`
   /// from the checkpoint's tensors "<key>/..." (whole, by default).
   virtual void load_module_entry(const checkpoint::StateReader& reader, const std::string& key,
@@ -201,6 +227,20 @@ class Strategy {
   /// Stops the background threads of the device loaders made by
   /// process_dataloader.
   void close_loaders();
+  /// setup_environment's part shared by DDP and FSDP: checks the seed
+  /// signature's parallel_devices and turns the group's debug checks on.
+  void setup_parallel_environment(const std::optional<std::vector<c10::Device>>& devices, bool debug);
+  /// With `debug`, reports the communication of training step `step` on
+  /// rank 0 and starts counting the next step's.
+  void report_step_communication(int64_t step, bool debug);
+  /// A scope that sets `owner->*flag` to `value` and puts the previous
+  /// value back at its end (no_backward_sync).
+  template <class T>
+  static Scope set_for_scope(std::shared_ptr<T> owner, bool T::*flag, bool value) {
+    bool previous = (*owner).*flag;
+    (*owner).*flag = value;
+    return Scope([owner, flag, previous] { (*owner).*flag = previous; });
+  }
 
   std::shared_ptr<Accelerator> accelerator_;
   Precision precision_;
@@ -211,11 +251,5 @@ class Strategy {
   std::vector<ModulePtr> modules_;  ///< modules set up, for teardown
   std::vector<std::weak_ptr<data::Loader>> loaders_;  ///< device loaders to close at teardown
 };
-
-/// Builds a strategy from its name: "ddp", "fsdp", "single_device", "auto"
-/// (ddp for several devices, single_device for one); "xla" and "xla_fsdp"
-/// are refused until the XLA accelerator exists.
-std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr<Accelerator> accelerator,
-                                        const Precision& precision, int world_size);
 
 }  // namespace strata::strategies

@@ -1,0 +1,230 @@
+// Sharded construction: the units of a model, its parameters sharded into
+// them (at setup_module, or while the model is built inside
+// module_sharded_context), and the meta device of empty_init.
+//
+// Note [Meta-device construction]
+// Inside module_init_context(empty_init=true) a model is built on the meta
+// device (c10's dispatch-key guard routes every tensor factory there): its
+// tensors have shapes and dtypes but no memory, and the layers' own
+// initialisation runs as no-ops (LibTorch has no C++ default-device
+// context; Python's torch.device("meta") is a TorchFunctionMode).
+// setup_module then gives each tensor a real value: zeros, sharded, as the
+// weights are to be loaded from a checkpoint. set_data refuses to turn a
+// meta tensor into a CPU one, so the tensor's dispatch keys are switched
+// to the real device first (leave_meta); the Tensor object stays the same,
+// so a layer's typed members (LinearImpl::weight) follow.
+#include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "construction.h"
+#include "strata/checkpoint/sharded.h"
+#include "wrap_policy.h"
+
+namespace strata::strategies::detail {
+namespace {
+
+struct Occurrence {
+  size_t unit;
+  torch::nn::Module* owner;
+  std::string local_name;
+  std::string full_name;
+};
+
+// Walks the module tree below `module` (inside unit `unit`, at path
+// `prefix`): every parameter with where it is registered, and the nearest
+// unit around each unit.
+void collect(torch::nn::Module& module, const std::string& prefix, size_t unit,
+             const std::unordered_map<const torch::nn::Module*, size_t>& unit_of,
+             std::vector<std::pair<at::Tensor, std::vector<Occurrence>>>& found,
+             std::unordered_map<const c10::TensorImpl*, size_t>& index,
+             std::vector<std::optional<size_t>>& parents) {
+  auto it = unit_of.find(&module);
+  if (it != unit_of.end()) {
+    if (it->second != unit) parents[it->second] = unit;
+    unit = it->second;
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    const at::Tensor& tensor = item.value();
+    Occurrence occurrence{unit, &module, item.key(), prefix.empty() ? item.key() : prefix + "." + item.key()};
+    auto [slot, inserted] = index.emplace(tensor.unsafeGetTensorImpl(), found.size());
+    if (inserted) found.push_back({tensor, {}});
+    found[slot->second].second.push_back(std::move(occurrence));
+  }
+  for (const auto& child : module.named_children()) {
+    collect(*child.value(), prefix.empty() ? child.key() : prefix + "." + child.key(), unit, unit_of, found, index,
+            parents);
+  }
+}
+
+}  // namespace
+
+FSDPState::FSDPState(comm::Group g, const FSDPOptions& options, c10::ScalarType compute, c10::ScalarType reduce)
+    : grad_hooks([this](size_t i) { return post_backward(i); }),
+      group(std::move(g)),
+      world(group.size()),
+      rank(group.rank()),
+      compute_dtype(compute),
+      reduce_dtype(reduce),
+      reshard_after_forward(options.reshard_after_forward),
+      prefetch(options.prefetch) {}
+
+void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options, const Presharded* presharded) {
+  std::vector<torch::nn::Module*> modules = unit_modules(root_module, options.auto_wrap_policy);
+  std::unordered_map<const torch::nn::Module*, size_t> unit_of;
+  units.resize(modules.size());
+  for (size_t u = 0; u < modules.size(); ++u) {
+    units[u].module = modules[u];
+    units[u].type = modules[u]->name();
+    unit_of[modules[u]] = u;
+  }
+  root = modules.size() - 1;
+  units[root].root = true;
+  // Unit paths, for reports.
+  for (const auto& item : root_module.named_modules("", /*include_self=*/false)) {
+    auto it = unit_of.find(item.value().get());
+    if (it != unit_of.end()) units[it->second].name = item.key();
+  }
+
+  std::vector<std::pair<at::Tensor, std::vector<Occurrence>>> found;
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
+  std::vector<std::optional<size_t>> parents(units.size());
+  collect(root_module, "", root, unit_of, found, index, parents);
+  for (size_t u = 0; u < units.size(); ++u) units[u].parent = parents[u];
+
+  torch::NoGradGuard no_grad;
+  for (auto& [tensor, occurrences] : found) {
+    // A parameter registered in two units (tied weights) belongs to the
+    // root, so it is sharded once and gathered while the root computes.
+    size_t unit = occurrences.front().unit;
+    for (const Occurrence& o : occurrences) {
+      if (o.unit != unit) unit = root;
+    }
+    ShardedParam p;
+    p.name = occurrences.front().full_name;
+    p.compute = tensor;
+    p.shape = tensor.sizes().vec();
+    p.trainable = tensor.requires_grad();
+    if (presharded) {
+      auto it = presharded->by_shard.find(tensor.unsafeGetTensorImpl());
+      if (it != presharded->by_shard.end()) {
+        p.preshard = tensor;
+        p.compute = it->second.compute;
+        p.shape = it->second.shape;
+        p.trainable = it->second.trainable;
+        p.accumulator = it->second.accumulator;
+      }
+    }
+    p.numel = c10::multiply_integers(p.shape);
+    p.chunk = checkpoint::shard_chunk(p.numel, world);
+    p.unit = unit;
+    for (const Occurrence& o : occurrences) p.owners.emplace_back(o.owner, o.local_name);
+    units[unit].params.push_back(params.size());
+    param_index[p.name] = params.size();
+    params.push_back(std::move(p));
+  }
+
+  found.clear();  // the last handles to pieces sharded at construction, besides the params'
+
+  // Unit by unit, so that at most one unit's pieces exist twice.
+  for (Unit& unit : units) {
+    int64_t offset = 0;
+    for (size_t i : unit.params) {
+      params[i].offset = offset;
+      offset += params[i].chunk;
+      if (params[i].trainable) ++unit.trainable;
+    }
+    unit.shard_numel = offset;
+    unit.flat_shard = at::zeros({offset}, at::TensorOptions().dtype(at::kFloat));
+    for (size_t i : unit.params) shard_param(i, options);
+  }
+  for (at::Tensor buffer : root_module.buffers()) {
+    if (!buffer.is_meta()) continue;
+    at::Tensor value = value_at_setup(buffer);
+    leave_meta(buffer, value.device());
+    buffer.set_data(value);
+  }
+  if (options.sync_module_states && world > 1) {
+    for (at::Tensor buffer : root_module.buffers()) group.broadcast(buffer, 0);
+  }
+}
+
+void FSDPState::shard_param(size_t i, const FSDPOptions& options) {
+  ShardedParam& p = params[i];
+  Unit& unit = units[p.unit];
+  if (p.preshard.defined()) {
+    // Sharded while the model was built: move the piece into the unit.
+    unit.flat_shard.narrow(0, p.offset, p.chunk).copy_(p.preshard.detach());
+    p.preshard = at::Tensor();
+    p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
+    grad_hooks.add(std::move(p.accumulator), i);
+    p.install_shard();
+    return;
+  }
+  at::Tensor full = value_at_setup(p.compute);
+  if (options.sync_module_states && world > 1) {
+    full = full.clone().contiguous();
+    group.broadcast(full, 0);
+  }
+  at::Tensor mine = checkpoint::shard_of(full, world, rank);
+  unit.flat_shard.narrow(0, p.offset, mine.numel()).copy_(mine);
+  p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
+  grad_hooks.add(accumulator_then_empty(p.compute, full, compute_dtype, p.trainable), i);
+  p.install_shard();
+}
+
+void FSDPState::unhook() {
+  for (Unit& unit : units) set_forward_hooks(*unit.module, nullptr);
+  for (torch::nn::Module* module : checkpointed) set_forward_hooks(*module, nullptr);
+  grad_hooks.remove_all();
+}
+
+const ShardedParam* FSDPState::param_of_state(const std::string& state_name) const {
+  size_t dot = state_name.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  auto it = param_index.find(state_name.substr(0, dot));
+  return it == param_index.end() ? nullptr : &params[it->second];
+}
+
+at::Tensor FSDPState::gather_full(const ShardedParam& p, const at::Tensor& piece) {
+  return detail::gather_full(group, p, piece);
+}
+
+ModuleBuiltHandler shard_when_built(std::shared_ptr<Presharded> presharded, AutoWrapPolicy policy, int world,
+                                    int rank, c10::ScalarType compute) {
+  // Shards a complete unit on the spot: each parameter keeps only this
+  // rank's piece; setup_module later adopts the pieces.
+  return [presharded, policy, world, rank, compute](torch::nn::Module& module) {
+    if (!wraps(policy, module, numel_of(module, true))) return;
+    torch::NoGradGuard no_grad;
+    // Inside module_init_context(empty_init) the model is built on the meta
+    // device; the shards made here are real memory all the same.
+    c10::impl::ForceDispatchKeyGuard real_tensors(c10::default_included_set, c10::default_excluded_set);
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> done;
+    for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+      torch::nn::Module& owner = *item.value();
+      for (const auto& param : owner.named_parameters(/*recurse=*/false)) {
+        at::Tensor tensor = param.value();
+        const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+        if (presharded->by_shard.count(impl)) continue;  // a unit inside, sharded already
+        auto it = done.find(impl);
+        if (it == done.end()) {
+          Presharded::Entry entry;
+          entry.compute = tensor;
+          entry.shape = tensor.sizes().vec();
+          entry.trainable = tensor.requires_grad();
+          at::Tensor full = value_at_setup(tensor);
+          at::Tensor mine = checkpoint::shard_of(full, world, rank);
+          at::Tensor shard = at::zeros({checkpoint::shard_chunk(full.numel(), world)}, at::kFloat);
+          shard.narrow(0, 0, mine.numel()).copy_(mine);
+          shard.requires_grad_(entry.trainable);
+          entry.accumulator = accumulator_then_empty(tensor, full, compute, entry.trainable);
+          presharded->by_shard.emplace(shard.unsafeGetTensorImpl(), std::move(entry));
+          it = done.emplace(impl, shard).first;
+        }
+        parameters_of(owner)[param.key()] = it->second;
+      }
+    }
+  };
+}
+
+}  // namespace strata::strategies::detail

@@ -1,0 +1,229 @@
+// FSDPStrategy, the facade: set-up, the training step and the reports; the
+// algorithm lives beside it (state.h: the units and their state machine;
+// sharded_param.h, collectives.h, schedule.cpp, wrap_policy.h,
+// construction.cpp, checkpoint.cpp).
+#include "strata/strategies/fsdp.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/optim/optimizer.h>
+
+#include <unordered_set>
+
+#include "construction.h"
+#include "state.h"
+#include "strata/core/error.h"
+#include "strata/core/log.h"
+#include "strata/core/module_hooks.h"
+#include "strata/strategies/activation_checkpoint.h"
+#include "wrap_policy.h"
+
+namespace strata::strategies {
+namespace {
+
+using detail::FSDPState;
+
+// What runs around the forward of a unit, or of a checkpointed module that
+// is not a unit.
+class FSDPForwardHooks : public ForwardHooks {
+ public:
+  FSDPForwardHooks(std::weak_ptr<FSDPState> state, std::optional<size_t> unit, bool checkpoint)
+      : state_(std::move(state)), unit_(unit), checkpoint_(checkpoint) {}
+
+  TensorList run(torch::nn::Module&, const TensorList& inputs, const ForwardFn& body) override {
+    std::shared_ptr<FSDPState> state = state_.lock();
+    if (!state) return body(inputs);
+    if (unit_) state->pre_forward(*unit_);
+    TensorList outputs;
+    try {
+      outputs = checkpoint_ ? checkpointed_forward(body, inputs) : body(inputs);
+    } catch (const c10::Error& error) {
+      if (unit_ && state->units[*unit_].root) state->explain_failed_forward(error);
+      throw;
+    }
+    if (unit_) state->post_forward(*unit_, outputs);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<FSDPState> state_;
+  std::optional<size_t> unit_;
+  bool checkpoint_;
+};
+
+void check_compute_dtype(const FSDPOptions& options, const Precision& precision) {
+  c10::ScalarType compute = options.compute_dtype.value_or(precision.compute_dtype());
+  STRATA_CHECK(compute == c10::kFloat || compute == c10::kBFloat16 || compute == c10::kHalf, ConfigError,
+               "[fsdp] compute_dtype must be float32, bfloat16 or float16, got ", compute);
+  STRATA_CHECK(compute == c10::kFloat || precision.autocast(), ConfigError, "[fsdp] compute_dtype ", compute,
+               " needs a mixed precision (e.g. 'bf16-mixed') so that inputs are cast too; precision is '",
+               precision.name(), "'");
+}
+
+}  // namespace
+
+FSDPStrategy::FSDPStrategy(std::shared_ptr<Accelerator> accelerator, std::optional<Precision> precision,
+                           FSDPOptions options)
+    : Strategy(std::move(accelerator), std::move(precision)), options_(std::move(options)) {
+  STRATA_CHECK(options_.checkpoint_io.is_null() || options_.checkpoint_io.empty(), ConfigError,
+               "[fsdp] checkpoint_io plugins are not supported; leave checkpoint_io empty");
+  check_compute_dtype(options_, precision_);
+}
+
+void FSDPStrategy::set_precision(Precision precision) {
+  check_compute_dtype(options_, precision);
+  Strategy::set_precision(std::move(precision));
+}
+
+FSDPStrategy::~FSDPStrategy() {
+  if (state_) state_->unhook();
+}
+
+void FSDPStrategy::setup_environment() {
+  Strategy::setup_environment();
+  setup_parallel_environment(options_.parallel_devices, options_.debug);
+}
+
+ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
+  STRATA_CHECK(module != nullptr, ConfigError, "[fsdp] setup_module got a null module");
+  if (state_) {
+    STRATA_CHECK(state_->root_module.get() == module.get(), ConfigError,
+                 "[fsdp] setup_module was already called with another module; FSDP trains one module per strategy");
+    log::warning("[fsdp] the module is already sharded; setup_module returns it as it is and does not apply "
+                 "the policies again");
+    return module;
+  }
+  modules_.push_back(module);
+  c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
+  state_ = std::make_shared<FSDPState>(group_, options_, compute, options_.reduce_dtype.value_or(compute));
+  state_->root_module = module;
+  state_->build(*module, options_, presharded_.get());
+  presharded_.reset();
+  for (size_t u = 0; u < state_->units.size(); ++u) {
+    torch::nn::Module& unit_module = *state_->units[u].module;
+    bool checkpoint = detail::matches(options_.activation_checkpointing_policy, unit_module);
+    set_forward_hooks(unit_module, std::make_shared<FSDPForwardHooks>(state_, u, checkpoint));
+  }
+  // Activation checkpointing applies to every instance of the listed types,
+  // units or not.
+  for (const auto& item : module->named_modules("", /*include_self=*/true)) {
+    torch::nn::Module* m = item.value().get();
+    if (!detail::matches(options_.activation_checkpointing_policy, *m)) continue;
+    bool is_unit = false;
+    for (const auto& unit : state_->units) is_unit = is_unit || unit.module == m;
+    if (is_unit) continue;
+    set_forward_hooks(*m, std::make_shared<FSDPForwardHooks>(state_, std::nullopt, true));
+    state_->checkpointed.push_back(m);
+  }
+  return module;
+}
+
+void FSDPStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  STRATA_CHECK(state_ != nullptr, ConfigError,
+               "[fsdp] setup_optimizer before setup_module: call setup_module(model) first, then build the optimizer "
+               "from model->parameters() (the sharded parameters), then setup_optimizer");
+  std::unordered_set<const c10::TensorImpl*> shards;
+  for (const auto& p : state_->params) shards.insert(p.shard.unsafeGetTensorImpl());
+  for (const auto& group : optimizer.param_groups()) {
+    for (const at::Tensor& p : group.params()) {
+      STRATA_CHECK(shards.count(p.unsafeGetTensorImpl()) > 0, ConfigError,
+                   "[fsdp] the optimizer holds a parameter (shape ", p.sizes(),
+                   ") that is not a sharded parameter of the module set up: FSDP replaces the module's parameters "
+                   "in setup_module, so create the optimizer after setup_module, from the returned module's "
+                   "parameters(), then call setup_optimizer");
+    }
+  }
+}
+
+ModulePtr FSDPStrategy::setup_module_and_optimizers(ModulePtr, const std::vector<torch::optim::Optimizer*>&) {
+  throw ConfigError(
+      "[fsdp] setup_module_and_optimizers is not supported: FSDP shards the parameters, so an optimizer built "
+      "before that holds the wrong tensors. Call setup_module(model), build the optimizer from "
+      "model->parameters(), then setup_optimizer(optimizer)");
+}
+
+void FSDPStrategy::module_to_device(torch::nn::Module&) {}
+
+Scope FSDPStrategy::module_init_context(std::optional<bool> empty_init) {
+  if (!empty_init.value_or(false)) return Scope();
+  // Note [Meta-device construction]. The example models also skip their own
+  // initialisation (it would be a no-op on meta tensors anyway).
+  struct Guards {
+    c10::impl::IncludeDispatchKeyGuard meta{c10::DispatchKey::Meta};
+    // Factories (empty, ones, ...) pick their kernel by their device
+    // argument in BackendSelect; without it they reach the meta kernels.
+    c10::impl::ExcludeDispatchKeyGuard no_backend_select{c10::DispatchKey::BackendSelect};
+    SkipParameterInit skip;
+  };
+  auto guards = std::make_shared<Guards>();
+  return Scope([guards]() mutable { guards.reset(); });
+}
+
+Scope FSDPStrategy::module_sharded_context() {
+  STRATA_CHECK(launched(), ConfigError,
+               "[fsdp] module_sharded_context needs the process group: call it inside fabric.launch (after "
+               "setup_environment)");
+  STRATA_CHECK(state_ == nullptr, ConfigError, "[fsdp] module_sharded_context after setup_module: build the model "
+               "inside the context first, then call setup_module");
+  if (!presharded_) presharded_ = std::make_shared<detail::Presharded>();
+  const c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
+  ModuleBuiltHandler previous = set_module_built_handler(
+      detail::shard_when_built(presharded_, options_.auto_wrap_policy, world_size(), global_rank(), compute));
+  return Scope([previous]() mutable { set_module_built_handler(std::move(previous)); });
+}
+
+void FSDPStrategy::backward(const at::Tensor& loss) {
+  Strategy::backward(loss);
+  if (!state_) return;
+  state_->finalize_backward();
+  report_step_communication(++state_->step, options_.debug);
+}
+
+Scope FSDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
+  require_set_up(module, "no_backward_sync");
+  if (!enabled || !state_) return Scope();
+  return set_for_scope(state_, &FSDPState::sync, false);
+}
+
+at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
+  at::Tensor total = local.clone();
+  group_.all_reduce(total, is_max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum);
+  return total;
+}
+
+void FSDPStrategy::teardown() {
+  if (state_) {
+    for (size_t u = 0; u < state_->units.size(); ++u) state_->reshard(u);
+    state_->unhook();
+  }
+  Strategy::teardown();
+  state_.reset();
+}
+
+std::vector<FSDPUnitInfo> FSDPStrategy::units() const {
+  std::vector<FSDPUnitInfo> out;
+  if (!state_) return out;
+  for (size_t u : state_->with_the_rest(state_->last_forward_order)) {
+    const detail::Unit& unit = state_->units[u];
+    FSDPUnitInfo info;
+    info.name = unit.name;
+    info.shard_numel = unit.shard_numel;
+    for (size_t i : unit.params) {
+      info.params.push_back(state_->params[i].name);
+      info.numel += state_->params[i].numel;
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+at::Tensor FSDPStrategy::full_parameter(const std::string& name) {
+  STRATA_CHECK(state_ != nullptr, ConfigError, "[fsdp] full_parameter before setup_module");
+  auto it = state_->param_index.find(name);
+  STRATA_CHECK(it != state_->param_index.end(), ConfigError, "[fsdp] the module set up has no parameter named '",
+               name, "'");
+  const detail::ShardedParam& p = state_->params[it->second];
+  return state_->gather_full(p, p.shard);
+}
+
+}  // namespace strata::strategies

@@ -1,0 +1,77 @@
+// The FSDP schedule: which unit to prefetch, and the order and number of
+// gradient reductions in flight.
+#include "state.h"
+
+namespace strata::strategies::detail {
+
+// Note [Prefetch order]
+// Each step records the order in which units ran their forward. While unit
+// u computes its forward, the unit that ran right after u gets gathered;
+// while u computes its backward (units go backward in the reverse order),
+// the one that ran right before u. The order of this step is used once it
+// is at least as long as the last step's (it is then complete: in backward,
+// or in a forward that already passed the last step's units); until then
+// the last step's order, since this step's forward is still being
+// recorded. The first step has no order yet, so it prefetches nothing
+// before each unit has run once.
+std::optional<size_t> FSDPState::prefetch_target(size_t u, bool backward) const {
+  const std::vector<size_t>& order = forward_order.size() >= last_forward_order.size() ? forward_order
+                                                                                        : last_forward_order;
+  const int direction = backward ? -1 : +1;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (order[k] != u) continue;
+    int64_t next = static_cast<int64_t>(k) + direction;
+    if (next < 0 || next >= static_cast<int64_t>(order.size())) return std::nullopt;
+    return order[static_cast<size_t>(next)];
+  }
+  return std::nullopt;
+}
+
+std::vector<size_t> FSDPState::with_the_rest(std::vector<size_t> order) const {
+  std::vector<bool> listed(units.size(), false);
+  for (size_t u : order) listed[u] = true;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!listed[u]) order.push_back(u);
+  }
+  return order;
+}
+
+// Note [Reduction order]
+// Reduce-scatters start in one fixed order on every rank: the reverse of
+// this step's forward order (the order backward completes units in), then
+// the units that did not run, by index. A unit's reduction starts once it
+// is complete and every unit before it has started, so ranks never
+// disagree on the order of collectives, even when some gradient is missing
+// on some rank (finalize_backward then starts the rest, missing gradients
+// counting as zero).
+void FSDPState::launch_ready_reductions(bool all) {
+  if (reduction_order_.empty()) reduction_order_ = with_the_rest({forward_order.rbegin(), forward_order.rend()});
+  while (next_reduction_ < reduction_order_.size()) {
+    const size_t u = reduction_order_[next_reduction_];
+    const Unit& unit = units[u];
+    if (unit.trainable > 0 && !all && unit.training_state != TrainingState::kPostBackward) break;
+    if (unit.trainable > 0) launch_reduction(u);
+    ++next_reduction_;
+  }
+}
+
+void FSDPState::launch_reduction(size_t u) {
+  Unit& unit = units[u];
+  unit.reduce_work = start_reduce_scatter(group, params_of(unit), unit.flat_shard, reduce_dtype);
+  reshard(u);
+  // Keep two reductions in flight at most: each holds a unit's full
+  // gradients, and holding them all would cost a whole model's worth.
+  in_flight_.push_back(u);
+  while (in_flight_.size() > 2) {
+    complete_reduction(in_flight_.front());
+    in_flight_.pop_front();
+  }
+}
+
+void FSDPState::complete_reduction(size_t u) {
+  Unit& unit = units[u];
+  finish_reduce_scatter(*unit.reduce_work, params_of(unit), unit.flat_shard.scalar_type());
+  unit.reduce_work.reset();
+}
+
+}  // namespace strata::strategies::detail

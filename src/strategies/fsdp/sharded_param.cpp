@@ -1,0 +1,90 @@
+// ShardedParam: shard, unshard, and the storage of the full value.
+#include "sharded_param.h"
+
+#include <ATen/ATen.h>
+
+namespace strata::strategies::detail {
+namespace {
+
+// Reaches the parameter dictionary a module keeps (protected in LibTorch).
+struct ModuleAccess : torch::nn::Module {
+  static torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& module) {
+    return module.*(&ModuleAccess::parameters_);
+  }
+};
+
+// A tensor over `of`'s storage that does not share its version counter,
+// so writing through it does not invalidate what autograd saved.
+at::Tensor alias_storage(const at::Tensor& of) {
+  at::Tensor alias = at::empty({0}, of.options().requires_grad(false));
+  alias.set_(of.storage(), of.storage_offset(), of.sizes(), of.strides());
+  return alias;
+}
+
+// Frees (bytes == 0) or allocates again the storage that a full value and
+// every view autograd saved of it share, on any device: the storage keeps
+// its identity and takes new memory from its own allocator (the old bytes
+// are not copied; the gather overwrites them).
+void resize_storage(const c10::Storage& storage, size_t bytes) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (bytes == 0) {
+    impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  } else {
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  }
+  impl->set_nbytes(bytes);
+}
+
+}  // namespace
+
+torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& module) {
+  return ModuleAccess::parameters_of(module);
+}
+
+at::Tensor value_at_setup(const at::Tensor& t) {
+  return t.is_meta() ? at::zeros(t.sizes(), t.options().device(at::kCPU).requires_grad(false)) : t.detach();
+}
+
+void leave_meta(at::Tensor& t, c10::Device device) {
+  if (t.is_meta()) t.unsafeGetTensorImpl()->_change_backend_component_keys(device);
+}
+
+GradAccumulator accumulator_then_empty(at::Tensor& compute, const at::Tensor& full, c10::ScalarType dtype,
+                                       bool trainable) {
+  GradAccumulator accumulator;
+  leave_meta(compute, full.device());
+  compute.mutable_grad() = at::Tensor();
+  if (trainable) {
+    compute.set_data(full.to(dtype));
+    accumulator = torch::autograd::impl::grad_accumulator(compute);
+  }
+  compute.set_data(at::empty({0}, full.options().dtype(dtype).requires_grad(false)));
+  return accumulator;
+}
+
+void ShardedParam::unshard(const at::Tensor& pieces, int world, bool refill) {
+  if (refill) {
+    // Fill the storage autograd's saved views point at.
+    resize_storage(compute.storage(), storage_bytes);
+    at::Tensor padded = alias_storage(compute);
+    padded.set_(compute.storage(), 0, {world, chunk}, {chunk, 1});
+    padded.copy_(pieces);
+  } else {
+    at::Tensor padded = at::empty({world, chunk}, pieces.options());
+    padded.copy_(pieces);
+    storage_bytes = padded.numel() * padded.element_size();
+    compute.set_data(padded.view({-1}).narrow(0, 0, numel).view(shape));
+  }
+}
+
+void ShardedParam::free_storage() { resize_storage(compute.storage(), 0); }
+
+void ShardedParam::reshard(c10::ScalarType dtype) {
+  compute.set_data(at::empty({0}, shard.options().dtype(dtype).requires_grad(false)));
+}
+
+void ShardedParam::install_shard() {
+  for (auto& [owner, local_name] : owners) parameters_of(*owner)[local_name] = shard;
+}
+
+}  // namespace strata::strategies::detail

@@ -1,0 +1,86 @@
+// One sharded parameter of an FSDP unit (Note [FSDP parameters]): its
+// shard, its full value while the unit computes, and the storage of that
+// full value freed and allocated again on any device. Private to the
+// strategies area.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../grad_hooks.h"
+
+namespace strata::strategies::detail {
+
+/// The parameter dictionary a module keeps (protected in LibTorch), where
+/// shards replace the module's own tensors.
+torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& module);
+
+/// A module tensor's value at setup: itself, or zeros for one built on the
+/// meta device (Note [Meta-device construction]).
+at::Tensor value_at_setup(const at::Tensor& t);
+
+/// Lets a tensor built on the meta device take a value on `device` through
+/// set_data (Note [Meta-device construction]).
+void leave_meta(at::Tensor& t, c10::Device device);
+
+/// Creates the gradient accumulator of a module tensor while it holds its
+/// full value `full` in `dtype` (autograd checks gradients against that
+/// shape and dtype; the accumulator must then be kept alive, or the hook on
+/// it dies with it), then empties the tensor. Null when it does not train.
+GradAccumulator accumulator_then_empty(at::Tensor& compute, const at::Tensor& full, c10::ScalarType dtype,
+                                       bool trainable);
+
+/// Note [FSDP parameters]
+/// Sharding is per parameter (as in PyTorch's FSDP2), so names, optimizer
+/// param groups and checkpoints keep working by name. For every parameter
+/// the module keeps two tensors:
+/// - the *compute* tensor: the module's own tensor (LinearImpl::weight and
+///   the like alias it). Its data is swapped with set_data: a 0-element
+///   tensor while the unit is sharded (so a use outside the unit's forward
+///   is a shape error, not a read of freed memory), the full value while
+///   the unit is unsharded. After a unit's forward its storage is freed (0
+///   bytes; the views autograd saved keep pointing at that storage), and
+///   before its backward the storage is allocated again and refilled, so
+///   the saved views see the values again.
+/// - the *shard*: this rank's piece, padded to an equal length on every
+///   rank, fp32, a leaf that requires grad. It replaces the compute tensor
+///   in the module's parameter dictionary, so module->parameters() lists
+///   shards under the original names and the optimizer updates them. The
+///   shards of one unit are views of one flat buffer, which is what the
+///   unit's all-gather sends.
+/// The compute tensor's gradient accumulator (made while the tensor is
+/// full-sized, and kept alive by GradHooks) tells the unit when its
+/// gradient is in (Note [Gradient hooks]).
+struct ShardedParam {
+  std::string name;            ///< first full name ("blocks.0.attn.c_attn.weight")
+  at::Tensor compute;          ///< the module's own tensor: empty, or the full value
+  at::Tensor shard;            ///< this rank's padded piece (fp32 leaf), in the module's dictionary
+  std::vector<int64_t> shape;  ///< full shape
+  int64_t numel = 0;
+  int64_t chunk = 0;           ///< shard length (padded) on every rank
+  int64_t offset = 0;          ///< where the shard sits in its unit's flat shard
+  int64_t storage_bytes = 0;   ///< bytes of the full value's (padded) storage
+  size_t unit = 0;
+  bool trainable = false;
+  bool grad_ready = false;     ///< its gradient of this backward arrived
+  std::vector<std::pair<torch::nn::Module*, std::string>> owners;  ///< where it is registered
+  at::Tensor preshard;          ///< this rank's piece when sharded at construction (until set-up ends)
+  GradAccumulator accumulator;  ///< made at construction, until set-up hooks it
+
+  /// Makes the compute tensor the full value, from `pieces` (world, chunk),
+  /// rank-major. `refill`: the storage was freed after forward and views
+  /// of it are saved for backward: allocate it again and fill it in place.
+  void unshard(const at::Tensor& pieces, int world, bool refill);
+  /// Frees the full value's storage, keeping the tensor's shape.
+  void free_storage();
+  /// Makes the compute tensor a 0-element tensor of `dtype` again.
+  void reshard(c10::ScalarType dtype);
+  /// Puts the shard where the module registered the parameter.
+  void install_shard();
+};
+
+}  // namespace strata::strategies::detail

@@ -1,0 +1,68 @@
+// make_strategy and the parsing of the strategies' enums.
+#include "strata/strategies/make_strategy.h"
+
+#include "strata/core/error.h"
+#include "strata/core/strings.h"
+#include "strata/strategies/single_device.h"
+
+namespace strata::strategies {
+
+StrategyKind parse_strategy_kind(const std::string& name) {
+  if (name == "auto") return StrategyKind::kAuto;
+  if (name == "single_device") return StrategyKind::kSingleDevice;
+  if (name == "ddp") return StrategyKind::kDDP;
+  if (name == "fsdp") return StrategyKind::kFSDP;
+  if (name == "xla" || name == "xla_fsdp") {
+    throw ConfigError("[strategy] '" + name +
+                      "' needs the XLA accelerator, which strata does not support yet; use '" +
+                      (name == "xla" ? "ddp" : "fsdp") + "' for the same strategy on cpu or cuda");
+  }
+  throw ConfigError("[strategy] unknown strategy '" + name + "'; choose one of: auto, ddp, fsdp, single_device");
+}
+
+const char* to_string(StrategyKind kind) {
+  switch (kind) {
+    case StrategyKind::kAuto: return "auto";
+    case StrategyKind::kSingleDevice: return "single_device";
+    case StrategyKind::kDDP: return "ddp";
+    case StrategyKind::kFSDP: return "fsdp";
+  }
+  return "?";
+}
+
+StateDictType parse_state_dict_type(const std::string& name) {
+  if (name == "sharded") return StateDictType::kSharded;
+  if (name == "full") return StateDictType::kFull;
+  throw ConfigError("[fsdp] state_dict_type must be 'full' or 'sharded', got '" + name + "'");
+}
+
+const char* to_string(StateDictType type) { return type == StateDictType::kFull ? "full" : "sharded"; }
+
+std::shared_ptr<Strategy> make_strategy(const StrategyOptions& options) {
+  std::shared_ptr<Accelerator> accelerator = options.accelerator ? options.accelerator : cpu_accelerator();
+  switch (options.kind) {
+    case StrategyKind::kDDP:
+      return std::make_shared<DDPStrategy>(std::move(accelerator), options.precision, options.ddp);
+    case StrategyKind::kFSDP:
+      return std::make_shared<FSDPStrategy>(std::move(accelerator), options.precision, options.fsdp);
+    case StrategyKind::kAuto:
+      if (options.world_size > 1) {
+        return std::make_shared<DDPStrategy>(std::move(accelerator), options.precision, options.ddp);
+      }
+      [[fallthrough]];
+    case StrategyKind::kSingleDevice:
+      return std::make_shared<SingleDeviceStrategy>(std::move(accelerator), options.precision);
+  }
+  throw ConfigError("[strategy] unknown strategy kind");
+}
+
+std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr<Accelerator> accelerator,
+                                        const Precision& precision, int world_size) {
+  return make_strategy(StrategyOptions()
+                           .with_kind(name)
+                           .with_accelerator(std::move(accelerator))
+                           .with_precision(precision)
+                           .with_world_size(world_size));
+}
+
+}  // namespace strata::strategies
