@@ -69,8 +69,12 @@ kernels::ReduceFn reduce_fn(at::ScalarType t, ReduceOp op, const char* name) {
 
 class ShmBackend final : public Backend {
  public:
-  ShmBackend(Segment segment, int rank, int size, milliseconds timeout, int spin_us)
-      : seg_(std::move(segment)), sync_(&seg_, rank, size, spin_us), rank_(rank), size_(size), timeout_(timeout) {
+  // Note: the backend holds the store: on rank 0 it is the rendezvous
+  // server, which must outlive the other ranks' setup (and the job).
+  ShmBackend(std::shared_ptr<runtime::Store> store, Segment segment, int rank, int size, milliseconds timeout,
+             int spin_us)
+      : store_(std::move(store)), seg_(std::move(segment)), sync_(&seg_, rank, size, spin_us), rank_(rank),
+        size_(size), timeout_(timeout) {
     sync_.watch_peers();
   }
 
@@ -265,6 +269,7 @@ class ShmBackend final : public Backend {
     throw CommError(message);
   }
 
+  std::shared_ptr<runtime::Store> store_;
   Segment seg_;
   Sync sync_;
   int rank_, size_;
@@ -397,7 +402,7 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
     const std::string verdict = s->get("verdict");
     STRATA_CHECK(verdict == "ok", CommError, verdict.substr(6));
   }
-  return std::make_shared<ShmBackend>(std::move(segment), rank, size, timeout, spin_us);
+  return std::make_shared<ShmBackend>(std::move(s), std::move(segment), rank, size, timeout, spin_us);
 }
 
 }  // namespace strata::comm::shm
