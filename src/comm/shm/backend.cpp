@@ -225,7 +225,10 @@ class ShmBackend final : public Backend {
   }
 
   uint32_t publish_next() {
-    sync_.publish(++phase_);
+    // Phase 0 means "never used" in free_, so counting skips it when it
+    // wraps (every rank skips it alike).
+    if (++phase_ == 0) ++phase_;
+    sync_.publish(phase_);
     return phase_;
   }
 
@@ -331,9 +334,11 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
   STRATA_CHECK(timeout.count() > 0, ConfigError, "[shm] timeout must be positive, got ", timeout.count(), " ms");
   const int id = group_counter++;  // every process creates its groups in the same order
   auto s = runtime::prefix_store(std::move(store), "strata/shm/" + std::to_string(id));
+  // Note [Waiting for peers] (segment.cpp): measured on 2 cores with 2
+  // ranks, any polling made small calls slower (docs/benchmarks.md).
   const int spin_us = options.spin_us >= 0
                           ? options.spin_us
-                          : (size <= static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) ? 20 : 2);
+                          : (size < static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) ? 5 : 0);
   auto wait_key = [&](const std::string& key, const std::string& what) {
     try {
       s->wait({key}, connect_timeout);

@@ -28,7 +28,8 @@ struct ShmOptions {
   /// are cut into rounds of this size. 64 KiB .. 256 MiB.
   int64_t slot_bytes = 4 << 20;
   /// How long a waiting rank polls before it yields and then sleeps on a
-  /// futex (Note [Waiting for peers]); -1 picks from the core count.
+  /// futex (Note [Waiting for peers]); -1 picks from the core count (5 us
+  /// when the group has fewer ranks than cores, else 0).
   int spin_us = -1;
 
   /// The defaults with STRATA_SHM_* applied; throws ConfigError naming a
