@@ -9,9 +9,9 @@
 // A large all_reduce round gives every rank 1/N of the elements to reduce
 // (reduce-scatter), then every rank copies the other N-1 reduced pieces
 // (all-gather): three phases, and each rank reads and reduces only its
-// share. A small one (at most kSmallAllReduce bytes) lets every rank reduce
-// the whole buffer itself: more arithmetic, but one wait instead of two,
-// which is what decides latency. Both fold in rank order (kernels.h), so
+// share. A small one (at most whole_reduce_bytes, 64 KiB by default) lets
+// every rank reduce the whole buffer itself: more arithmetic, but one wait
+// instead of two, which is what decides latency. Both fold in rank order (kernels.h), so
 // the result does not depend on the size.
 //
 // Note [Double buffering]
@@ -46,8 +46,6 @@ using detail::Segment;
 using detail::Sync;
 using detail::WaitFailure;
 
-constexpr int64_t kSmallAllReduce = 64 << 10;
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
@@ -72,9 +70,9 @@ class ShmBackend final : public Backend {
   // Note: the backend holds the store: on rank 0 it is the rendezvous
   // server, which must outlive the other ranks' setup (and the job).
   ShmBackend(std::shared_ptr<runtime::Store> store, Segment segment, int rank, int size, milliseconds timeout,
-             int spin_us)
+             int spin_us, int64_t whole_reduce_bytes)
       : store_(std::move(store)), seg_(std::move(segment)), sync_(&seg_, rank, size, spin_us), rank_(rank),
-        size_(size), timeout_(timeout) {
+        size_(size), timeout_(timeout), whole_reduce_bytes_(whole_reduce_bytes) {
     sync_.watch_peers();
   }
 
@@ -90,14 +88,17 @@ class ShmBackend final : public Backend {
     const int64_t es = tensor.element_size();
     const int64_t total = tensor.nbytes();
     char* data = static_cast<char*>(tensor.data_ptr());
-    if (total <= std::min(kSmallAllReduce, slot())) {
-      const int b = acquire(true);
-      std::memcpy(seg_.slot(b, rank_), data, total);
-      wait_all(publish_next());
+    if (total <= whole_reduce_bytes_) {
       std::vector<const void*> in(size_);
-      for (int q = 0; q < size_; ++q) in[q] = q == rank_ ? data : seg_.slot(b, q);
-      fn(data, in.data(), size_, total / es);
-      release(b);
+      for (int64_t off = 0; off < total; off += slot()) {
+        const int64_t c = std::min(slot(), total - off);
+        const int b = acquire(true);
+        std::memcpy(seg_.slot(b, rank_), data + off, c);
+        wait_all(publish_next());
+        for (int q = 0; q < size_; ++q) in[q] = q == rank_ ? data + off : seg_.slot(b, q);
+        fn(data + off, in.data(), size_, c / es);
+        release(b);
+      }
       return;
     }
     // Note [Reduce in parallel]: round size a multiple of N elements' worth
@@ -277,6 +278,7 @@ class ShmBackend final : public Backend {
   Sync sync_;
   int rank_, size_;
   milliseconds timeout_;
+  int64_t whole_reduce_bytes_;
   const char* op_ = "";
   int64_t seq_ = 0;
   uint32_t phase_ = 0;
@@ -348,6 +350,7 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
     }
   };
   Segment segment;
+  int64_t whole = options.whole_reduce_bytes;
   if (rank == 0) {
     const std::string name = segment_name(name_hint);
     const int64_t slot = slot_bytes_for(size, options.slot_bytes);
@@ -358,7 +361,8 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
       throw;
     }
     segment.state(0).pid.store(::getpid());
-    s->set("segment", name + "|" + std::to_string(slot));
+    // Rank 0's layout and algorithm choices hold for every rank.
+    s->set("segment", name + "|" + std::to_string(slot) + "|" + std::to_string(whole));
     std::vector<std::string> keys;
     for (int r = 1; r < size; ++r) keys.push_back("mapped/" + std::to_string(r));
     try {
@@ -387,10 +391,12 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
     wait_key("segment", "rank 0 never created the segment");
     const std::string published = s->get("segment");
     STRATA_CHECK(published.rfind("error:", 0) != 0, CommError, published.substr(6));
-    const size_t bar = published.rfind('|');
+    const size_t bar2 = published.rfind('|');
+    const size_t bar = bar2 == std::string::npos || bar2 == 0 ? std::string::npos : published.rfind('|', bar2 - 1);
     STRATA_ASSERT(bar != std::string::npos, "[shm] malformed segment key '", published, "'");
     const std::string name = published.substr(0, bar);
-    const int64_t slot = std::stoll(published.substr(bar + 1));
+    const int64_t slot = std::stoll(published.substr(bar + 1, bar2 - bar - 1));
+    whole = std::stoll(published.substr(bar2 + 1));
     try {
       segment = Segment::open(name, size, slot);
       segment.state(rank).pid.store(::getpid());
@@ -407,7 +413,7 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
     const std::string verdict = s->get("verdict");
     STRATA_CHECK(verdict == "ok", CommError, verdict.substr(6));
   }
-  return std::make_shared<ShmBackend>(std::move(s), std::move(segment), rank, size, timeout, spin_us);
+  return std::make_shared<ShmBackend>(std::move(s), std::move(segment), rank, size, timeout, spin_us, whole);
 }
 
 }  // namespace strata::comm::shm

@@ -49,6 +49,7 @@ ShmOptions ShmOptions::from_env() {
   ShmOptions o;
   o.slot_bytes = env_int("STRATA_SHM_SLOT_BYTES", o.slot_bytes, 64 << 10, 256 << 20, "a byte count");
   o.spin_us = static_cast<int>(env_int("STRATA_SHM_SPIN_US", o.spin_us, -1, 10000, "a number of microseconds"));
+  o.whole_reduce_bytes = env_int("STRATA_SHM_WHOLE_REDUCE_BYTES", o.whole_reduce_bytes, 0, 256 << 20, "a byte count");
   return o;
 }
 

@@ -22,7 +22,8 @@ namespace strata::comm::shm {
 bool is_available();
 
 /// Options of the segment. Environment variables override the defaults
-/// (read by from_env()): STRATA_SHM_SLOT_BYTES, STRATA_SHM_SPIN_US.
+/// (read by from_env()): STRATA_SHM_SLOT_BYTES, STRATA_SHM_SPIN_US,
+/// STRATA_SHM_WHOLE_REDUCE_BYTES.
 struct ShmOptions {
   /// Bytes of each rank's staging slot (two slots per rank); large calls
   /// are cut into rounds of this size. 64 KiB .. 256 MiB.
@@ -31,6 +32,10 @@ struct ShmOptions {
   /// futex (Note [Waiting for peers]); -1 picks from the core count (5 us
   /// when the group has fewer ranks than cores, else 0).
   int spin_us = -1;
+  /// all_reduce rounds up to this many bytes let every rank reduce the
+  /// whole round itself: one wait instead of two, more arithmetic
+  /// (Note [Reduce in parallel]). 0 .. 256 MiB.
+  int64_t whole_reduce_bytes = 64 << 10;
 
   /// The defaults with STRATA_SHM_* applied; throws ConfigError naming a
   /// malformed or out-of-range variable.
