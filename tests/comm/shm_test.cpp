@@ -63,7 +63,8 @@ at::Tensor rank_order_sum(int size, int64_t n, at::ScalarType dtype) {
 }
 
 // Sizes: a small call (one wait), a large one cut into several rounds of
-// a 64 KiB slot with a remainder, both for all_reduce and reduce_scatter.
+// a 64 KiB slot with a remainder, both for all_reduce and reduce_scatter;
+// all_reduce also with every round reduced whole on every rank.
 STRATA_WORKER(shm_bits) {
   runtime::Environment env = runtime::Environment::from_env();
   auto store = runtime::make_store(env, std::chrono::seconds(60));
@@ -71,6 +72,10 @@ STRATA_WORKER(shm_bits) {
   options.slot_bytes = 64 << 10;
   Group shm(shm::create(store, env.rank, env.world_size, std::chrono::seconds(60), std::chrono::seconds(60),
                         env.job_token, options));
+  // Every all_reduce round reduced whole on every rank (one wait per round).
+  options.whole_reduce_bytes = 256 << 20;
+  Group whole(shm::create(store, env.rank, env.world_size, std::chrono::seconds(60), std::chrono::seconds(60),
+                          env.job_token, options));
   Group gloo(gloo::create(store, env.rank, env.world_size, std::chrono::seconds(60)));
   const int n = env.world_size, r = env.rank;
   int failures = 0;
@@ -80,6 +85,9 @@ STRATA_WORKER(shm_bits) {
       at::Tensor a = data_of(r, len, dt);
       shm.all_reduce(a, ReduceOp::kSum);
       if (!at::equal(a, rank_order_sum(n, len, dt))) ++failures, std::cerr << "FAILED all_reduce rank order " << what << "\n";
+      at::Tensor w = data_of(r, len, dt);
+      whole.all_reduce(w, ReduceOp::kSum);
+      if (!at::equal(w, a)) ++failures, std::cerr << "FAILED whole-buffer all_reduce " << what << "\n";
       at::Tensor rs = shm.reduce_scatter(data_of(r, len * n, dt), ReduceOp::kSum);
       if (!at::equal(rs, rank_order_sum(n, len * n, dt).narrow(0, r * len, len))) {
         ++failures, std::cerr << "FAILED reduce_scatter rank order " << what << "\n";
