@@ -96,7 +96,7 @@ class ShmBackend final : public Backend {
         std::memcpy(seg_.slot(b, rank_), data + off, c);
         wait_all(publish_next());
         for (int q = 0; q < size_; ++q) in[q] = q == rank_ ? data + off : seg_.slot(b, q);
-        fn(data + off, in.data(), size_, c / es);
+        fn(data + off, nullptr, in.data(), size_, c / es);
         release(b);
       }
       return;
@@ -119,8 +119,9 @@ class ShmBackend final : public Backend {
       std::memcpy(mine + my1, data + off + my1, c - my1);
       wait_all(publish_next());
       for (int q = 0; q < size_; ++q) in[q] = q == rank_ ? data + off + my0 : seg_.slot(b, q) + my0;
-      fn(data + off + my0, in.data(), size_, (my1 - my0) / es);
-      std::memcpy(mine + my0, data + off + my0, my1 - my0);
+      // The reduced piece goes to the tensor and, for the peers, to this
+      // rank's slot in the same pass.
+      fn(data + off + my0, mine + my0, in.data(), size_, (my1 - my0) / es);
       wait_all(publish_next());
       for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
@@ -177,7 +178,7 @@ class ShmBackend final : public Backend {
       }
       wait_all(publish_next());
       for (int q = 0; q < size_; ++q) srcs[q] = q == rank_ ? in + rank_ * piece + off : seg_.slot(b, q) + rank_ * round;
-      fn(out + off, srcs.data(), size_, c / es);
+      fn(out + off, nullptr, srcs.data(), size_, c / es);
       release(b);
     }
   }

@@ -23,9 +23,10 @@
 
 namespace strata::comm::shm::kernels {
 
-/// out (count elements) = the reduction of the n arrays in[0..n-1].
-/// `out` may alias one of the inputs exactly.
-using ReduceFn = void (*)(void* out, const void* const* in, int n, size_t count);
+/// out (count elements) = the reduction of the n arrays in[0..n-1], also
+/// written to `also` when it is not null (one pass instead of a reduction
+/// and a copy). `out` may alias one of the inputs exactly.
+using ReduceFn = void (*)(void* out, void* also, const void* const* in, int n, size_t count);
 
 template <class T> struct Acc { using type = T; };
 template <> struct Acc<c10::BFloat16> { using type = float; };
@@ -42,16 +43,26 @@ struct Min { template <class A> A operator()(A a, A b) const { return std::min(a
 constexpr size_t kBlock = 1024;
 
 template <class T, class Op>
-__attribute__((optimize("O3"))) void reduce_n(void* out_, const void* const* in_, int n, size_t count) {
+__attribute__((optimize("O3"))) void reduce_n(void* out_, void* also_, const void* const* in_, int n, size_t count) {
   using A = typename Acc<T>::type;
   T* out = static_cast<T*>(out_);
+  T* also = static_cast<T*>(also_);
   Op op;
   if constexpr (std::is_same_v<A, T>) {
     if (n == 2) {
       const T* a = static_cast<const T*>(in_[0]);
       const T* b = static_cast<const T*>(in_[1]);
+      if (also == nullptr) {
 #pragma GCC ivdep
-      for (size_t i = 0; i < count; ++i) out[i] = op(a[i], b[i]);
+        for (size_t i = 0; i < count; ++i) out[i] = op(a[i], b[i]);
+      } else {
+#pragma GCC ivdep
+        for (size_t i = 0; i < count; ++i) {
+          const T v = op(a[i], b[i]);
+          out[i] = v;
+          also[i] = v;
+        }
+      }
       return;
     }
   }
@@ -65,6 +76,9 @@ __attribute__((optimize("O3"))) void reduce_n(void* out_, const void* const* in_
       for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], static_cast<A>(x[i]));
     }
     for (size_t i = 0; i < m; ++i) out[start + i] = static_cast<T>(acc[i]);
+    if (also != nullptr) {
+      for (size_t i = 0; i < m; ++i) also[start + i] = out[start + i];
+    }
   }
 }
 
