@@ -1,10 +1,12 @@
-// Collectives micro-benchmark: strata's Gloo backend on N local ranks
-// (default 2), all_reduce, all_gather and reduce_scatter of float32 buffers
-// from 1 KB to 64 MB, one thread per rank. Started plainly it launches N
-// copies of itself through strata's launcher; each size is timed over a
-// fixed number of iterations (the same plan as bench/collectives_peer.py)
-// and the slowest rank's time counts. Rank 0 prints CSV lines
-// "impl,op,bytes,seconds_per_iter" for bench/run_collectives.sh.
+// Collectives micro-benchmark: one strata backend (--backend: auto, which
+// is shm on one host, or gloo) on N local ranks (default 2), all_reduce,
+// all_gather and reduce_scatter of float32 buffers from 1 KB to 64 MB, one
+// thread per rank, through the synchronous calls a training loop makes.
+// Started plainly it launches N copies of itself through strata's
+// launcher; each size is timed over a fixed number of iterations (the same
+// plan as bench/collectives_peer.py) and the slowest rank's time counts.
+// Rank 0 prints CSV lines "strata-<backend>,op,bytes,seconds_per_iter" for
+// bench/run_collectives.sh.
 //
 // Sizes follow the NCCL-tests convention: for all_reduce the buffer each
 // rank holds, for all_gather the gathered output, for reduce_scatter the
@@ -34,7 +36,7 @@ constexpr int64_t kMaxBytes = 64 << 20;
 
 /// Iterations for a size: many for small buffers, at least 4 for large
 /// ones (collectives_peer.py uses the same rule).
-int iterations(int64_t bytes) { return static_cast<int>(std::max<int64_t>(4, std::min<int64_t>(200, (256 << 20) / bytes))); }
+int iterations(int64_t bytes) { return static_cast<int>(std::max<int64_t>(4, std::min<int64_t>(1000, (256 << 20) / bytes))); }
 
 double time_op(Group& g, const std::string& op, int64_t bytes) {
   const int n = g.size();
@@ -43,8 +45,8 @@ double time_op(Group& g, const std::string& op, int64_t bytes) {
   at::Tensor piece = at::ones({elems / n}, at::kFloat);
   auto run = [&] {
     if (op == "all_reduce") g.all_reduce(full, ReduceOp::kSum);
-    else if (op == "all_gather") g.all_gather_async(piece, full)->wait();
-    else g.reduce_scatter_async(full, piece, ReduceOp::kSum)->wait();
+    else if (op == "all_gather") g.all_gather(piece, full);
+    else g.reduce_scatter(full, piece, ReduceOp::kSum);
   };
   run();  // warm-up (connections, buffers)
   run();
@@ -71,17 +73,20 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-int worker(const std::vector<std::string>& ops, const std::vector<int64_t>& sizes) {
+int worker(const std::string& backend, const std::vector<std::string>& ops, const std::vector<int64_t>& sizes) {
   at::set_num_threads(1);
   strata::runtime::Environment env = strata::runtime::Environment::from_env();
   strata::comm::ProcessGroupOptions options;
-  options.backend = "gloo";
+  options.backend = backend;
   options.group.with_timeout(std::chrono::minutes(5));
   Group g = strata::comm::init_process_group(env, options);
   for (const std::string& op : ops) {
     for (int64_t bytes : sizes) {
       double s = time_op(g, op, bytes);
-      if (g.rank() == 0) std::printf("strata,%s,%lld,%.9f\n", op.c_str(), static_cast<long long>(bytes), s), std::fflush(stdout);
+      if (g.rank() == 0) {
+        std::printf("strata-%s,%s,%lld,%.9f\n", g.backend_name().c_str(), op.c_str(), static_cast<long long>(bytes), s);
+        std::fflush(stdout);
+      }
     }
   }
   return 0;
@@ -91,23 +96,26 @@ int worker(const std::vector<std::string>& ops, const std::vector<int64_t>& size
 
 int main(int argc, char** argv) {
   try {
-    // Arguments: [-n RANKS] [--ops a,b] [--sizes BYTES,BYTES] (default: all ops, 1 KB..64 MB).
+    // Arguments: [-n RANKS] [--backend auto|shm|gloo] [--ops a,b] [--sizes BYTES,BYTES]
+    // (default: auto, all ops, 1 KB..64 MB).
     int nproc = 2;
+    std::string backend = "auto";
     std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter"};
     std::vector<int64_t> sizes;
     for (int64_t b = kMinBytes; b <= kMaxBytes; b *= 4) sizes.push_back(b);
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
       if (flag == "-n") nproc = std::stoi(argv[i + 1]);
+      else if (flag == "--backend") backend = argv[i + 1];
       else if (flag == "--ops") ops = split(argv[i + 1]);
       else if (flag == "--sizes") {
         sizes.clear();
         for (const std::string& s : split(argv[i + 1])) sizes.push_back(std::stoll(s));
       } else {
-        throw strata::ConfigError("[bench] unknown argument " + flag + "; use -n, --ops, --sizes");
+        throw strata::ConfigError("[bench] unknown argument " + flag + "; use -n, --backend, --ops, --sizes");
       }
     }
-    if (std::getenv("WORLD_SIZE") != nullptr) return worker(ops, sizes);
+    if (std::getenv("WORLD_SIZE") != nullptr) return worker(backend, ops, sizes);
     strata::runtime::LaunchOptions options;
     options.with_nproc_per_node(nproc).with_prefix_output(false).with_timeout_s(60);
     options.extra_env["OMP_NUM_THREADS"] = "1";

@@ -4,7 +4,7 @@ Run with the venv's Python ($STRATA_PYTHON: torch 2.13.0 CPU, the
 libtorch_cpu strata links; bench/run_collectives.sh finds it):
 
     collectives_peer.py [-n 2]            # CSV lines: torch,op,bytes,seconds_per_iter[,torch op]
-    collectives_peer.py --table A.csv B.csv  # the comparison table of two CSV files
+    collectives_peer.py --table A.csv ...  # the comparison table of the CSV files
 
 Same sizes (1 KB .. 64 MB, powers of 4), iteration rule, warm-up and
 slowest-rank timing as bench/bench_collectives.cpp; one thread per rank.
@@ -23,7 +23,7 @@ MAX_BYTES = 64 << 20
 
 
 def iterations(nbytes):
-    return max(4, min(200, (256 << 20) // nbytes))
+    return max(4, min(1000, (256 << 20) // nbytes))
 
 
 def sizes():
@@ -113,8 +113,14 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
+IMPLS = ("strata-shm", "strata-gloo", "torch")
+
+
 def table(paths, world):
-    rows, torch_ops = {}, {}
+    """Bus bandwidth of every implementation found, each strata one's ratio to
+    torch, and the time per call (microseconds) up to 64 KB, where latency
+    rather than bandwidth decides."""
+    rows, torch_ops, seen = {}, {}, []
     for path in paths:
         with open(path) as f:
             for line in f:
@@ -122,20 +128,33 @@ def table(paths, world):
                 if len(parts) not in (4, 5):
                     continue
                 impl, op, nbytes, seconds = parts[0], parts[1], int(parts[2]), float(parts[3])
+                impl = "strata-gloo" if impl == "strata" else impl  # CSVs from before the shm backend
                 rows.setdefault((op, nbytes), {})[impl] = seconds
+                if impl not in seen:
+                    seen.append(impl)
                 if impl == "torch":
                     # Older CSVs (torch 1.13) have no 5th field: all_reduce+slice.
                     torch_ops[op] = parts[4] if len(parts) == 5 else (
                         "all_reduce+slice" if op == "reduce_scatter" else op)
-    print(f"{'op':<16}{'size':>8}  {'strata GB/s':>11}  {'torch GB/s':>10}  {'ratio':>6}  torch op")
-    for (op, nbytes), by in sorted(rows.items(), key=lambda kv: (("all_reduce", "all_gather", "reduce_scatter").index(kv[0][0]), kv[0][1])):
-        s = by.get("strata")
-        t = by.get("torch")
-        sb = bus_bandwidth(op, nbytes, s, world) if s else None
-        tb = bus_bandwidth(op, nbytes, t, world) if t else None
-        ratio = f"{sb / tb:6.2f}" if sb and tb else "   n/a"
-        torch_op = torch_ops.get(op, op)
-        print(f"{op:<16}{human(nbytes):>8}  {sb if sb else float('nan'):>11.3f}  {tb if tb else float('nan'):>10.3f}  {ratio}  {torch_op}")
+    impls = [i for i in IMPLS if i in seen] + [i for i in seen if i not in IMPLS]
+    ours = [i for i in impls if i != "torch"]
+    short = {i: i.replace("strata-", "") for i in impls}
+    head = f"{'op':<15}{'size':>7}"
+    head += "".join(f"  {short[i] + ' GB/s':>10}" for i in impls)
+    head += "".join(f"  {short[i] + '/torch':>11}" for i in ours)
+    head += "".join(f"  {short[i] + ' us':>9}" for i in impls)
+    print(head + "  torch op")
+    order = ("all_reduce", "all_gather", "reduce_scatter")
+    for (op, nbytes), by in sorted(rows.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+        bw = {i: bus_bandwidth(op, nbytes, by[i], world) if by.get(i) else None for i in impls}
+        line = f"{op:<15}{human(nbytes):>7}"
+        line += "".join(f"  {bw[i]:>10.3f}" if bw[i] else f"  {'n/a':>10}" for i in impls)
+        for i in ours:
+            line += f"  {bw[i] / bw['torch']:>11.2f}" if bw[i] and bw.get("torch") else f"  {'n/a':>11}"
+        for i in impls:
+            small = nbytes <= (64 << 10) and by.get(i)
+            line += f"  {by[i] * 1e6:>9.1f}" if small else f"  {'':>9}"
+        print(line + "  " + torch_ops.get(op, op))
 
 
 def main():

@@ -1,13 +1,19 @@
 // Entry points of the collectives layer: reduce-op names, and
 // init_process_group, which turns a runtime::Environment into a Group
-// (local for one process; otherwise a rendezvous store and Gloo or NCCL).
+// (local for one process; otherwise a rendezvous store and shared memory,
+// Gloo, both, or NCCL: Note [Choosing the CPU backend]).
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <cstdlib>
+#include <iostream>
 
 #include "strata/comm/gloo/backend.h"
 #include "strata/comm/group.h"
 #include "strata/comm/local.h"
 #include "strata/comm/nccl/backend.h"
+#include "strata/comm/shm/backend.h"
+#include "hierarchical.h"
 #include "strata/core/error.h"
 #include "strata/runtime/env.h"
 #include "strata/runtime/store.h"
@@ -44,16 +50,105 @@ std::string to_string(ReduceOp op) {
   return "unknown";
 }
 
+namespace {
+
+std::atomic<int> pg_counter{0};
+
+/// Every rank's host identity (Note [Host identity] in shm/host.cpp),
+/// indexed by rank, through the store.
+std::vector<std::string> exchange_identities(runtime::Store& store, const runtime::Environment& env,
+                                             std::chrono::milliseconds timeout) {
+  store.set("host/" + std::to_string(env.rank), shm::host_identity());
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back("host/" + std::to_string(r));
+  store.wait(keys, timeout);
+  std::vector<std::string> out;
+  for (const std::string& k : keys) out.push_back(store.get(k));
+  store.set("read/" + std::to_string(env.rank), "1");
+  return out;
+}
+
+/// Rank 0 hosts the store: before it throws, it lets every rank finish
+/// reading the identities, so they all report the same error instead of
+/// "the store closed the connection".
+void let_everyone_read(runtime::Store& store, const runtime::Environment& env, std::chrono::milliseconds timeout) {
+  if (env.rank != 0) return;
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back("read/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+  }
+}
+
+// Note [Choosing the CPU backend]
+// "auto" on CPU exchanges the ranks' host identities through the store:
+// all on one host -> shm; one rank per host -> gloo; otherwise the
+// hierarchical backend (shm inside hosts, gloo between them). A failure to
+// set up shared memory on one host (every rank sees the same verdict,
+// shm::create's Note [Segment lifetime]) falls back to gloo with a warning.
+// STRATA_COMM_BACKEND=gloo|shm|auto overrides "auto" (gloo: to compare).
+std::shared_ptr<Backend> make_cpu_backend(const std::string& backend, const runtime::Environment& env,
+                                          const std::shared_ptr<runtime::Store>& store, const GroupOptions& group,
+                                          std::chrono::milliseconds rendezvous) {
+  auto pg = runtime::prefix_store(store, "strata/pg/" + std::to_string(pg_counter++));
+  detail::Topology topo = detail::Topology::from_identities(exchange_identities(*pg, env, rendezvous), env.rank);
+  const int hosts = static_cast<int>(topo.hosts.size());
+  if (backend == "shm" && hosts > 1) let_everyone_read(*pg, env, rendezvous);
+  STRATA_CHECK(backend != "shm" || hosts == 1, ConfigError, "[comm] backend 'shm' needs every rank on one host, but the ",
+               env.world_size, " ranks are on ", hosts, " hosts; use auto (shared memory inside each host, gloo "
+               "between hosts) or gloo");
+  if (hosts == env.world_size && env.world_size > 1) {
+    return gloo::create(store, env.rank, env.world_size, group.timeout, rendezvous);
+  }
+  if (hosts == 1) {
+    try {
+      return shm::create(runtime::prefix_store(pg, "shm"), env.rank, env.world_size, group.timeout, rendezvous,
+                         env.job_token);
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const CommError& e) {
+      if (backend == "shm") throw;
+      if (env.rank == 0) std::cerr << "[comm] warning: " << e.what() << "; using gloo instead" << std::endl;
+      return gloo::create(store, env.rank, env.world_size, group.timeout, rendezvous);
+    }
+  }
+  // Note [Hierarchical collectives] (hierarchical.cpp). Creation order is the
+  // same on every rank: its host's shm group, the leaders' Gloo group (host
+  // leaders only), the world's Gloo group.
+  const std::vector<int>& mine = topo.hosts[topo.host];
+  std::shared_ptr<Backend> local;
+  if (mine.size() > 1) {
+    local = shm::create(runtime::prefix_store(pg, "shm/" + std::to_string(topo.host)), topo.local_rank,
+                        static_cast<int>(mine.size()), group.timeout, rendezvous, env.job_token);
+  }
+  std::shared_ptr<Backend> leaders;
+  if (topo.local_rank == 0) leaders = gloo::create_named(pg, "leaders", topo.host, hosts, group.timeout, rendezvous);
+  std::shared_ptr<Backend> world = gloo::create(store, env.rank, env.world_size, group.timeout, rendezvous);
+  return detail::make_hierarchical(std::move(topo), env.rank, env.world_size, std::move(local), std::move(leaders),
+                                   std::move(world));
+}
+
+}  // namespace
+
 Group init_process_group(const runtime::Environment& env, const ProcessGroupOptions& options) {
   std::string backend = lower(options.backend);
   const std::string device = lower(options.device_type);
   if (backend == "auto") {
+    if (const char* forced = std::getenv("STRATA_COMM_BACKEND"); forced != nullptr && *forced != '\0') {
+      backend = lower(forced);
+      STRATA_CHECK(backend == "auto" || backend == "gloo" || backend == "shm", ConfigError,
+                   "[comm] STRATA_COMM_BACKEND='", forced, "' is not a CPU backend; use auto, gloo or shm, or unset it");
+    }
+  }
+  if (backend == "auto") {
     STRATA_CHECK(device == "cpu" || device == "cuda", ConfigError, "[comm] unknown device type '",
                  options.device_type, "'; use cpu or cuda");
-    backend = env.world_size == 1 ? "local" : (device == "cuda" ? "nccl" : "gloo");
+    backend = env.world_size == 1 ? "local" : (device == "cuda" ? "nccl" : "auto-cpu");
   }
-  STRATA_CHECK(backend == "gloo" || backend == "nccl" || backend == "local", ConfigError,
-               "[comm] unknown backend '", options.backend, "'; use one of: auto, gloo, nccl, local");
+  STRATA_CHECK(backend == "gloo" || backend == "shm" || backend == "nccl" || backend == "local" || backend == "auto-cpu",
+               ConfigError, "[comm] unknown backend '", options.backend,
+               "'; use one of: auto, gloo, shm, nccl, local");
   STRATA_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, ConfigError,
                "[comm] invalid environment: ", env.describe());
 
@@ -80,9 +175,10 @@ Group init_process_group(const runtime::Environment& env, const ProcessGroupOpti
   } else {
     store = runtime::make_store(env, rendezvous);
   }
-  std::shared_ptr<Backend> b =
-      backend == "gloo" ? gloo::create(store, env.rank, env.world_size, options.group.timeout, rendezvous)
-                        : nccl::create(store, env.rank, env.world_size, options.group.timeout);
+  std::shared_ptr<Backend> b;
+  if (backend == "gloo") b = gloo::create(store, env.rank, env.world_size, options.group.timeout, rendezvous);
+  else if (backend == "nccl") b = nccl::create(store, env.rank, env.world_size, options.group.timeout);
+  else b = make_cpu_backend(backend, env, store, options.group, rendezvous);
   return Group(std::move(b), options.group);
 }
 

@@ -2,14 +2,16 @@
 // dtype x reduce op, non-contiguous inputs, the async forms and the
 // variable-size object transfers, checked against values computed here in
 // closed form (rank r contributes v(r, i) to element i). The local backend
-// runs it in this process; Gloo at world size 1 in this process and at 2, 3
-// and 4 in worker processes (one launch per world size: a worker runs every
-// check and reports each failure).
+// runs it in this process; Gloo and shm at world size 1 in this process and
+// at 2, 3 and 4 in worker processes, and the hierarchical backend (shm
+// inside hosts, Gloo between them) at 3 and 4 (one launch per case: a
+// worker runs every check and reports each failure).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -17,6 +19,7 @@
 #include "strata/comm/gloo/backend.h"
 #include "strata/comm/group.h"
 #include "strata/comm/local.h"
+#include "strata/comm/shm/backend.h"
 #include "strata/runtime/env.h"
 #include "strata/runtime/store.h"
 #include "support/multiprocess.h"
@@ -303,11 +306,23 @@ std::string joined(const std::vector<std::string>& lines) {
   return out;
 }
 
+// args: BACKEND [debug]. BACKEND is passed to init_process_group ("gloo",
+// "auto": one host, so shared memory), or "hierarchical": ranks 0..n/2-1 say
+// they are on one host and the others on another (STRATA_HOST_ID), so
+// "auto" builds shared memory inside each and Gloo between them.
 STRATA_WORKER(conformance) {
   runtime::Environment env = runtime::Environment::from_env();
+  const std::string backend = args.at(0);
   ProcessGroupOptions options;
-  options.group.with_timeout(std::chrono::seconds(60)).with_debug(!args.empty() && args[0] == "debug");
+  options.backend = backend == "hierarchical" ? "auto" : backend;
+  options.group.with_timeout(std::chrono::seconds(60)).with_debug(args.size() > 1 && args[1] == "debug");
+  if (backend == "hierarchical") ::setenv("STRATA_HOST_ID", env.rank < env.world_size / 2 ? "a" : "b", 1);
   Group g = init_process_group(env, options);
+  const std::string want = backend == "auto" ? "shm" : backend == "hierarchical" ? "shm+gloo" : backend;
+  if (g.backend_name() != want) {
+    std::cerr << "FAILED: backend " << g.backend_name() << ", expected " << want << "\n";
+    return 1;
+  }
   Checker c = run_conformance(g);
   for (const std::string& f : c.failures()) std::cerr << "FAILED " << f << "\n";
   if (!c.failures().empty()) return 1;
@@ -316,7 +331,7 @@ STRATA_WORKER(conformance) {
 }
 
 /// Expects every rank of an n-rank run to report success.
-void expect_workers_pass(int n, const std::vector<std::string>& args = {}) {
+void expect_workers_pass(int n, const std::vector<std::string>& args) {
   testing::WorkersResult result = testing::run_workers(n, "conformance", args);
   EXPECT_TRUE(result.ok()) << result.launch.summary << "\n" << result.output;
   for (int r = 0; r < n; ++r) {
@@ -349,9 +364,27 @@ TEST(GlooConformance, OneRankInProcessMatchesClosedForm) {
   EXPECT_TRUE(c.failures().empty()) << joined(c.failures());
 }
 
-TEST(GlooConformance, TwoRanksMatchClosedForm) { expect_workers_pass(2); }
-TEST(GlooConformance, ThreeRanksWithDebugChecksMatchClosedForm) { expect_workers_pass(3, {"debug"}); }
-TEST(GlooConformance, FourRanksMatchClosedForm) { expect_workers_pass(4); }
+TEST(GlooConformance, TwoRanksMatchClosedForm) { expect_workers_pass(2, {"gloo"}); }
+TEST(GlooConformance, ThreeRanksWithDebugChecksMatchClosedForm) { expect_workers_pass(3, {"gloo", "debug"}); }
+TEST(GlooConformance, FourRanksMatchClosedForm) { expect_workers_pass(4, {"gloo"}); }
+
+TEST(ShmConformance, OneRankInProcessMatchesClosedForm) {
+  runtime::TcpStoreOptions o;
+  o.is_server = true;
+  o.timeout = std::chrono::seconds(30);
+  Group g(shm::create(runtime::make_tcp_store(o), 0, 1, std::chrono::seconds(30), std::chrono::seconds(30)));
+  EXPECT_EQ(g.backend_name(), "shm");
+  Checker c = run_conformance(g);
+  EXPECT_TRUE(c.failures().empty()) << joined(c.failures());
+}
+
+// "auto" on one host: these runs check that init_process_group picks shm.
+TEST(ShmConformance, TwoRanksOnOneHostPickShmAndMatchClosedForm) { expect_workers_pass(2, {"auto"}); }
+TEST(ShmConformance, ThreeRanksWithDebugChecksMatchClosedForm) { expect_workers_pass(3, {"auto", "debug"}); }
+TEST(ShmConformance, FourRanksMatchClosedForm) { expect_workers_pass(4, {"shm"}); }
+
+TEST(HierarchicalConformance, TwoHostsOfTwoRanksMatchClosedForm) { expect_workers_pass(4, {"hierarchical"}); }
+TEST(HierarchicalConformance, HostsOfOneAndTwoRanksMatchClosedForm) { expect_workers_pass(3, {"hierarchical"}); }
 
 }  // namespace
 }  // namespace strata::comm

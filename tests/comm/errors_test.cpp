@@ -61,7 +61,7 @@ TEST(InitProcessGroup, UnknownBackendIsAConfigErrorListingTheNames) {
   ProcessGroupOptions o;
   o.backend = "mpi";
   EXPECT_EQ(strata::testing::error_message<ConfigError>([&] { init_process_group(two_rank_env(), o); }),
-            "[comm] unknown backend 'mpi'; use one of: auto, gloo, nccl, local");
+            "[comm] unknown backend 'mpi'; use one of: auto, gloo, shm, nccl, local");
 }
 
 TEST(InitProcessGroup, NcclWithoutNcclBuildSaysHowToGetIt) {

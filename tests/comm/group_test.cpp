@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "strata/comm/group.h"
 #include "strata/core/error.h"
@@ -60,11 +61,16 @@ class ScriptedBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     return calls_;
   }
+  std::vector<std::thread::id> threads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return threads_;
+  }
 
  private:
   void record(const std::string& call) {
     std::unique_lock<std::mutex> lock(mu_);
     calls_.push_back(call);
+    threads_.push_back(std::this_thread::get_id());
     if (gate) {
       blocked_ = true;
       cv_.notify_all();
@@ -77,6 +83,7 @@ class ScriptedBackend final : public Backend {
   std::condition_variable cv_;
   bool blocked_ = false;
   std::vector<std::string> calls_;
+  std::vector<std::thread::id> threads_;
 };
 
 TEST(Group, DefaultGroupIsOneLocalRank) {
@@ -127,6 +134,23 @@ TEST(Group, AsyncOperationsRunInCallOrderOnOneThread) {
   EXPECT_EQ(backend->calls(),
             (std::vector<std::string>{"all_reduce max", "reduce_scatter sum", "broadcast 1", "barrier"}));
   g.synchronize();
+}
+
+TEST(Group, SynchronousCallsOnAnIdleGroupRunOnTheCallersThread) {
+  auto backend = std::make_shared<ScriptedBackend>();
+  backend->peer = at::ones({2});
+  Group g(backend);
+  at::Tensor t = at::ones({2});
+  g.all_reduce(t, ReduceOp::kSum);
+  g.barrier("in place");
+  at::Tensor gathered = g.all_gather(t);
+  g.all_reduce_async(t, ReduceOp::kMax)->wait();
+  EXPECT_TRUE(t.equal(at::full({2}, 2.0))) << t;
+  EXPECT_TRUE(gathered.equal(at::full({2, 2}, 2.0))) << gathered;
+  const std::vector<std::thread::id> threads = backend->threads();
+  ASSERT_EQ(threads.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(threads[i], std::this_thread::get_id()) << "synchronous call " << i;
+  EXPECT_NE(threads[3], std::this_thread::get_id()) << "an async call runs on the group's worker";
 }
 
 TEST(Group, BackendErrorIsRethrownFromWaitAndLaterCallsFailFast) {

@@ -43,7 +43,9 @@ std::string defined_in(const char* symbol) {
 }
 
 STRATA_WORKER(one_gloo) {
-  Group g = init_process_group(runtime::Environment::from_env(), ProcessGroupOptions());
+  ProcessGroupOptions options;
+  options.backend = "gloo";  // "auto" would pick shared memory on one host
+  Group g = init_process_group(runtime::Environment::from_env(), options);
   at::Tensor t = at::full({8}, static_cast<double>(g.rank() + 1));
   g.all_reduce(t, ReduceOp::kSum);
   if (g.backend_name() != "gloo" || !at::equal(t, at::full({8}, 3.0))) {

@@ -71,7 +71,7 @@ class Group {
 
   int rank() const;
   int size() const;
-  /// The backend's name ("local", "gloo", "nccl").
+  /// The backend's name ("local", "shm", "gloo", "shm+gloo", "nccl").
   std::string backend_name() const;
   bool debug() const;
   /// Turns the cross-rank debug checks on or off; every rank must make the
@@ -88,6 +88,9 @@ class Group {
   /// Gathers `tensor` from every rank into a new tensor of shape
   /// (size(), *tensor.shape) (a 0-d tensor gathers to shape (size(),)).
   at::Tensor all_gather(const at::Tensor& tensor);
+  /// Synchronous form writing into `output` (contiguous, numel
+  /// size()*input.numel()): no allocation per call.
+  void all_gather(const at::Tensor& input, const at::Tensor& output);
   /// Async form writing into `output` (contiguous, numel size()*input.numel()).
   WorkPtr all_gather_async(at::Tensor input, at::Tensor output);
 
@@ -95,6 +98,9 @@ class Group {
   /// first dimension is split into size() equal pieces (it must be
   /// divisible by size()), rank r gets rows [r*k, (r+1)*k).
   at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op = ReduceOp::kMean);
+  /// Synchronous form writing this rank's piece into `output` (numel
+  /// input.numel()/size(), any layout).
+  void reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op = ReduceOp::kMean);
   /// Async form: `input` contiguous with numel size()*output.numel();
   /// `output` (contiguous) gets this rank's piece.
   WorkPtr reduce_scatter_async(at::Tensor input, at::Tensor output, ReduceOp op = ReduceOp::kMean);
@@ -146,12 +152,22 @@ class Group {
   void synchronize();
 
  private:
+  // The operations behind the public forms; `sync` lets the call run on
+  // this thread when the group is idle (group.cpp, Note [Synchronous fast path]).
+  WorkPtr start_all_reduce(at::Tensor tensor, ReduceOp op, bool sync);
+  WorkPtr start_all_gather(at::Tensor input, at::Tensor output, bool sync);
+  WorkPtr start_reduce_scatter(at::Tensor input, at::Tensor output, ReduceOp op, bool sync);
+  WorkPtr start_broadcast(at::Tensor tensor, int src, bool sync);
+
   struct State;
   std::shared_ptr<State> state_;
 };
 
-/// Which backend init_process_group uses: "auto" (local for one rank, else
-/// gloo for CPU, nccl for CUDA), "gloo", "nccl", "local".
+/// Which backend init_process_group uses: "auto" (local for one rank; for
+/// CPU: shm when every rank is on one host, gloo when every host has one
+/// rank, shm inside hosts and gloo between them otherwise; nccl for CUDA),
+/// "shm", "gloo", "nccl", "local". STRATA_COMM_BACKEND (auto, gloo or shm)
+/// overrides "auto", e.g. to compare with gloo.
 struct ProcessGroupOptions {
   std::string backend = "auto";
   std::string device_type = "cpu";  ///< "cpu" or "cuda": picks the auto backend

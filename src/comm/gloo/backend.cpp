@@ -395,7 +395,15 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
   // Note: every process creates its groups in the same order, so the n-th
   // group gets the same key prefix on every rank.
   const int id = group_counter++;
-  auto prefixed = runtime::prefix_store(std::move(store), "strata/gloo/" + std::to_string(id));
+  return create_named(std::move(store), "strata/gloo/" + std::to_string(id), rank, size, timeout, connect_timeout);
+}
+
+std::shared_ptr<Backend> create_named(std::shared_ptr<runtime::Store> store, const std::string& key_prefix, int rank,
+                                      int size, milliseconds timeout, milliseconds connect_timeout) {
+  STRATA_CHECK(store != nullptr, ConfigError, "[gloo] create needs a store, got nullptr");
+  STRATA_CHECK(size >= 1 && rank >= 0 && rank < size, ConfigError, "[gloo] invalid rank ", rank, " for size ", size);
+  STRATA_CHECK(timeout.count() > 0, ConfigError, "[gloo] timeout must be positive, got ", timeout.count(), " ms");
+  auto prefixed = runtime::prefix_store(std::move(store), key_prefix);
   return std::make_shared<GlooBackend>(std::move(prefixed), rank, size, timeout, connect_timeout);
 }
 

@@ -31,4 +31,12 @@ std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank,
 std::shared_ptr<Backend> create(std::shared_ptr<runtime::Store> store, int rank, int size,
                                 std::chrono::milliseconds timeout, std::chrono::milliseconds connect_timeout);
 
+/// As above, with the group's store keys under `key_prefix` instead of a
+/// per-process group number: for groups only some ranks create (the host
+/// leaders of a hierarchical group), whose numbers would differ between
+/// ranks. The prefix must be unique in the job.
+std::shared_ptr<Backend> create_named(std::shared_ptr<runtime::Store> store, const std::string& key_prefix, int rank,
+                                      int size, std::chrono::milliseconds timeout,
+                                      std::chrono::milliseconds connect_timeout);
+
 }  // namespace strata::comm::gloo
