@@ -188,7 +188,8 @@ void ProgressBar::on_train_batch_end(Trainer& trainer, TrainModule&, const at::T
   const double eta = rate > 0 && total >= 0 ? std::max<int64_t>(total - trainer.global_step(), 0) / rate : -1.0;
   if (tty_) {
     print(line(trainer, rate, eta), false);
-  } else if (trainer.global_step() != last_printed_step_ && trainer.global_step() % o.log_every_n_steps == 0) {
+  } else if (trainer.global_step() != last_printed_step_ &&
+             (trainer.global_step() % o.log_every_n_steps == 0 || trainer.global_step() == first_step_ + 1)) {
     last_printed_step_ = trainer.global_step();
     print(line(trainer, rate, eta), true);
   }

@@ -68,6 +68,8 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
   STRATA_CHECK(!options_.monitor.empty() || options_.save_top_k == -1 || options_.save_top_k <= 1, ConfigError,
                "[trainer] ModelCheckpoint save_top_k=", options_.save_top_k,
                " needs a monitor to rank the checkpoints; set monitor, or save_top_k to 1 (latest) or -1 (all)");
+  STRATA_CHECK(options_.file_extension.find('/') == std::string::npos, ConfigError,
+               "[trainer] ModelCheckpoint file_extension '", options_.file_extension, "' must not contain '/'");
   STRATA_CHECK(options_.filename.find('/') == std::string::npos, ConfigError,
                "[trainer] ModelCheckpoint filename '", options_.filename, "' must not contain '/'; use dirpath");
   best_model_score_ = options_.mode == "min" ? std::numeric_limits<double>::infinity()
@@ -100,7 +102,17 @@ std::string ModelCheckpoint::format_name(int64_t epoch, int64_t step, const Metr
     }
     std::string text;
     if (field == "epoch" || field == "step") {
-      text = std::to_string(field == "epoch" ? epoch : step);
+      const int64_t v = field == "epoch" ? epoch : step;
+      text = std::to_string(v);
+      if (!spec.empty()) {
+        STRATA_CHECK(spec.size() >= 2 && spec.size() <= 3 && spec.back() == 'd' &&
+                         spec.find_first_not_of("0123456789") == spec.size() - 1,
+                     ConfigError, "[trainer] ModelCheckpoint filename: format '", spec, "' of {", field,
+                     "} is not supported; use d or 0Nd (e.g. 08d)");
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), ("%" + spec).c_str(), static_cast<long long>(v));
+        text = buf;
+      }
     } else {
       auto it = metrics.find(field);
       const double v = it == metrics.end() ? 0.0 : it->second;  // Lightning writes 0 for a missing metric
@@ -119,7 +131,7 @@ std::string ModelCheckpoint::format_name(int64_t epoch, int64_t step, const Metr
     }
     std::string name = field;
     for (char& c : name) if (c == '/') c = '_';
-    out += name + "=" + text;
+    out += options_.auto_insert_metric_name ? name + "=" + text : text;
     i = close + 1;
   }
   return out;
@@ -166,7 +178,7 @@ void ModelCheckpoint::save(Trainer& trainer) {
   last_saved_step_ = trainer.global_step();
   strategies::Strategy& strategy = trainer.strategy();
   const std::string file = format_name(trainer.current_epoch(), trainer.global_step(), trainer.callback_metrics());
-  const std::string path = (fs::path(dirpath_) / (file + ".ckpt")).string();
+  const std::string path = (fs::path(dirpath_) / (file + options_.file_extension)).string();
   if (options_.save_top_k != 0) {
     if (options_.monitor.empty()) {
       // Keep the latest (save_top_k 1) or all (-1).
@@ -187,26 +199,28 @@ void ModelCheckpoint::save(Trainer& trainer) {
       bool should = options_.save_top_k == -1 || best_k_.size() < k || better(current, best_k_[worst]);
       should = strategy.reduce_boolean_decision(should, /*all=*/true);  // Note [Rank 0 decides]
       if (should) {
-        trainer.save_checkpoint(path);
+        // The ranking is updated first, so the checkpoint's own state
+        // (callbacks) already counts it.
         best_k_[path] = current;
+        std::string evicted;
         if (options_.save_top_k != -1 && best_k_.size() > k) {
-          worst.clear();
           for (const auto& [p, v] : best_k_) {
-            if (worst.empty() || better(best_k_[worst], v)) worst = p;
+            if (evicted.empty() || better(best_k_[evicted], v)) evicted = p;
           }
-          best_k_.erase(worst);
-          if (worst != path) strategy.remove_checkpoint(worst);  // on every host
+          best_k_.erase(evicted);
         }
         best_model_path_.clear();
         for (const auto& [p, v] : best_k_) {
           if (best_model_path_.empty() || better(v, best_k_[best_model_path_])) best_model_path_ = p;
         }
         best_model_score_ = best_k_[best_model_path_];
+        trainer.save_checkpoint(path);
+        if (!evicted.empty() && evicted != path) strategy.remove_checkpoint(evicted);  // on every host
       }
     }
   }
   if (options_.save_last) {
-    last_model_path_ = (fs::path(dirpath_) / "last.ckpt").string();
+    last_model_path_ = (fs::path(dirpath_) / ("last" + options_.file_extension)).string();
     trainer.save_checkpoint(last_model_path_);
   }
 }

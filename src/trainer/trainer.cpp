@@ -68,8 +68,11 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                ConfigError, "[trainer] gradient_clip_val must be a finite number >= 0, got ", *o.gradient_clip_val);
   STRATA_CHECK(o.log_every_n_steps >= 1, ConfigError, "[trainer] log_every_n_steps must be >= 1, got ",
                o.log_every_n_steps);
-  STRATA_CHECK(o.check_val_every_n_epoch >= 1, ConfigError, "[trainer] check_val_every_n_epoch must be >= 1, got ",
+  STRATA_CHECK(o.check_val_every_n_epoch >= 0, ConfigError,
+               "[trainer] check_val_every_n_epoch must be >= 0 (0: val_check_interval counts steps across epochs), got ",
                o.check_val_every_n_epoch);
+  STRATA_CHECK(o.check_val_every_n_epoch > 0 || !o.val_check_interval.fraction, ConfigError,
+               "[trainer] check_val_every_n_epoch=0 needs val_check_interval as a number of steps, not a fraction");
   STRATA_CHECK(!o.max_time || o.max_time->count() >= 0, ConfigError, "[trainer] max_time must be >= 0");
   check_limit(o.limit_train_batches, "limit_train_batches");
   check_limit(o.limit_val_batches, "limit_val_batches");
@@ -300,10 +303,13 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
   const BatchLimit& vci = options_.val_check_interval;
   int64_t val_every = vci.fraction ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(vci.value * n)))
                                    : static_cast<int64_t>(vci.value);
-  STRATA_CHECK(vci.fraction || val_every <= n || !val_loader, ConfigError, "[trainer] val_check_interval (",
-               val_every, ") is more than the training batches per epoch (", n,
-               "); lower it, or pass a fraction of the epoch");
-  const bool validate_this_epoch = val_loader && (epoch_ + 1) % options_.check_val_every_n_epoch == 0;
+  const bool by_epoch = options_.check_val_every_n_epoch > 0;
+  STRATA_CHECK(!by_epoch || vci.fraction || val_every <= n || !val_loader, ConfigError,
+               "[trainer] val_check_interval (", val_every, ") is more than the training batches per epoch (", n,
+               "); lower it, pass a fraction of the epoch, or set check_val_every_n_epoch=0 to count steps "
+               "across epochs");
+  const bool validate_this_epoch =
+      val_loader && (!by_epoch || (epoch_ + 1) % options_.check_val_every_n_epoch == 0);
 
   // Position: a resumed epoch continues after the batches it had done.
   const int64_t position = std::min(resume_position_, n);
@@ -334,7 +340,9 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
     update_step_metrics(last_of_step);
     module_->on_train_batch_end(last_batch_loss_, *batch, idx);
     each_callback([&](trainer::Callback& c) { c.on_train_batch_end(*this, *module_, last_batch_loss_, *batch, idx); });
-    if (validate_this_epoch && (batch_in_epoch_ % val_every == 0 || batch_in_epoch_ == n)) {
+    const bool due = by_epoch ? batch_in_epoch_ % val_every == 0 || batch_in_epoch_ == n
+                              : last_of_step && global_step_ % val_every == 0;
+    if (validate_this_epoch && due) {
       run_validation(*val_loader, options_.limit_val_batches.of(static_cast<int64_t>(val_loader->size())));
     }
     if (should_stop || step_limit_reached()) {

@@ -114,7 +114,11 @@ std::string Trainer::resolve_ckpt_path(const std::string& ckpt_path) {
   if (fs::is_directory(mc->dirpath(), ec)) {
     for (const auto& entry : fs::directory_iterator(mc->dirpath(), ec)) {
       const std::string path = entry.path().string();
-      if (entry.path().extension() != ".ckpt" || !checkpoint::is_complete(path)) continue;
+      const std::string name = entry.path().filename().string();
+      const std::string& ext = mc->options().file_extension;
+      if (name.size() <= ext.size() || name.compare(name.size() - ext.size(), ext.size(), ext) != 0) continue;
+      if (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos) continue;
+      if (!checkpoint::is_complete(path)) continue;
       nlohmann::json value;
       try {
         value = trainer_value(path);
@@ -124,7 +128,7 @@ std::string Trainer::resolve_ckpt_path(const std::string& ckpt_path) {
       }
       if (!value.is_object() || !value.contains("global_step") || !value["global_step"].is_number_integer()) continue;
       const int64_t step = value["global_step"].get<int64_t>();
-      const bool is_last = entry.path().filename() == "last.ckpt";
+      const bool is_last = name == "last" + ext;
       if (step > last_step || (step == last_step && is_last)) {
         last_step = step;
         last = path;

@@ -59,7 +59,10 @@ TEST(TorchReader, PyTorchLoadsAStrataCheckpointStrictlyAndComputesTheSameLogits)
   const auto reader = strata::checkpoint::StateReader::open(checkpoint);
   ASSERT_FALSE(reader.sharded());
   strata::checkpoint::NamedTensors state;
-  for (const std::string& name : reader.names_under("model")) state.emplace_back(name, reader.full("model/" + name));
+  // strata train saves the Trainer's checkpoint: the GPT is the module's "model".
+  for (const std::string& name : reader.names_under("module")) {
+    if (name.rfind("model.", 0) == 0) state.emplace_back(name.substr(6), reader.full("module/" + name));
+  }
   strata::checkpoint::load_module_state(*model, state, /*strict=*/true);
   at::Tensor idx = at::arange(2 * 40, at::kLong).mul_(37).remainder_(256).view({2, 40});
   at::Tensor logits;

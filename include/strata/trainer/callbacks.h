@@ -20,7 +20,8 @@ struct ModelCheckpointOptions {
   /// Folder of the checkpoints; "": <default_root_dir>/checkpoints.
   std::string dirpath;
   /// Name template: "{epoch}-{val_loss:.2f}" makes "epoch=3-val_loss=0.52";
-  /// "": "epoch={epoch}-step={step}". ".ckpt" is appended.
+  /// "": "{epoch}-{step}". Formats: .Nf, .Ne, .Ng for reals, 0Nd for
+  /// integers (epoch, step). file_extension is appended.
   std::string filename;
   std::string monitor;      ///< metric ranking the checkpoints; "": keep the latest
   std::string mode = "min";  ///< "min" or "max"
@@ -32,6 +33,12 @@ struct ModelCheckpointOptions {
   /// Save every N epochs (0: off); by default at each validation end (or
   /// epoch end without validation) when every_n_train_steps is 0.
   std::optional<int64_t> every_n_epochs;
+  /// "{step}" writes "step=12"; false writes just "12" (then put the names
+  /// in the template yourself: "step-{step:08d}").
+  bool auto_insert_metric_name = true;
+  /// Appended to every checkpoint's name (and "last"); "ckpt_path='last'"
+  /// looks for names with it.
+  std::string file_extension = ".ckpt";
 
   ModelCheckpointOptions& with_dirpath(std::string d) { dirpath = std::move(d); return *this; }
   ModelCheckpointOptions& with_filename(std::string f) { filename = std::move(f); return *this; }
@@ -41,6 +48,8 @@ struct ModelCheckpointOptions {
   ModelCheckpointOptions& with_save_last(bool s) { save_last = s; return *this; }
   ModelCheckpointOptions& with_every_n_train_steps(int64_t n) { every_n_train_steps = n; return *this; }
   ModelCheckpointOptions& with_every_n_epochs(int64_t n) { every_n_epochs = n; return *this; }
+  ModelCheckpointOptions& with_auto_insert_metric_name(bool a) { auto_insert_metric_name = a; return *this; }
+  ModelCheckpointOptions& with_file_extension(std::string e) { file_extension = std::move(e); return *this; }
 };
 
 /// Saves the Trainer's checkpoint at intervals and keeps the top k by a

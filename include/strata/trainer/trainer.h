@@ -102,6 +102,8 @@ struct TrainerOptions {
   /// Validate every this many training batches (integer) or fraction of
   /// the epoch (real); 1.0: at the end of each epoch.
   BatchLimit val_check_interval = 1.0;
+  /// Validate on every n-th epoch. 0 (Lightning's None): an integer
+  /// val_check_interval counts optimizer steps across epochs instead.
   int64_t check_val_every_n_epoch = 1;
   BatchLimit limit_train_batches = 1.0;
   BatchLimit limit_val_batches = 1.0;
