@@ -188,6 +188,8 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config,
 
   TrainerOptions options;
   options.with_strategy(std::move(fabric_strategy_))
+      .with_accelerator(config.accelerator)
+      .with_precision(config.precision)
       .with_max_steps(config.max_steps)
       .with_accumulate_grad_batches(config.grad_accum)
       .with_log_every_n_steps(config.log_every)

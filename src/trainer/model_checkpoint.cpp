@@ -177,7 +177,9 @@ void ModelCheckpoint::save(Trainer& trainer) {
   if (trainer.global_step() == last_saved_step_) return;  // this step is saved already
   last_saved_step_ = trainer.global_step();
   strategies::Strategy& strategy = trainer.strategy();
-  const std::string file = format_name(trainer.current_epoch(), trainer.global_step(), trainer.callback_metrics());
+  // Rank 0's name: the template may hold metrics each rank has its own of.
+  const std::string file =
+      strategy.broadcast(format_name(trainer.current_epoch(), trainer.global_step(), trainer.callback_metrics()), 0);
   const std::string path = (fs::path(dirpath_) / (file + options_.file_extension)).string();
   if (options_.save_top_k != 0) {
     if (options_.monitor.empty()) {

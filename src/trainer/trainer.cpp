@@ -286,7 +286,11 @@ void Trainer::run_training(const DataSource& train, const std::optional<DataSour
     if (step_limit_reached()) break;
     const bool finished = train_one_epoch(*train_loader, val_loader.get());
     if (!finished) break;
+    // The next epoch has not begun: a checkpoint from here on (on_train_end)
+    // resumes at its first batch.
     ++epoch_;
+    batch_in_epoch_ = 0;
+    epoch_done_ = false;
   }
   module_->on_train_end();
   each_callback([&](trainer::Callback& c) { c.on_train_end(*this, *module_); });

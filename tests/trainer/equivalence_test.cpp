@@ -42,13 +42,13 @@ Config parse(const std::vector<std::string>& a) {
   return c;
 }
 
-struct Run {
+struct RunResult {
   std::vector<double> losses;  // every batch's loss, averaged over ranks
   strata::checkpoint::NamedTensors params;
 };
 
 // The loop the Trainer runs, written by hand against Fabric.
-Run fabric_loop(Fabric& fabric, const Config& c) {
+RunResult fabric_loop(Fabric& fabric, const Config& c) {
   Fabric::seed_everything(1234);
   strata::models::GPT model(tiny_gpt());
   fabric.setup_module(model);
@@ -60,7 +60,7 @@ Run fabric_loop(Fabric& fabric, const Config& c) {
   strata::data::DistributedSampler sampler(dataset->size(), world, fabric.global_rank(), true, 0);
   auto loader = fabric.setup_dataloader(
       std::make_shared<strata::data::DataLoader>(dataset, sampler, static_cast<size_t>(c.batch / world)));
-  Run run;
+  RunResult run;
   int64_t step = 0;
   const int64_t n = static_cast<int64_t>(loader->size());
   for (int64_t epoch = 0; epoch < c.epochs; ++epoch) {
@@ -102,25 +102,25 @@ strata::TrainerOptions trainer_options(const Config& c) {
   return o;
 }
 
-Run trainer_run(strata::TrainerOptions options, const Config& c) {
+RunResult trainer_run(strata::TrainerOptions options, const Config& c) {
   auto recorder = std::make_shared<LossRecorder>();
   strata::Trainer trainer(options.with_callback(recorder));
   at::manual_seed(1234);
   auto module = std::make_shared<LitGPT>();
   trainer.fit(module, strata::DataSource(gpt_dataset(), strata::DataOptions().with_batch_size(c.batch).with_shuffle(true)));
-  Run run;
+  RunResult run;
   run.losses = recorder->losses;
   run.params = full_state(*module, trainer.strategy(), "model.");
   return run;
 }
 
-void write_run(const std::string& out, const Run& run) {
+void write_run(const std::string& out, const RunResult& run) {
   write_json(out + ".losses", run.losses);
   strata::checkpoint::write_safetensors(out + ".params", run.params);
 }
 
-Run read_run(const std::string& out) {
-  Run run;
+RunResult read_run(const std::string& out) {
+  RunResult run;
   run.losses = read_json(out + ".losses").get<std::vector<double>>();
   auto file = strata::checkpoint::SafetensorsFile::open(out + ".params");
   run.params = file.load_all();
@@ -131,7 +131,7 @@ Run read_run(const std::string& out) {
 
 STRATA_WORKER(trainer_equivalence) {
   Config c = parse(args);
-  Run run = trainer_run(trainer_options(c).with_strategy(strategy_for(args.at(1))), c);
+  RunResult run = trainer_run(trainer_options(c).with_strategy(strategy_for(args.at(1))), c);
   if (run.params.empty()) return 1;
   if (std::getenv("RANK") && std::string(std::getenv("RANK")) == "0") write_run(args.at(0), run);
   return 0;
@@ -140,13 +140,13 @@ STRATA_WORKER(trainer_equivalence) {
 STRATA_WORKER(fabric_equivalence) {
   Config c = parse(args);
   Fabric fabric(FabricOptions().with_strategy(strategy_for(args.at(1))).with_collective_timeout(std::chrono::seconds(60)));
-  Run run;
+  RunResult run;
   fabric.launch([&](Fabric& f) { run = fabric_loop(f, c); });
   if (fabric.is_global_zero()) write_run(args.at(0), run);
   return 0;
 }
 
-void expect_same(const Run& got, const Run& want, double tol, const std::string& what) {
+void expect_same(const RunResult& got, const RunResult& want, double tol, const std::string& what) {
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   for (size_t i = 0; i < got.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], want.losses[i], tol) << what << ": batch " << i + 1;
@@ -173,10 +173,10 @@ TEST_P(TrainerEquivalenceTest, MatchesFabricLoopAndSingleProcessStepByStep) {
 
   // Single process: the hand-written loop (the reference) and the Trainer.
   Fabric single(FabricOptions().with_strategy("single_device"));
-  Run reference;
+  RunResult reference;
   single.launch([&](Fabric& f) { reference = fabric_loop(f, c); });
   ASSERT_GT(std::abs(reference.losses.back() - reference.losses.front()), 1e-3) << "the reference did not train";
-  Run single_trainer = trainer_run(trainer_options(c).with_strategy("single_device"), c);
+  RunResult single_trainer = trainer_run(trainer_options(c).with_strategy("single_device"), c);
   // One process, the same operations in the same order: identical.
   expect_same(single_trainer, reference, 0.0, "Trainer on one process");
 
@@ -184,10 +184,10 @@ TEST_P(TrainerEquivalenceTest, MatchesFabricLoopAndSingleProcessStepByStep) {
   const std::string out = dir.path + "/run";
   auto trained = run_workers(world, "trainer_equivalence", to_args(out, spec, c));
   ASSERT_TRUE(trained.ok()) << trained.launch.summary << "\n" << trained.output;
-  Run trainer = read_run(out);
+  RunResult trainer = read_run(out);
   auto looped = run_workers(world, "fabric_equivalence", to_args(out, spec, c));
   ASSERT_TRUE(looped.ok()) << looped.launch.summary << "\n" << looped.output;
-  Run fabric = read_run(out);
+  RunResult fabric = read_run(out);
 
   // Against the Fabric loop at the same world size: the same collectives
   // on the same values (last-bit differences at most).

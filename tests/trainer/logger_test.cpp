@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sys/wait.h>
 
+#include "strata/core/error.h"
 #include "strata/trainer/csv_logger.h"
 #include "trainer_util.h"
 

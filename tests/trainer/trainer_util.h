@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/safetensors.h"
 #include "strata/checkpoint/state.h"
 #include "strata/data/dataset.h"
