@@ -49,7 +49,8 @@ class WindowRange : public data::Dataset {
 
 /// Appends one JSON line per optimizer step to --metrics-file (rank 0):
 /// step, loss (the step's loss averaged over ranks), lr, epoch,
-/// tokens_per_s, elapsed_s, and val_loss after a validation.
+/// tokens_per_s, elapsed_s, and val_loss (the latest validation's, once one ran:
+/// a validation at step K shows from step K + 1 on).
 class MetricsFile : public trainer::Callback {
  public:
   MetricsFile(std::string path, int64_t tokens_per_step);
