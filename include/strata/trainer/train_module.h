@@ -122,7 +122,8 @@ class TrainModule : public torch::nn::Module {
   virtual void on_validation_epoch_end() {}
   virtual void on_test_epoch_start() {}
   virtual void on_test_epoch_end() {}
-  /// After the gradients are synchronised and clipped, before the step.
+  /// After the gradients of an accumulation are synchronised, before they
+  /// are clipped and the optimizer steps (Lightning's order).
   virtual void on_before_optimizer_step(torch::optim::Optimizer& optimizer) {}
   /// Adds the module's own values to a checkpoint (under "module_extra").
   virtual void on_save_checkpoint(nlohmann::json& extra) {}
