@@ -34,3 +34,7 @@
 #include "strata/strategies/single_device.h"
 #include "strata/strategies/state.h"
 #include "strata/strategies/strategy.h"
+#include "strata/trainer/callbacks.h"
+#include "strata/trainer/csv_logger.h"
+#include "strata/trainer/scheduler.h"
+#include "strata/trainer/trainer.h"

@@ -202,19 +202,20 @@ void reshard_checkpoint(const StateReader& source, const std::string& out, int w
 }
 
 void export_module(const StateReader& source, const std::string& key, const std::string& out,
-                   const std::vector<std::pair<std::string, std::string>>& aliases) {
+                   const std::vector<std::pair<std::string, std::string>>& aliases, const std::string& sub_prefix) {
   STRATA_CHECK(source.entries().contains(key) && source.entries()[key].value("kind", "") == "module",
                CheckpointError, "[checkpoint] ", source.path(), " has no module entry '", key,
                "'; its entries: ", source.entries().dump().substr(0, 300));
   std::vector<std::pair<std::string, std::string>> names;  // (name in the file, stored name)
-  for (const std::string& name : source.names_under(key)) names.emplace_back(name, source.tensor_of(key, name));
+  for (const std::string& name : source.names_under(key))
+    if (name.rfind(sub_prefix, 0) == 0) names.emplace_back(name.substr(sub_prefix.size()), source.tensor_of(key, name));
   for (const auto& [alias, original] : aliases) {
-    STRATA_CHECK(source.contains(source.tensor_of(key, original)), CheckpointError, "[checkpoint] ",
+    STRATA_CHECK(source.contains(source.tensor_of(key, sub_prefix + original)), CheckpointError, "[checkpoint] ",
                  source.path(), ": cannot write '", alias, "' as a copy of '", original, "': module '", key,
                  "' has no tensor '", original, "'");
     bool taken = false;
     for (const auto& [name, stored] : names) taken = taken || name == alias;
-    if (!taken) names.emplace_back(alias, source.tensor_of(key, original));
+    if (!taken) names.emplace_back(alias, source.tensor_of(key, sub_prefix + original));
   }
   std::vector<TensorSpec> specs;
   for (const auto& [name, stored] : names) specs.push_back(TensorSpec{name, source.dtype(stored), source.shape(stored)});

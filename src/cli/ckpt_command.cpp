@@ -222,12 +222,18 @@ std::string preset_list() {
 // preset named by --model-size for checkpoints saved before it existed.
 models::GPTConfig export_config(const StateReader& reader, const CkptConfig& c) {
   const nlohmann::json& entries = reader.entries();
-  if (entries.contains("model_config")) {
-    const nlohmann::json& entry = entries["model_config"];
-    STRATA_CHECK(entry.value("kind", "") == "value", ConfigError, "[ckpt] ", reader.path(),
-                 ": entry 'model_config' is not a value");
-    return models::GPTConfig::from_json(entry["value"], reader.path() + " entry 'model_config'");
-  }
+  // A Fabric job's value entry, or the Trainer's checkpoint dict (the
+  // module's own values, "module_extra").
+  auto value_of = [&](const char* key) -> const nlohmann::json* {
+    if (!entries.contains(key) || entries[key].value("kind", "") != "value") return nullptr;
+    return &entries[key]["value"];
+  };
+  const nlohmann::json* config = value_of("model_config");
+  const nlohmann::json* trainer = value_of("trainer");
+  if (!config && trainer && trainer->is_object() && trainer->contains("module_extra") &&
+      (*trainer)["module_extra"].is_object() && (*trainer)["module_extra"].contains("model_config"))
+    config = &(*trainer)["module_extra"]["model_config"];
+  if (config) return models::GPTConfig::from_json(*config, reader.path() + ": the saved model_config");
   STRATA_CHECK(!c.model_size.empty(), ConfigError, "[ckpt] ", reader.path(),
                " has no 'model_config' entry (saved before strata stored the model's configuration); pass "
                "--model-size with the preset it was trained with (", preset_list(), ")");
@@ -250,15 +256,26 @@ int run_export(const CkptConfig& c) {
                  " module entries and none is named 'model'; choose one with --entry");
   }
   models::GPTConfig config = export_config(reader, c);
+  // The GPT may sit inside the saved module (a Trainer's module holds it as
+  // a child, "model.wte.weight"): its names then share that prefix.
+  std::string sub;
+  std::vector<std::string> stored;
+  for (const std::string& name : reader.names_under(key)) {
+    const std::string anchor = "wte.weight";
+    if (name.size() >= anchor.size() && name.compare(name.size() - anchor.size(), anchor.size(), anchor) == 0 &&
+        (name.size() == anchor.size() || name[name.size() - anchor.size() - 1] == '.'))
+      sub = name.substr(0, name.size() - anchor.size());
+  }
+  for (const std::string& name : reader.names_under(key))
+    if (name.rfind(sub, 0) == 0) stored.push_back(name.substr(sub.size()));
   // The checkpoint's tensors must be this configuration's, name for name
   // and shape for shape, before anything is written.
   {
     torch::NoGradGuard no_grad;
     models::GPT model(config);
     std::vector<std::string> problems;
-    const std::vector<std::string> stored = reader.names_under(key);
     for (const auto& [name, tensor] : checkpoint::module_state(*model)) {
-      const std::string full = reader.tensor_of(key, name);
+      const std::string full = reader.tensor_of(key, sub + name);
       if (!reader.contains(full))
         problems.push_back("missing '" + name + "'");
       else if (reader.shape(full) != tensor.sizes().vec())
@@ -277,7 +294,7 @@ int run_export(const CkptConfig& c) {
   std::vector<std::pair<std::string, std::string>> aliases;
   if (config.tie_weights()) aliases.emplace_back("lm_head.weight", "wte.weight");
   const std::string model_file = c.out + "/model.safetensors";
-  checkpoint::export_module(reader, key, model_file, aliases);
+  checkpoint::export_module(reader, key, model_file, aliases, sub);
   checkpoint::atomic_write_file(c.out + "/config.json", config.to_json().dump(2) + "\n");
   std::cout << "exported " << reader.path() << " (" << describe(reader) << ") entry '" << key << "' to " << model_file
             << " and " << c.out << "/config.json" << std::endl;

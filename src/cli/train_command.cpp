@@ -16,7 +16,7 @@ Command make_train_command() {
         "train",
         "Train the example GPT on byte-level text on several workers.\n"
         "Default data: the texts under /usr/share/common-licenses.\n"
-        "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt\n"
+        "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt --logger csv\n"
         "         strata train --devices 2 --strategy fsdp --activation-checkpointing --ckpt-dir ckpt");
     TrainConfig& c = *config;
     sub->add_option("--strategy", c.strategy,
@@ -59,13 +59,29 @@ Command make_train_command() {
     sub->add_option("--ckpt-dir", c.ckpt_dir, "Folder for checkpoints (one step-NNNNNNNN entry per save)");
     n.add_integer(sub, "--ckpt-every", "Save every K steps (0: only at the end)", 0, 1000000000,
                   [&c](int64_t v) { c.ckpt_every = v; }, "0");
-    sub->add_option("--resume", c.resume, "Checkpoint to resume from, or 'latest' (newest in --ckpt-dir)");
+    sub->add_option("--resume", c.resume,
+                    "Checkpoint to resume from, or 'last' (also 'latest': the newest complete one in --ckpt-dir)");
     sub->add_option("--metrics-file", c.metrics_file,
                     "Append one JSON line per step: step, loss, lr, epoch, tokens_per_s, elapsed_s");
     n.add_integer(sub, "--log-every", "Print a progress line every K steps when not on a terminal", 1, 1000000000,
                   [&c](int64_t v) { c.log_every = v; }, "10");
     n.add_integer(sub, "--sample-tokens", "Tokens of text to sample at the end (0: none)", 0,
                   TrainConfig::kMaxSampleTokens, [&c](int64_t v) { c.sample_tokens = v; }, "200");
+    n.add_integer(sub, "--max-epochs", "Passes over the training windows to stop after (0: only --max-steps)", 0,
+                  1000000000, [&c](int64_t v) { c.max_epochs = v; }, "0");
+    n.add_integer(sub, "--val-every", "Validate on the held-out windows every K steps (0: never)", 0, 1000000000,
+                  [&c](int64_t v) { c.val_every = v; }, "50 when the data leaves a batch to hold out");
+    n.add_real(sub, "--val-fraction", "Share of the windows held out for validation (the end of the text)",
+               Range{false, 0, 0.5, true}, [&c](double v) { c.val_fraction = v; }, "0.1");
+    n.add_integer(sub, "--val-batches", "Batches per validation", 1, 1000000, [&c](int64_t v) { c.val_batches = v; },
+                  "10");
+    n.add_integer(sub, "--early-stopping", "Stop when val_loss has not improved for K validations (0: off)", 0,
+                  1000000, [&c](int64_t v) { c.early_stopping = v; }, "0");
+    n.add_integer(sub, "--save-top-k", "Keep the K checkpoints of lowest val_loss in <ckpt-dir>/best (0: off)", 0,
+                  1000000, [&c](int64_t v) { c.save_top_k = v; }, "0");
+    sub->add_option("--logger", c.logger, "Experiment log: csv (Lightning's CSVLogger layout) or jsonl");
+    sub->add_option("--log-dir", c.log_dir, "Folder of --logger's runs (<log-dir>/train/version_N)")
+        ->capture_default_str();
     return sub;
   };
   command.run = [config, numbers] {

@@ -1,4 +1,6 @@
-// The training loop behind `strata train`.
+// The job behind `strata train`: a Trainer user. Fabric launches the
+// workers; in each, a Trainer fits the GPT TrainModule (cli/gpt_job.h) on
+// the training windows, validating on the held-out ones.
 //
 // Note [Same batches at every world size]
 // The dataset is a fixed list of token windows; the distributed sampler
@@ -11,6 +13,8 @@
 // checkpoint's loader position mean the same batch at any world size, so
 // a run resumes under another strategy or device count where it stopped.
 #include "cli/train_job.h"
+
+#include "cli/gpt_job.h"
 
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
@@ -40,17 +44,15 @@
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
 #include "strata/strategies/make_strategy.h"
+#include "strata/trainer/callbacks.h"
+#include "strata/trainer/csv_logger.h"
+#include "strata/trainer/trainer.h"
 
 namespace strata::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
 
 // Note [Which modules can be FSDP units]
 // --wrap-policy names module types as module.name() reports them. FSDP
@@ -132,179 +134,109 @@ std::string describe_strategy(const TrainConfig& config, const std::string& name
   return out + ")";
 }
 
-std::string format_duration(double seconds) {
-  int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
-  return buf;
-}
-
-// Progress on rank 0: a live line on a terminal, plain lines otherwise.
-// Steps count from the start of the run (a resumed run shows "step 11/20"),
-// the ETA from the steps this process trained.
-class Progress {
- public:
-  Progress(int64_t first, int64_t total, int64_t log_every)
-      : first_(first), total_(total), log_every_(log_every), tty_(::isatty(1) != 0) {}
-
-  void update(int64_t step, double loss, double tokens_per_s, double elapsed) {
-    int64_t done = step - first_;
-    double eta = done > 0 ? elapsed / done * (total_ - step) : 0.0;
-    char line[160];
-    std::snprintf(line, sizeof(line), "step %lld/%lld | loss %.4f | %.1fk tok/s | elapsed %s | eta %s",
-                  static_cast<long long>(step), static_cast<long long>(total_), loss, tokens_per_s / 1000.0,
-                  format_duration(elapsed).c_str(), format_duration(eta).c_str());
-    if (tty_) {
-      std::cout << "\r" << line << "\033[K" << std::flush;
-      if (step == total_) std::cout << "\n";
-    } else if (step % log_every_ == 0 || step == total_ || step == first_ + 1) {
-      std::cout << line << std::endl;
-    }
-  }
-
- private:
-  int64_t first_;
-  int64_t total_;
-  int64_t log_every_;
-  bool tty_;
-};
-
-nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
+nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config,
+                            std::shared_ptr<strategies::Strategy> fabric_strategy_) {
   const int world = fabric.world_size();
   STRATA_CHECK(config.batch_size % (world * config.grad_accum) == 0, ConfigError, "[train] --batch-size ",
                config.batch_size, " must be divisible by world size (", world, ") x --grad-accum (",
                config.grad_accum, ") so every rank takes equal micro-batches");
-  const int64_t micro_batch = config.batch_size / (world * config.grad_accum);
 
   models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
   if (config.seq_len > 0) model_config.block_size(config.seq_len);
   const int64_t seq_len = model_config.block_size();
-  auto dataset = std::make_shared<data::TokenWindows>(
+  auto windows = std::make_shared<data::TokenWindows>(
       config.data.empty() ? std::string(data::kDefaultDataPath) : config.data, seq_len);
+  // Note [Validation split]: the last --val-fraction of the windows (in
+  // text order) are held out; the rest is the training set.
+  const size_t total = windows->size();
+  const int64_t micro_global = config.batch_size / config.grad_accum;  // examples per micro-batch, all ranks
+  size_t n_val = config.val_every != 0 ? static_cast<size_t>(std::floor(config.val_fraction * total)) : 0;
+  int64_t val_every = config.val_every;
+  if (val_every == -1) {
+    // Default: validate every 50 steps when the held-out part fills a batch.
+    val_every = 50;
+    if (n_val < static_cast<size_t>(micro_global)) n_val = 0;
+  }
+  auto train_set = std::make_shared<WindowRange>(windows, 0, total - n_val);
+  STRATA_CHECK(train_set->size() / static_cast<size_t>(micro_global) >= static_cast<size_t>(config.grad_accum),
+               ConfigError, "[train] the data holds ", train_set->size(), " training windows of ", seq_len,
+               " tokens: too few for one step of --batch-size ", config.batch_size,
+               "; use more data or a smaller batch");
+  STRATA_CHECK(config.val_every <= 0 || n_val >= static_cast<size_t>(micro_global), ConfigError,
+               "[train] --val-fraction ",
+               config.val_fraction, " holds out ", n_val, " windows, fewer than one batch (", micro_global,
+               "); raise it or lower --batch-size");
 
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   Fabric::seed_everything(config.seed);
-  models::GPT model(model_config);
-  const int64_t num_parameters = model->num_parameters();  // FSDP leaves each rank a shard of them
-  fabric.setup_module(model);
-  torch::optim::AdamW optimizer(model->parameters(),
-                                torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
-  fabric.setup_optimizer(optimizer);
+  auto job = std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay);
+  const int64_t num_parameters = job->gpt->num_parameters();  // before FSDP leaves each rank a shard
 
-  data::DistributedSampler sampler(dataset->size(), world, fabric.global_rank(), /*shuffle=*/true, config.seed);
-  auto loader = std::make_shared<data::DataLoader>(dataset, sampler, micro_batch, /*drop_last=*/true);
-  STRATA_CHECK(loader->size() >= static_cast<size_t>(config.grad_accum), ConfigError, "[train] the data holds ",
-               dataset->size(), " windows of ", seq_len, " tokens: too few for one step of --batch-size ",
-               config.batch_size, "; use more data or a smaller batch");
-
-  int64_t step = 0;
-  strategies::State state{{"model", model},
-                          {"optimizer", optimizer},
-                          {"step", 0},
-                          {"loader", nlohmann::json(data::LoaderState{})},
-                          {"model_size", config.model_size},
-                          {"model_config", model_config.to_json()},
-                          {"rng", checkpoint::cpu_rng_state()}};
-  if (!config.resume.empty()) {
-    std::string path = config.resume == "latest" ? latest_checkpoint(config.ckpt_dir) : config.resume;
-    STRATA_CHECK(!path.empty(), ConfigError, "[train] --resume latest: no complete checkpoint in --ckpt-dir '",
-                 config.ckpt_dir, "'");
-    fabric.load(path, state);
-    STRATA_CHECK(state.at("model_size").get<std::string>() == config.model_size, ConfigError, "[train] ", path,
-                 " holds a '", state.at("model_size").get<std::string>(), "' model but --model-size is '",
-                 config.model_size, "'");
-    STRATA_CHECK(state.at("model_config").value() == model_config.to_json(), ConfigError, "[train] ", path,
-                 " holds a model configured as ", state.at("model_config").value().dump(), " but this run builds ",
-                 model_config.to_json().dump(), " (another --seq-len?)");
-    step = state.at("step").get<int64_t>();
-    loader->load_state(state.at("loader").value().get<data::LoaderState>());
-    checkpoint::set_cpu_rng_state(state.at("rng").tensor());
-    fabric.print("resumed from ", path, " at step ", step);
+  std::string resume_path;
+  if (config.resume == "latest" || config.resume == "last") {
+    resume_path = latest_checkpoint(config.ckpt_dir);
+    if (resume_path.empty()) fabric.print("--resume ", config.resume, ": no complete checkpoint in --ckpt-dir '",
+                                          config.ckpt_dir, "'; starting from scratch");
+  } else {
+    resume_path = config.resume;
   }
-  std::shared_ptr<data::Loader> batches = fabric.setup_dataloader(loader);
-  uint64_t epoch = loader->state().epoch;
-  batches->set_epoch(epoch);
 
-  auto next_batch = [&]() -> data::Batch {
-    std::optional<data::Batch> batch = batches->next();
-    if (!batch) {  // end of epoch: reshuffle and go on
-      batches->set_epoch(++epoch);
-      batches->reset();
-      batch = batches->next();
-    }
-    STRATA_ASSERT(batch.has_value(), "the loader yielded no batch after a new epoch");
-    return *batch;
-  };
-
-  auto save = [&](int64_t at_step) {
-    state.at("step") = strategies::StateValue(nlohmann::json(at_step));
-    state.at("loader") = strategies::StateValue(nlohmann::json(batches->state()));
-    state.at("rng") = strategies::StateValue(checkpoint::cpu_rng_state());
-    std::string path = (std::filesystem::path(config.ckpt_dir) / step_name(at_step)).string();
-    fabric.save(path, state);
-    fabric.print("saved checkpoint ", path);
-  };
-
-  std::ofstream metrics;
-  if (fabric.is_global_zero() && !config.metrics_file.empty()) {
-    std::filesystem::path parent = std::filesystem::path(config.metrics_file).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    metrics.open(config.metrics_file, std::ios::app);
-    STRATA_CHECK(metrics.good(), ConfigError, "[train] cannot open --metrics-file ", config.metrics_file,
-                 " for appending: ", ec ? ec.message() : std::string("check the path and its permissions"));
+  TrainerOptions options;
+  options.with_strategy(std::move(fabric_strategy_))
+      .with_accelerator(config.accelerator)
+      .with_precision(config.precision)
+      .with_max_steps(config.max_steps)
+      .with_accumulate_grad_batches(config.grad_accum)
+      .with_log_every_n_steps(config.log_every)
+      .with_enable_checkpointing(false);
+  if (config.max_epochs > 0) options.with_max_epochs(config.max_epochs);
+  if (config.grad_clip > 0) options.with_gradient_clip_val(config.grad_clip);
+  if (n_val > 0) {
+    options.with_val_check_interval(val_every)
+        .with_check_val_every_n_epoch(0)
+        .with_limit_val_batches(config.val_batches);
   }
+  auto metrics = std::make_shared<MetricsFile>(fabric.is_global_zero() ? config.metrics_file : std::string(),
+                                               config.batch_size * seq_len);
+  options.with_callback(metrics).with_callback(
+      std::make_shared<FinalSave>(config.ckpt_dir, config.ckpt_every, resume_path));
+  if (!config.ckpt_dir.empty() && config.ckpt_every > 0) {
+    options.with_callback(std::make_shared<trainer::ModelCheckpoint>(trainer::ModelCheckpointOptions()
+                                                                         .with_dirpath(config.ckpt_dir)
+                                                                         .with_filename("step-{step:08d}")
+                                                                         .with_auto_insert_metric_name(false)
+                                                                         .with_file_extension("")
+                                                                         .with_save_top_k(-1)
+                                                                         .with_every_n_train_steps(config.ckpt_every)));
+  }
+  if (config.save_top_k > 0) {
+    options.with_callback(std::make_shared<trainer::ModelCheckpoint>(
+        trainer::ModelCheckpointOptions()
+            .with_dirpath((std::filesystem::path(config.ckpt_dir) / "best").string())
+            .with_filename("step-{step:08d}-val_loss-{val_loss:.4f}")
+            .with_auto_insert_metric_name(false)
+            .with_file_extension("")
+            .with_monitor("val_loss")
+            .with_save_top_k(config.save_top_k)));
+  }
+  if (config.early_stopping > 0) {
+    options.with_callback(std::make_shared<trainer::EarlyStopping>(
+        trainer::EarlyStoppingOptions().with_monitor("val_loss").with_patience(config.early_stopping)));
+  }
+  if (!config.logger.empty() && fabric.is_global_zero()) {
+    options.with_logger(trainer::make_logger(config.logger, config.log_dir.empty() ? "runs" : config.log_dir, "train"));
+  }
+  Trainer trainer(options);
   fabric.print("training a ", config.model_size, " GPT (", num_parameters, " parameters) on ",
-               dataset->num_tokens(), " tokens with ", describe_strategy(config, fabric.strategy().name()), " on ",
-               world, " worker(s), ",
-               config.precision, ", global batch ", config.batch_size, " x ", seq_len, " tokens");
-
-  Progress progress(step, config.max_steps, config.log_every);
-  const auto start = Clock::now();
-  auto last = start;
-  double loss_value = std::nan("");
-  while (step < config.max_steps) {
-    runtime::report_step(step + 1);  // for the launcher's stuck-rank report
-    at::Tensor step_loss = at::zeros({}, at::kFloat);
-    for (int64_t micro = 0; micro < config.grad_accum; ++micro) {
-      data::Batch batch = next_batch();
-      bool sync = micro == config.grad_accum - 1;
-      strategies::Scope no_sync = fabric.no_backward_sync(*model, !sync);
-      at::Tensor loss;
-      {
-        auto autocast = fabric.autocast();
-        loss = model->loss(batch.input, batch.target);
-      }
-      loss = loss.to(at::kFloat) / static_cast<double>(config.grad_accum);
-      fabric.backward(loss);
-      step_loss += loss.detach();
-    }
-    if (config.grad_clip > 0) fabric.clip_gradients(*model, optimizer, config.grad_clip);
-    fabric.strategy().optimizer_step(optimizer);
-    optimizer.zero_grad();
-    ++step;
-    loss_value = fabric.all_reduce(step_loss).item<double>();
-
-    auto now = Clock::now();
-    double step_s = std::chrono::duration<double>(now - last).count();
-    last = now;
-    double tokens_per_s = static_cast<double>(config.batch_size * seq_len) / std::max(step_s, 1e-9);
-    double elapsed = std::chrono::duration<double>(now - start).count();
-    if (fabric.is_global_zero()) {
-      progress.update(step, loss_value, tokens_per_s, elapsed);
-      if (metrics.is_open()) {
-        metrics << nlohmann::json{{"step", step},     {"loss", loss_value},          {"lr", config.lr},
-                                  {"epoch", epoch},   {"tokens_per_s", tokens_per_s}, {"elapsed_s", elapsed}}
-                       .dump()
-                << "\n";
-        metrics.flush();
-        STRATA_CHECK(metrics.good(), Error, "[train] writing --metrics-file ", config.metrics_file, " failed at step ",
-                     step, " (is the disk full?)");
-      }
-    }
-    if (!config.ckpt_dir.empty() && config.ckpt_every > 0 && step % config.ckpt_every == 0) save(step);
-  }
-  if (!config.ckpt_dir.empty() && (config.ckpt_every == 0 || step % config.ckpt_every != 0)) save(step);
+               windows->num_tokens(), " tokens with ", describe_strategy(config, fabric.strategy().name()), " on ",
+               world, " worker(s), ", config.precision, ", global batch ", config.batch_size, " x ", seq_len,
+               " tokens", n_val > 0 ? detail::cat(", ", n_val, " windows held out for validation") : std::string());
+  trainer.fit(job, DataSource(train_set, DataOptions().with_batch_size(micro_global).with_shuffle(true)
+                                             .with_seed(config.seed).with_drop_last(true)),
+              n_val > 0 ? std::optional<DataSource>(DataSource(std::make_shared<WindowRange>(windows, total - n_val, total),
+                                                               DataOptions().with_batch_size(micro_global)))
+                        : std::nullopt,
+              resume_path);
 
   // Note [Sampling under FSDP]
   // A sharded model's forward gathers each unit's parameters from every
@@ -314,13 +246,23 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config) {
   const bool sharded = fabric.strategy().shards_parameters();
   if (config.sample_tokens > 0 && (sharded || fabric.is_global_zero())) {
     torch::NoGradGuard no_grad;
-    model->eval();
+    job->eval();
     at::Generator generator = at::detail::createCPUGenerator(config.seed);
     at::Tensor prompt = models::encode_bytes("The ").to(fabric.device());
-    at::Tensor out = model->generate(prompt, config.sample_tokens, 0.8, 40, generator);
+    at::Tensor out;
+    // Through the TrainModule's forward hooks, as the Trainer runs its
+    // steps: under FSDP the module is the root unit, gathered around it.
+    hooked_forward(*job, prompt, [&](const at::Tensor& p) {
+      out = job->gpt->generate(p, config.sample_tokens, 0.8, 40, generator);
+      return out;
+    });
     if (fabric.is_global_zero()) std::cout << "sample: " << models::decode_bytes(out.cpu()) << std::endl;
   }
-  return {{"steps", step}, {"loss", loss_value}};
+  const double loss = metrics->last_loss();
+  nlohmann::json result{{"steps", trainer.global_step()}, {"loss", loss}};
+  auto val = trainer.callback_metrics().find("val_loss");
+  if (val != trainer.callback_metrics().end()) result["val_loss"] = val->second;
+  return result;
 }
 
 }  // namespace
@@ -342,8 +284,22 @@ void TrainConfig::validate() const {
                "[train] --sample-tokens must be an integer in 0..", kMaxSampleTokens, ", got ", sample_tokens);
   STRATA_CHECK(ckpt_every >= 0, ConfigError, "[train] --ckpt-every must be >= 0, got ", ckpt_every);
   STRATA_CHECK(log_every >= 1, ConfigError, "[train] --log-every must be >= 1, got ", log_every);
-  STRATA_CHECK(resume != "latest" || !ckpt_dir.empty(), ConfigError,
-               "[train] --resume latest needs --ckpt-dir to look in");
+  STRATA_CHECK((resume != "latest" && resume != "last") || !ckpt_dir.empty(), ConfigError,
+               "[train] --resume ", resume, " needs --ckpt-dir to look in");
+  STRATA_CHECK(max_epochs >= 0, ConfigError, "[train] --max-epochs must be >= 0, got ", max_epochs);
+  STRATA_CHECK(val_every >= -1, ConfigError, "[train] --val-every must be >= 0 (0: no validation), got ", val_every);
+  STRATA_CHECK(val_fraction > 0 && val_fraction <= 0.5, ConfigError,
+               "[train] --val-fraction must be a number in (0, 0.5], got ", val_fraction);
+  STRATA_CHECK(val_batches >= 1, ConfigError, "[train] --val-batches must be >= 1, got ", val_batches);
+  STRATA_CHECK(early_stopping >= 0, ConfigError, "[train] --early-stopping must be >= 0, got ", early_stopping);
+  STRATA_CHECK(save_top_k >= 0, ConfigError, "[train] --save-top-k must be >= 0, got ", save_top_k);
+  STRATA_CHECK((early_stopping == 0 && save_top_k == 0) || val_every != 0, ConfigError, "[train] ",
+               early_stopping ? "--early-stopping" : "--save-top-k",
+               " watches val_loss, but --val-every 0 turns validation off; drop one of them");
+  STRATA_CHECK(save_top_k == 0 || !ckpt_dir.empty(), ConfigError,
+               "[train] --save-top-k needs --ckpt-dir (the best checkpoints go to <ckpt-dir>/best)");
+  STRATA_CHECK(logger.empty() || logger == "csv" || logger == "jsonl" || logger == "tensorboard", ConfigError, "[train] --logger '", logger,
+               "' is not one of csv, jsonl, tensorboard");
   int world = devices * num_nodes;
   STRATA_CHECK(batch_size % (world * grad_accum) == 0, ConfigError, "[train] --batch-size ", batch_size,
                " must be divisible by devices x num-nodes (", world, ") x --grad-accum (", grad_accum, ")");
@@ -468,15 +424,21 @@ int run_train(const TrainConfig& config) {
       .with_devices(config.devices)
       .with_num_nodes(config.num_nodes)
       .with_precision(config.precision);
-  if (std::shared_ptr<strategies::Strategy> strategy = make_train_strategy(config)) {
-    options.with_strategy(strategy);
-  } else {
-    options.with_strategy(config.strategy);
+  // One strategy object for Fabric (which launches the workers) and the
+  // Trainer inside them (which finds it launched and runs in place).
+  std::shared_ptr<strategies::Strategy> strategy = make_train_strategy(config);
+  if (!strategy) {
+    auto accelerator = strategies::make_accelerator(config.accelerator);
+    runtime::Environment env = runtime::Environment::from_env();
+    strategy = strategies::make_strategy(config.strategy, accelerator,
+                                         strategies::Precision::parse(config.precision, accelerator->name()),
+                                         env.launched() ? env.world_size : config.devices * config.num_nodes);
   }
+  options.with_strategy(strategy);
   Fabric fabric(options);
   nlohmann::json result;
   try {
-    result = fabric.launch([&](Fabric& f) { return train_worker(f, config); });
+    result = fabric.launch([&](Fabric& f) { return train_worker(f, config, strategy); });
   } catch (const LaunchError& e) {
     // Interrupted: exit as `strata launch` does (130 for SIGINT, 143 for
     // SIGTERM), with the launcher's report.
@@ -494,10 +456,13 @@ int run_train(const TrainConfig& config) {
     nlohmann::json loss = result.value("loss", nlohmann::json());
     std::cout << "done: " << result.value("steps", 0) << " steps, final loss ";
     if (loss.is_number() && std::isfinite(loss.get<double>())) {
-      std::cout << loss.get<double>() << std::endl;
+      std::cout << loss.get<double>();
     } else {
-      std::cout << "none (no step ran)" << std::endl;
+      std::cout << "none (no step ran)";
     }
+    nlohmann::json val = result.value("val_loss", nlohmann::json());
+    if (val.is_number()) std::cout << ", validation loss " << val.get<double>();
+    std::cout << std::endl;
   }
   return 0;
 }

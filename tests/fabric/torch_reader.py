@@ -2,7 +2,8 @@
 
 Builds strata's example GPT in PyTorch (its own code, with the module names
 strata's GPT registers), reads the checkpoint's state.safetensors with the
-`safetensors` package, loads the "model/..." tensors with
+`safetensors` package, loads the GPT's tensors ("module/model...." in the
+Trainer's checkpoints of `strata train`, "model/..." in older ones) with
 load_state_dict(strict=True), runs the token ids strata ran, and compares
 the logits with strata's.
 
@@ -90,9 +91,15 @@ def main():
     checkpoint, logits_file = sys.argv[1], sys.argv[2]
     with open(checkpoint + "/metadata.json") as f:
         metadata = json.load(f)
-    size = metadata["entries"]["model_size"]["value"]
+    entries = metadata["entries"]
+    if "trainer" in entries:  # a Trainer checkpoint: the GPT is the module's "model"
+        size = entries["trainer"]["value"]["module_extra"]["model_size"]
+        prefix = "module/model."
+    else:
+        size = entries["model_size"]["value"]
+        prefix = "model/"
     state = load_file(checkpoint + "/state.safetensors")
-    model_state = {k[len("model/"):]: v for k, v in state.items() if k.startswith("model/")}
+    model_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     model = GPT(*PRESETS[size])
     model.load_state_dict(model_state, strict=True)
     model.eval()

@@ -59,7 +59,10 @@ TEST(TorchReader, PyTorchLoadsAStrataCheckpointStrictlyAndComputesTheSameLogits)
   const auto reader = strata::checkpoint::StateReader::open(checkpoint);
   ASSERT_FALSE(reader.sharded());
   strata::checkpoint::NamedTensors state;
-  for (const std::string& name : reader.names_under("model")) state.emplace_back(name, reader.full(reader.tensor_of("model", name)));
+  // strata train saves the Trainer's checkpoint: the GPT is the module's "model".
+  for (const std::string& name : reader.names_under("module")) {
+    if (name.rfind("model.", 0) == 0) state.emplace_back(name.substr(6), reader.full(reader.tensor_of("module", name)));
+  }
   strata::checkpoint::load_module_state(*model, state, /*strict=*/true);
   at::Tensor idx = at::arange(2 * 40, at::kLong).mul_(37).remainder_(256).view({2, 40});
   at::Tensor logits;
@@ -98,17 +101,19 @@ TEST(TorchReader, TheExportedModelLoadsIntoPyTorchThroughTheDocumentedExample) {
   const std::string checkpoint = (dir / "ckpt" / "step-00000002").string();
   const CommandResult exported = run(strata + " ckpt export " + checkpoint + " " + (dir / "export").string());
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
-  EXPECT_NE(exported.output.find("entry 'model'"), std::string::npos) << exported.output;
+  EXPECT_NE(exported.output.find("entry 'module'"), std::string::npos) << exported.output;
 
-  // The configuration comes from the checkpoint, not from a preset: --seq-len 32 is in it.
+  // The configuration comes from the checkpoint, not from a preset: --seq-len 32 is in it
+  // (the Trainer's checkpoint keeps it with the module's own values).
   const auto reader = strata::checkpoint::StateReader::open(checkpoint);
   ASSERT_TRUE(reader.sharded());
-  const auto config =
-      strata::models::GPTConfig::from_json(reader.entries()["model_config"]["value"], checkpoint);
+  const auto config = strata::models::GPTConfig::from_json(
+      reader.entries()["trainer"]["value"]["module_extra"]["model_config"], checkpoint);
   EXPECT_EQ(config.block_size(), 32);
   strata::models::GPT model(config);
   strata::checkpoint::NamedTensors state;
-  for (const std::string& name : reader.names_under("model")) state.emplace_back(name, reader.full(reader.tensor_of("model", name)));
+  for (const std::string& name : reader.names_under("module"))
+    if (name.rfind("model.", 0) == 0) state.emplace_back(name.substr(6), reader.full(reader.tensor_of("module", name)));
   strata::checkpoint::load_module_state(*model, state, /*strict=*/true);
   at::Tensor idx = at::arange(2 * 32, at::kLong).mul_(41).remainder_(256).view({2, 32});
   at::Tensor logits;

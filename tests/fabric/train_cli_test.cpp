@@ -193,7 +193,7 @@ TEST_F(TrainCliTest, FsdpWithAndWithoutActivationCheckpointingTrainsLikeDdp) {
   EXPECT_TRUE(fs::exists(sharded + "/shard-00000-of-00002.safetensors"));
   EXPECT_TRUE(fs::exists(sharded + "/shard-00001-of-00002.safetensors"));
   EXPECT_FALSE(fs::exists(sharded + "/state.safetensors"));
-  EXPECT_EQ(meta.at("entries").at("step").at("value"), 8);
+  EXPECT_EQ(meta.at("entries").at("trainer").at("value").at("global_step"), 8);
 
   // Full: one consolidated file with the tensors DDP's checkpoint holds.
   const std::string full = path("recompute/step-00000008");

@@ -207,8 +207,11 @@ void reshard_checkpoint(const StateReader& source, const std::string& out, int w
 /// as it is. Each (alias, original) of `aliases` also stores a copy of
 /// `original` under `alias` unless the module has one (a tied head, which
 /// PyTorch's state_dict lists under both names). Atomic. Throws
-/// CheckpointError when there is no such module entry or original.
+/// CheckpointError when there is no such module entry or original. With a
+/// `sub_prefix` ("model."), only the tensors under it are written, without
+/// it: the submodule a larger saved module holds.
 void export_module(const StateReader& source, const std::string& key, const std::string& out,
-                   const std::vector<std::pair<std::string, std::string>>& aliases = {});
+                   const std::vector<std::pair<std::string, std::string>>& aliases = {},
+                   const std::string& sub_prefix = "");
 
 }  // namespace strata::checkpoint

@@ -49,8 +49,6 @@ class DDPStrategy : public Strategy {
   /// Moves the module to the device, broadcasts its parameters and buffers
   /// from rank 0 (sync_module_states) and registers the gradient hooks.
   ModulePtr setup_module(ModulePtr module) override;
-  /// The Trainer's name for module_to_device.
-  void model_to_device(torch::nn::Module& module) { module_to_device(module); }
   void backward(const at::Tensor& loss) override;
   Scope no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
   void teardown() override;

@@ -29,6 +29,9 @@ class Loader;
 namespace strata::checkpoint {
 class StateReader;
 }
+namespace strata {
+class Trainer;
+}
 
 namespace strata::strategies {
 struct SavePlan;
@@ -117,6 +120,8 @@ class Strategy {
                                                 const std::vector<torch::optim::Optimizer*>& optimizers);
   /// Moves `module` to root_device().
   virtual void module_to_device(torch::nn::Module& module);
+  /// The Trainer's name for module_to_device.
+  void model_to_device(torch::nn::Module& module) { module_to_device(module); }
   /// Scope for creating the model. `empty_init`: true skips initialising
   /// parameters (they will be loaded); nullopt lets the strategy decide.
   virtual Scope module_init_context(std::optional<bool> empty_init = std::nullopt);
@@ -190,6 +195,26 @@ class Strategy {
   /// the CPU.
   virtual void teardown();
 
+  // ---- the Trainer's strategy (seed 002) -------------------------------------
+  /// Attaches the module a Trainer trains (a strata::TrainModule), before
+  /// setup(trainer) prepares it.
+  void connect(ModulePtr module) { connected_ = std::move(module); }
+  /// The module connect() attached (after setup(trainer): the one
+  /// setup_module returned); null when none.
+  const ModulePtr& lightning_module() const { return connected_; }
+  /// Moves the connected module to root_device().
+  void model_to_device() {
+    if (connected_) module_to_device(*connected_);
+  }
+  /// Prepares the connected module for `trainer`: setup_module, then the
+  /// optimizers of its configure_optimizers() (built after setup_module, so
+  /// FSDP's optimizers see the shards), each through setup_optimizer.
+  /// Defined with the Trainer (src/trainer/strategy_setup.cpp).
+  void setup(Trainer& trainer);
+  /// True on every rank when `decision` holds on every rank (all) or on at
+  /// least one (any): a collective, so every rank must call it.
+  bool reduce_boolean_decision(bool decision, bool all = true);
+
  protected:
   /// Combines this rank's part of a gradient norm across ranks:
   /// `local` is the max of |g| (is_max, the inf-norm) or the sum of |g|^p.
@@ -250,6 +275,7 @@ class Strategy {
   std::chrono::milliseconds collective_timeout_ = std::chrono::minutes(30);
   std::vector<ModulePtr> modules_;  ///< modules set up, for teardown
   std::vector<std::weak_ptr<data::Loader>> loaders_;  ///< device loaders to close at teardown
+  ModulePtr connected_;  ///< the Trainer's module (connect())
 };
 
 }  // namespace strata::strategies

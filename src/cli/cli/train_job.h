@@ -46,6 +46,17 @@ struct TrainConfig {
   std::string metrics_file;
   int64_t log_every = 10;
   int64_t sample_tokens = 200;  ///< text sampled at the end (0: none)
+  // the Trainer's extras
+  int64_t max_epochs = 0;      ///< 0: no epoch limit (max_steps decides)
+  /// Validate every K optimizer steps on the held-out windows; 0: never;
+  /// -1 (default): every 50 steps when the data leaves a batch to hold out.
+  int64_t val_every = -1;
+  double val_fraction = 0.1;   ///< share of the windows held out for validation
+  int64_t val_batches = 10;    ///< batches per validation
+  int64_t early_stopping = 0;  ///< patience in validations (0: off)
+  int64_t save_top_k = 0;      ///< keep the k best by val_loss in <ckpt-dir>/best (0: off)
+  std::string logger;          ///< "", "csv", "jsonl" ("tensorboard" once built in)
+  std::string log_dir = "runs";  ///< where --logger writes (<log-dir>/train/version_N)
 
   /// Throws ConfigError naming the first bad value (an FSDP-only flag
   /// with another strategy names the flag).

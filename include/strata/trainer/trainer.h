@@ -1,0 +1,300 @@
+// strata::Trainer: runs the training, validation, test and prediction
+// loops over a TrainModule (the Lightning Trainer's role), on the same
+// strategies Fabric uses (ddp, fsdp, single_device), with callbacks,
+// loggers and checkpoints.
+//
+//   strata::Trainer trainer(strata::TrainerOptions()
+//                               .with_devices(2).with_strategy("ddp").with_max_epochs(3)
+//                               .with_logger(strata::trainer::make_logger("csv", "runs")));
+//   trainer.fit(module, strata::DataSource(train_set, strata::DataOptions().with_batch_size(32)
+//                                                         .with_shuffle(true)),
+//               strata::DataSource(val_set, strata::DataOptions().with_batch_size(32)));
+//
+// Process model (as Fabric's): in a program started by a launcher (strata
+// launch, torchrun-style variables, MPI, SLURM) or with one device, every
+// call runs in place. With several devices and no launcher, the first call
+// re-runs this program as `devices` workers (every Trainer call then runs in
+// the workers, in place) and waits for them; in the launching process that
+// call and every later one of this Trainer return without running anything.
+// A worker's failure stops the others and throws LaunchError there.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/data/dataset.h"
+#include "strata/data/loader.h"
+#include "strata/strategies/strategy.h"
+#include "strata/trainer/callback.h"
+#include "strata/trainer/logger.h"
+#include "strata/trainer/train_module.h"
+
+namespace strata {
+
+/// A number of batches (an integer) or a fraction of a loader (a real in
+/// [0, 1]): limit_*_batches and val_check_interval, as in Lightning.
+struct BatchLimit {
+  double value = 1.0;
+  bool fraction = true;
+  BatchLimit(int batches) : value(batches), fraction(false) {}
+  BatchLimit(int64_t batches) : value(static_cast<double>(batches)), fraction(false) {}
+  BatchLimit(double fraction_of_loader) : value(fraction_of_loader), fraction(true) {}
+  /// The number of batches of a loader of `size` batches this limit allows.
+  int64_t of(int64_t size) const;
+};
+
+/// How the Trainer builds a loader from a dataset.
+struct DataOptions {
+  /// Examples per step over all ranks: each of N ranks takes batch_size / N
+  /// (which must divide), so a loader position means the same examples at
+  /// any world size.
+  int64_t batch_size = 1;
+  bool shuffle = false;  ///< reshuffle every epoch (the same order on every rank)
+  uint64_t seed = 0;     ///< seed of the shuffle
+  bool drop_last = false;
+
+  DataOptions& with_batch_size(int64_t b) { batch_size = b; return *this; }
+  DataOptions& with_shuffle(bool s) { shuffle = s; return *this; }
+  DataOptions& with_seed(uint64_t s) { seed = s; return *this; }
+  DataOptions& with_drop_last(bool d) { drop_last = d; return *this; }
+};
+
+/// The data of one loop: a dataset the Trainer splits among the ranks (a
+/// distributed sampler; needed by predict, and to resume at another world
+/// size), or a loader the caller made for this rank.
+class DataSource {
+ public:
+  DataSource(std::shared_ptr<const data::Dataset> dataset, DataOptions options = {})
+      : dataset_(std::move(dataset)), options_(options) {}
+  DataSource(std::shared_ptr<data::Loader> loader) : loader_(std::move(loader)) {}
+  const std::shared_ptr<const data::Dataset>& dataset() const { return dataset_; }
+  const DataOptions& options() const { return options_; }
+  const std::shared_ptr<data::Loader>& loader() const { return loader_; }
+
+ private:
+  std::shared_ptr<const data::Dataset> dataset_;
+  DataOptions options_;
+  std::shared_ptr<data::Loader> loader_;
+};
+
+/// How a Trainer runs. Fluent setters; validated by the Trainer's
+/// constructor (ConfigError names the field). Defaults are Lightning's,
+/// except that there is no default logger.
+struct TrainerOptions {
+  std::string accelerator = "cpu";  ///< "cpu", "cuda", "auto"
+  int devices = 1;                  ///< workers on this host
+  int num_nodes = 1;
+  std::string strategy = "auto";    ///< "auto", "ddp", "fsdp", "single_device"
+  std::shared_ptr<strategies::Strategy> strategy_object;  ///< overrides `strategy`
+  std::string precision = "32-true";
+  /// Epochs to train; unset with max_steps = -1: 1000 (Lightning's default).
+  std::optional<int64_t> max_epochs;
+  int64_t max_steps = -1;  ///< optimizer steps; -1: no limit
+  /// Wall time to train for (a Timer callback stops the run after it).
+  std::optional<std::chrono::milliseconds> max_time;
+  /// Validate every this many training batches (integer) or fraction of
+  /// the epoch (real); 1.0: at the end of each epoch.
+  BatchLimit val_check_interval = 1.0;
+  /// Validate on every n-th epoch. 0 (Lightning's None): an integer
+  /// val_check_interval counts optimizer steps across epochs instead.
+  int64_t check_val_every_n_epoch = 1;
+  BatchLimit limit_train_batches = 1.0;
+  BatchLimit limit_val_batches = 1.0;
+  BatchLimit limit_test_batches = 1.0;
+  BatchLimit limit_predict_batches = 1.0;
+  int64_t accumulate_grad_batches = 1;
+  std::optional<double> gradient_clip_val;           ///< unset: no clipping
+  std::string gradient_clip_algorithm = "norm";       ///< "norm" or "value"
+  int64_t log_every_n_steps = 50;
+  std::string default_root_dir = ".";  ///< checkpoints go to <dir>/checkpoints
+  bool enable_checkpointing = true;    ///< adds a ModelCheckpoint (save_last) when none is given
+  bool enable_progress_bar = true;     ///< adds a ProgressBar when none is given
+  std::vector<trainer::CallbackPtr> callbacks;
+  std::vector<trainer::LoggerPtr> loggers;
+  std::optional<uint64_t> seed;  ///< seeds LibTorch in every worker at launch
+  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
+
+  TrainerOptions& with_accelerator(std::string a) { accelerator = std::move(a); return *this; }
+  TrainerOptions& with_devices(int d) { devices = d; return *this; }
+  TrainerOptions& with_num_nodes(int n) { num_nodes = n; return *this; }
+  TrainerOptions& with_strategy(std::string s) { strategy = std::move(s); return *this; }
+  TrainerOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy_object = std::move(s); return *this; }
+  TrainerOptions& with_precision(std::string p) { precision = std::move(p); return *this; }
+  TrainerOptions& with_max_epochs(int64_t e) { max_epochs = e; return *this; }
+  TrainerOptions& with_max_steps(int64_t s) { max_steps = s; return *this; }
+  TrainerOptions& with_max_time(std::chrono::milliseconds t) { max_time = t; return *this; }
+  TrainerOptions& with_val_check_interval(BatchLimit v) { val_check_interval = v; return *this; }
+  TrainerOptions& with_check_val_every_n_epoch(int64_t n) { check_val_every_n_epoch = n; return *this; }
+  TrainerOptions& with_limit_train_batches(BatchLimit l) { limit_train_batches = l; return *this; }
+  TrainerOptions& with_limit_val_batches(BatchLimit l) { limit_val_batches = l; return *this; }
+  TrainerOptions& with_limit_test_batches(BatchLimit l) { limit_test_batches = l; return *this; }
+  TrainerOptions& with_limit_predict_batches(BatchLimit l) { limit_predict_batches = l; return *this; }
+  TrainerOptions& with_accumulate_grad_batches(int64_t a) { accumulate_grad_batches = a; return *this; }
+  TrainerOptions& with_gradient_clip_val(double v) { gradient_clip_val = v; return *this; }
+  TrainerOptions& with_gradient_clip_algorithm(std::string a) { gradient_clip_algorithm = std::move(a); return *this; }
+  TrainerOptions& with_log_every_n_steps(int64_t n) { log_every_n_steps = n; return *this; }
+  TrainerOptions& with_default_root_dir(std::string d) { default_root_dir = std::move(d); return *this; }
+  TrainerOptions& with_enable_checkpointing(bool e) { enable_checkpointing = e; return *this; }
+  TrainerOptions& with_enable_progress_bar(bool e) { enable_progress_bar = e; return *this; }
+  TrainerOptions& with_callback(trainer::CallbackPtr c) { callbacks.push_back(std::move(c)); return *this; }
+  TrainerOptions& with_callbacks(std::vector<trainer::CallbackPtr> c) { callbacks = std::move(c); return *this; }
+  TrainerOptions& with_logger(trainer::LoggerPtr l) { loggers.push_back(std::move(l)); return *this; }
+  TrainerOptions& with_loggers(std::vector<trainer::LoggerPtr> l) { loggers = std::move(l); return *this; }
+  TrainerOptions& with_seed(uint64_t s) { seed = s; return *this; }
+  TrainerOptions& with_collective_timeout(std::chrono::milliseconds t) { collective_timeout = t; return *this; }
+};
+
+namespace trainer {
+class ModelCheckpoint;
+namespace detail {
+class Results;
+}
+}  // namespace trainer
+
+/// The loops. One Trainer trains one module at a time, from one thread.
+class Trainer {
+ public:
+  /// Validates `options` (ConfigError names the field) and builds the
+  /// accelerator, precision, strategy and default callbacks. Starts nothing.
+  explicit Trainer(TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Trains `module` on `train`, validating on `val` when given. ckpt_path:
+  /// "" (start fresh), a checkpoint directory, "last" (the newest last
+  /// checkpoint of a ModelCheckpoint) or "best" (its best). Throws
+  /// ConfigError for a ckpt_path that does not exist, for a
+  /// configure_optimizers that returns no optimizer and for a step that
+  /// returns no scalar loss; strata::Error when the loss becomes NaN or
+  /// infinite (naming the step; nothing is saved after it).
+  void fit(std::shared_ptr<TrainModule> module, const DataSource& train,
+           const std::optional<DataSource>& val = std::nullopt, const std::string& ckpt_path = "");
+  /// Runs validation_step over `data`; returns the metrics logged
+  /// (reduced over the epoch) on every rank.
+  trainer::Metrics validate(std::shared_ptr<TrainModule> module, const DataSource& data,
+                            const std::string& ckpt_path = "");
+  /// Runs test_step over `data`; as validate().
+  trainer::Metrics test(std::shared_ptr<TrainModule> module, const DataSource& data,
+                        const std::string& ckpt_path = "");
+  /// Runs predict_step over `data` (a dataset: the Trainer splits it) and
+  /// returns, on global rank 0, every example's prediction in dataset order
+  /// (the rows of predict_step's outputs, concatenated); an undefined
+  /// tensor on other ranks.
+  at::Tensor predict(std::shared_ptr<TrainModule> module, const DataSource& data,
+                     const std::string& ckpt_path = "");
+
+  // ---- state, for callbacks and modules ------------------------------------
+  int64_t current_epoch() const { return epoch_; }
+  /// Optimizer steps taken.
+  int64_t global_step() const { return global_step_; }
+  /// Set to stop fit after the current batch (every rank must set it).
+  bool should_stop = false;
+  /// "fit", "validate", "test", "predict" while running; "" otherwise.
+  const std::string& state_fn() const { return stage_; }
+  /// True inside the validation loop of fit (or validate()).
+  bool validating() const { return validating_; }
+  /// Latest metric values: step values during an epoch, epoch values after.
+  const trainer::Metrics& callback_metrics() const { return callback_metrics_; }
+  /// What was last handed to the loggers.
+  const trainer::Metrics& logged_metrics() const { return logged_metrics_; }
+  /// Values marked prog_bar.
+  const trainer::Metrics& progress_bar_metrics() const { return progress_bar_metrics_; }
+  /// Batches of the training loader per epoch (after limits), on this rank.
+  int64_t num_training_batches() const { return num_training_batches_; }
+  /// Training batches done in the current epoch.
+  int64_t batch_idx() const { return batch_in_epoch_; }
+  /// The loss of the last optimizer step on this rank (NaN before one).
+  double last_loss() const { return last_loss_; }
+
+  strategies::Strategy& strategy() { return *strategy_; }
+  const TrainerOptions& options() const { return options_; }
+  int global_rank() const { return strategy_->global_rank(); }
+  int world_size() const { return strategy_->world_size(); }
+  bool is_global_zero() const { return strategy_->is_global_zero(); }
+  TrainModule* lightning_module() const { return module_.get(); }
+  const std::vector<trainer::CallbackPtr>& callbacks() const { return callbacks_; }
+  const std::vector<trainer::LoggerPtr>& loggers() const { return options_.loggers; }
+  /// The first logger, or null.
+  trainer::LoggerPtr logger() const { return options_.loggers.empty() ? nullptr : options_.loggers.front(); }
+  /// The optimizers and schedulers of configure_optimizers (after setup).
+  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizers_; }
+  const std::vector<trainer::SchedulerConfig>& lr_scheduler_configs() const { return schedulers_; }
+  /// The first ModelCheckpoint callback, or null.
+  std::shared_ptr<trainer::ModelCheckpoint> checkpoint_callback() const;
+
+  /// Saves the Trainer's checkpoint (module, optimizers, schedulers, epoch,
+  /// global step, loop position, callback states) to the directory
+  /// `filepath`, atomically. Every rank must call it.
+  void save_checkpoint(const std::string& filepath);
+
+  // ---- used by TrainModule::log and by strategies::Strategy::setup ----------
+  /// Records a logged value (TrainModule::log calls this).
+  void record_log(const std::string& name, const at::Tensor& value, const LogOptions& options);
+  /// Calls the module's configure_optimizers, checks and keeps the result.
+  void configure_optimizers_from_module();
+
+ private:
+  friend class strategies::Strategy;  // Strategy::setup(trainer) sets the module up once
+  bool launch_or_skip();
+  void attach(std::shared_ptr<TrainModule> module, const std::string& stage);
+  void detach(const std::string& stage, const std::string& status);
+  std::shared_ptr<data::Loader> make_loader(const DataSource& source, bool train, const std::string& what);
+  void run_training(const DataSource& train, const std::optional<DataSource>& val, const std::string& ckpt_path);
+  bool train_one_epoch(data::Loader& loader, data::Loader* val_loader);
+  void training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step);
+  void optimizer_step();
+  void run_validation(data::Loader& loader, int64_t limit);
+  trainer::Metrics evaluation_loop(data::Loader& loader, int64_t limit, const std::string& stage);
+  trainer::Metrics run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                  const std::string& stage, const std::string& ckpt_path);
+  void log_to_loggers(const trainer::Metrics& metrics, int64_t step);
+  void update_step_metrics(bool stepped);
+  std::string resolve_ckpt_path(const std::string& ckpt_path);
+  void restore(const std::string& path, bool training);
+  bool step_limit_reached() const;
+  template <class Fn>
+  void each_callback(Fn&& fn) {
+    for (const auto& c : callbacks_) fn(*c);
+  }
+
+  TrainerOptions options_;
+  std::shared_ptr<strategies::Strategy> strategy_;
+  std::vector<trainer::CallbackPtr> callbacks_;
+  std::shared_ptr<TrainModule> module_;
+  bool module_set_up_ = false;
+  bool spawned_ = false;        // the launching process: the workers ran the program
+  bool owns_environment_ = false;
+  std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
+  std::vector<trainer::SchedulerConfig> schedulers_;
+  std::unique_ptr<trainer::detail::Results> results_;     // the training loop's
+  trainer::detail::Results* active_results_ = nullptr;    // an evaluation loop's, while it runs
+  std::string stage_;
+  bool validating_ = false;
+  bool in_training_step_ = false;
+  bool train_is_dataset_ = false;
+  int64_t epoch_ = 0;
+  int64_t global_step_ = 0;
+  int64_t batch_in_epoch_ = 0;
+  int64_t num_training_batches_ = 0;
+  int64_t max_epochs_ = 1000;
+  bool epoch_done_ = false;      // the current epoch finished (for checkpoints at its end)
+  int64_t resume_position_ = 0;  // batches of the first epoch a restored run skips
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+  at::Tensor step_loss_;
+  at::Tensor last_batch_loss_;
+  int64_t current_batch_size_ = 0;
+  trainer::Metrics callback_metrics_;
+  trainer::Metrics logged_metrics_;
+  trainer::Metrics progress_bar_metrics_;
+  trainer::Metrics pending_step_metrics_;
+};
+
+}  // namespace strata

@@ -1,0 +1,129 @@
+// The GPT TrainModule and the callbacks of `strata train` (cli/gpt_job.h).
+#include "cli/gpt_job.h"
+
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+
+#include "strata/core/error.h"
+#include "strata/trainer/trainer.h"
+
+namespace strata::cli {
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+GPTJob::GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay)
+    : model_size_(std::move(model_size)), lr_(lr), weight_decay_(weight_decay) {
+  gpt = register_module("model", models::GPT(config));
+}
+
+at::Tensor GPTJob::training_step(const data::Batch& batch, int64_t) {
+  at::Tensor loss = gpt->loss(batch.input, batch.target).to(at::kFloat);
+  log("train_loss", loss.detach(), LogOptions().with_prog_bar(false));
+  return loss;
+}
+
+at::Tensor GPTJob::validation_step(const data::Batch& batch, int64_t) {
+  log("val_loss", gpt->loss(batch.input, batch.target).to(at::kFloat),
+      LogOptions().with_sync_dist(true).with_prog_bar(true));
+  return {};
+}
+
+OptimizerConfig GPTJob::configure_optimizers() {
+  return OptimizerConfig(std::make_shared<torch::optim::AdamW>(
+      parameters(), torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_)));
+}
+
+// The whole configuration travels with the checkpoint, so a reader (strata
+// ckpt export) rebuilds the model from the checkpoint alone.
+void GPTJob::on_save_checkpoint(nlohmann::json& extra) {
+  extra["model_size"] = model_size_;
+  extra["model_config"] = gpt->config().to_json();
+}
+
+void GPTJob::on_load_checkpoint(const nlohmann::json& extra) {
+  const std::string saved =
+      extra.is_object() && extra.contains("model_size") && extra["model_size"].is_string()
+          ? extra["model_size"].get<std::string>()
+          : std::string();
+  STRATA_CHECK(saved == model_size_, ConfigError, "[train] the checkpoint holds a '", saved,
+               "' model but --model-size is '", model_size_, "'");
+  if (extra.contains("model_config")) {
+    const nlohmann::json mine = gpt->config().to_json();
+    STRATA_CHECK(extra["model_config"] == mine, ConfigError, "[train] the checkpoint holds a model configured as ",
+                 extra["model_config"].dump().substr(0, 300), " but this run builds ", mine.dump(),
+                 " (another --seq-len?)");
+  }
+}
+
+WindowRange::WindowRange(std::shared_ptr<const data::Dataset> all, size_t begin, size_t end)
+    : all_(std::move(all)), begin_(begin), end_(end) {
+  STRATA_ASSERT(all_ && begin_ <= end_ && end_ <= all_->size(), "window range out of the dataset");
+}
+
+data::Example WindowRange::get(size_t index) const {
+  STRATA_CHECK(index < size(), ConfigError, "[data] window ", index, " is out of range (", size(), " windows)");
+  return all_->get(begin_ + index);
+}
+
+MetricsFile::MetricsFile(std::string path, int64_t tokens_per_step)
+    : path_(std::move(path)), tokens_per_step_(tokens_per_step), last_loss_(std::numeric_limits<double>::quiet_NaN()) {}
+
+void MetricsFile::on_train_start(Trainer& trainer, TrainModule&) {
+  start_ = last_ = std::chrono::steady_clock::now();
+  last_step_ = trainer.global_step();
+  if (trainer.is_global_zero() && !path_.empty()) {
+    out_.open(path_, std::ios::app);
+    STRATA_CHECK(out_.good(), ConfigError, "[train] cannot open --metrics-file ", path_, " for appending");
+  }
+}
+
+void MetricsFile::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&, const data::Batch&, int64_t) {
+  if (trainer.global_step() == last_step_) return;  // inside an accumulation
+  last_step_ = trainer.global_step();
+  // Every rank: the step's loss averaged over ranks (a collective).
+  last_loss_ = trainer.strategy().all_reduce(at::scalar_tensor(trainer.last_loss(), at::kFloat)).item<double>();
+  if (!out_.is_open()) return;
+  const auto now = std::chrono::steady_clock::now();
+  const double step_s = std::max(std::chrono::duration<double>(now - last_).count(), 1e-9);
+  last_ = now;
+  nlohmann::json line{{"step", trainer.global_step()},
+                      {"loss", last_loss_},
+                      {"lr", trainer.optimizers().front()->param_groups()[0].options().get_lr()},
+                      {"epoch", trainer.current_epoch()},
+                      {"tokens_per_s", static_cast<double>(tokens_per_step_) / step_s},
+                      {"elapsed_s", std::chrono::duration<double>(now - start_).count()}};
+  auto val = trainer.callback_metrics().find("val_loss");
+  if (val != trainer.callback_metrics().end()) line["val_loss"] = val->second;
+  out_ << line.dump() << "\n";
+  out_.flush();
+  STRATA_CHECK(out_.good(), Error, "[train] writing --metrics-file ", path_, " failed at step ", trainer.global_step(),
+               " (is the disk full?)");
+}
+
+FinalSave::FinalSave(std::string dir, int64_t every, std::string resumed_from)
+    : dir_(std::move(dir)), every_(every), resumed_from_(std::move(resumed_from)) {}
+
+void FinalSave::on_train_start(Trainer& trainer, TrainModule&) {
+  if (!resumed_from_.empty() && trainer.is_global_zero()) {
+    std::cout << "resumed from " << resumed_from_ << " at step " << trainer.global_step() << std::endl;
+  }
+}
+
+void FinalSave::on_train_end(Trainer& trainer, TrainModule&) {
+  if (dir_.empty()) return;
+  if (every_ > 0 && trainer.global_step() % every_ == 0) return;  // saved by the periodic checkpoint
+  const std::string path = (std::filesystem::path(dir_) / step_name(trainer.global_step())).string();
+  trainer.save_checkpoint(path);
+  if (trainer.is_global_zero()) std::cout << "saved checkpoint " << path << std::endl;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,200 @@
+// CSV and JSON-lines loggers (trainer/csv_logger.h).
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/core/error.h"
+#include "strata/trainer/csv_logger.h"
+#include "strata/trainer/tensorboard_logger.h"
+
+namespace strata::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Shortest text that reads back as the same double (Python's repr rule);
+// "nan", "inf", "-inf" for the rest, as Python's float() reads them.
+std::string number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto result = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, result.ptr);
+}
+
+// A CSV cell: quoted when it holds a comma, quote or line break (RFC 4180).
+std::string csv_cell(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void create_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  STRATA_CHECK(!ec, Error, "[logger] cannot create the log folder ", dir, ": ", ec.message(),
+               "; choose a root_dir you can write to");
+}
+
+void check_name(const std::string& root_dir, const std::string& name) {
+  STRATA_CHECK(!root_dir.empty(), ConfigError, "[logger] root_dir is empty; pass a folder such as 'runs'");
+  STRATA_CHECK(name.find('/') == std::string::npos && name != ".." && name != ".", ConfigError,
+               "[logger] name '", name, "' must be one folder name (no '/')");
+}
+
+}  // namespace
+
+std::string versioned_log_dir(const std::string& root_dir, const std::string& name, std::optional<int64_t> version) {
+  check_name(root_dir, name);
+  fs::path base = fs::path(root_dir) / name;
+  if (!version) {
+    int64_t next = 0;
+    std::error_code ec;
+    if (fs::is_directory(base, ec)) {
+      for (const auto& entry : fs::directory_iterator(base, ec)) {
+        const std::string n = entry.path().filename().string();
+        if (n.rfind("version_", 0) != 0 || n.size() == 8 || n.size() > 8 + 18) continue;
+        if (n.find_first_not_of("0123456789", 8) != std::string::npos) continue;
+        next = std::max<int64_t>(next, std::stoll(n.substr(8)) + 1);
+      }
+    }
+    version = next;
+  }
+  STRATA_CHECK(*version >= 0, ConfigError, "[logger] version must be >= 0, got ", *version);
+  return (base / ("version_" + std::to_string(*version))).string();
+}
+
+// ---- CSVLogger --------------------------------------------------------------
+
+CSVLogger::CSVLogger(std::string root_dir, std::string name, std::optional<int64_t> version)
+    : log_dir_(versioned_log_dir(root_dir, name, version)) {}
+
+std::string CSVLogger::metrics_file() const { return (fs::path(log_dir_) / "metrics.csv").string(); }
+
+void CSVLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
+  std::map<std::string, std::string> row;
+  for (const auto& [key, value] : metrics) {
+    STRATA_CHECK(key != "step", ConfigError, "[logger] 'step' is the CSV's own column; log the metric under another name");
+    // Whole epochs read as integers, as in Lightning's files.
+    if (key == "epoch" && std::floor(value) == value && std::abs(value) < 9e15) {
+      row[key] = std::to_string(static_cast<int64_t>(value));
+    } else {
+      row[key] = number_text(value);
+    }
+    if (!std::binary_search(columns_.begin(), columns_.end(), key)) {
+      columns_.insert(std::upper_bound(columns_.begin(), columns_.end(), key), key);
+      header_changed_ = true;
+    }
+  }
+  row["step"] = std::to_string(step);
+  rows_.push_back(std::move(row));
+}
+
+void CSVLogger::log_hyperparams(const Hyperparams& params) {
+  create_dir(log_dir_);
+  const std::string path = (fs::path(log_dir_) / "hparams.yaml").string();
+  std::ofstream out(path, std::ios::trunc);
+  // JSON strings are YAML double-quoted scalars: every key and value reads
+  // back as the text it was, whatever characters it holds.
+  if (params.empty()) out << "{}\n";
+  for (const auto& [key, value] : params) out << nlohmann::json(key).dump() << ": " << nlohmann::json(value).dump() << "\n";
+  out.flush();
+  STRATA_CHECK(out.good(), Error, "[logger] cannot write ", path, " (is the disk full?)");
+}
+
+void CSVLogger::save() {
+  if (rows_.size() == written_ && !header_changed_) return;
+  create_dir(log_dir_);
+  // Lightning's column order: the metrics (sorted), then "step"; "epoch"
+  // is a metric like the others.
+  std::vector<std::string> header = columns_;
+  header.push_back("step");
+  const bool rewrite = header_changed_ || written_ == 0;
+  std::ofstream out(metrics_file(), rewrite ? std::ios::trunc : std::ios::app);
+  STRATA_CHECK(out.is_open(), Error, "[logger] cannot open ", metrics_file(), " for writing");
+  auto write_row = [&](const std::map<std::string, std::string>& row) {
+    for (size_t i = 0; i < header.size(); ++i) {
+      auto it = row.find(header[i]);
+      out << (i ? "," : "") << (it == row.end() ? "" : csv_cell(it->second));
+    }
+    out << "\n";
+  };
+  if (rewrite) {
+    for (size_t i = 0; i < header.size(); ++i) out << (i ? "," : "") << csv_cell(header[i]);
+    out << "\n";
+    for (const auto& row : rows_) write_row(row);
+  } else {
+    for (size_t i = written_; i < rows_.size(); ++i) write_row(rows_[i]);
+  }
+  out.flush();
+  STRATA_CHECK(out.good(), Error, "[logger] writing ", metrics_file(), " failed (is the disk full?)");
+  written_ = rows_.size();
+  header_changed_ = false;
+}
+
+void CSVLogger::finalize(const std::string&) { save(); }
+
+// ---- JSONLinesLogger ------------------------------------------------------------
+
+JSONLinesLogger::JSONLinesLogger(std::string root_dir, std::string name, std::optional<int64_t> version)
+    : log_dir_(versioned_log_dir(root_dir, name, version)) {}
+
+std::string JSONLinesLogger::metrics_file() const { return (fs::path(log_dir_) / "metrics.jsonl").string(); }
+
+void JSONLinesLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
+  nlohmann::json line = nlohmann::json::object();
+  line["step"] = step;
+  for (const auto& [key, value] : metrics) {
+    if (key == "step") continue;
+    line[key] = std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+  }
+  pending_.push_back(line.dump());
+}
+
+void JSONLinesLogger::log_hyperparams(const Hyperparams& params) {
+  create_dir(log_dir_);
+  const std::string path = (fs::path(log_dir_) / "hparams.json").string();
+  std::ofstream out(path, std::ios::trunc);
+  out << nlohmann::json(params).dump(2) << "\n";
+  out.flush();
+  STRATA_CHECK(out.good(), Error, "[logger] cannot write ", path, " (is the disk full?)");
+}
+
+void JSONLinesLogger::save() {
+  if (pending_.empty()) return;
+  create_dir(log_dir_);
+  std::ofstream out(metrics_file(), std::ios::app);
+  for (const std::string& line : pending_) out << line << "\n";
+  out.flush();
+  STRATA_CHECK(out.good(), Error, "[logger] writing ", metrics_file(), " failed (is the disk full?)");
+  pending_.clear();
+}
+
+void JSONLinesLogger::finalize(const std::string&) { save(); }
+
+// ---- make_logger ------------------------------------------------------------------
+
+LoggerPtr make_logger(const std::string& kind, const std::string& root_dir, const std::string& name,
+                      std::optional<int64_t> version) {
+  if (kind == "csv") return std::make_shared<CSVLogger>(root_dir, name, version);
+  if (kind == "jsonl") return std::make_shared<JSONLinesLogger>(root_dir, name, version);
+  if (kind == "tensorboard") {
+    STRATA_CHECK(!version || (*version >= 0 && *version <= std::numeric_limits<int>::max()), ConfigError,
+                 "[logger] version ", *version, " is out of range: it must be from 0 to ",
+                 std::numeric_limits<int>::max());
+    return std::make_shared<TensorBoardLogger>(root_dir, name,
+                                               version ? std::optional<int>(static_cast<int>(*version)) : std::nullopt);
+  }
+  throw ConfigError("[logger] unknown logger '" + kind + "'; choose one of: csv, jsonl, tensorboard");
+}
+
+}  // namespace strata::trainer

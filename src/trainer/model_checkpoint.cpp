@@ -1,0 +1,334 @@
+// ModelCheckpoint and EarlyStopping (trainer/callbacks.h): the two
+// callbacks that decide from a monitored metric.
+//
+// Note [Rank 0 decides]
+// A metric logged without sync_dist holds each rank's own value, so ranks
+// could rank checkpoints or judge improvement differently, and then call
+// different collectives (one saves, another does not) and hang. Both
+// callbacks take rank 0's value (broadcast) and vote with
+// reduce_boolean_decision, so every rank saves, removes and stops together.
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+
+#include "strata/core/error.h"
+#include "strata/strategies/strategy.h"
+#include "strata/trainer/callbacks.h"
+#include "strata/trainer/trainer.h"
+
+namespace strata::trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shortest(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+std::string available(const Metrics& metrics) {
+  std::string out;
+  for (const auto& [k, v] : metrics) out += (out.empty() ? "" : ", ") + k;
+  return out.empty() ? "(none logged yet)" : out;
+}
+
+// Rank 0's value of `monitor` on every rank; ConfigError when rank 0 has
+// none (every rank runs the same loops, so every rank throws).
+double monitored(Trainer& trainer, const std::string& monitor, const std::string& who) {
+  const Metrics& metrics = trainer.callback_metrics();
+  auto it = metrics.find(monitor);
+  const bool found = trainer.strategy().broadcast(it != metrics.end(), 0);
+  STRATA_CHECK(found, ConfigError, "[trainer] ", who, " monitors '", monitor,
+               "', which was never logged; the metrics logged are: ", available(metrics),
+               ". Log it with log(\"", monitor, "\", value) in a step, or monitor one of those");
+  return trainer.strategy().broadcast(it != metrics.end() ? it->second : 0.0, 0);
+}
+
+void check_mode(const std::string& mode, const char* who) {
+  STRATA_CHECK(mode == "min" || mode == "max", ConfigError, "[trainer] ", who, " mode must be 'min' or 'max', got '",
+               mode, "'");
+}
+
+}  // namespace
+
+// ---- ModelCheckpoint ------------------------------------------------------------
+
+ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
+  check_mode(options_.mode, "ModelCheckpoint");
+  STRATA_CHECK(options_.save_top_k >= -1, ConfigError, "[trainer] ModelCheckpoint save_top_k must be >= -1, got ",
+               options_.save_top_k);
+  STRATA_CHECK(options_.every_n_train_steps >= 0, ConfigError,
+               "[trainer] ModelCheckpoint every_n_train_steps must be >= 0, got ", options_.every_n_train_steps);
+  STRATA_CHECK(!options_.every_n_epochs || *options_.every_n_epochs >= 0, ConfigError,
+               "[trainer] ModelCheckpoint every_n_epochs must be >= 0, got ", *options_.every_n_epochs);
+  STRATA_CHECK(!options_.monitor.empty() || options_.save_top_k == -1 || options_.save_top_k <= 1, ConfigError,
+               "[trainer] ModelCheckpoint save_top_k=", options_.save_top_k,
+               " needs a monitor to rank the checkpoints; set monitor, or save_top_k to 1 (latest) or -1 (all)");
+  STRATA_CHECK(options_.file_extension.find('/') == std::string::npos, ConfigError,
+               "[trainer] ModelCheckpoint file_extension '", options_.file_extension, "' must not contain '/'");
+  STRATA_CHECK(options_.filename.find('/') == std::string::npos, ConfigError,
+               "[trainer] ModelCheckpoint filename '", options_.filename, "' must not contain '/'; use dirpath");
+  best_model_score_ = options_.mode == "min" ? std::numeric_limits<double>::infinity()
+                                             : -std::numeric_limits<double>::infinity();
+}
+
+std::string ModelCheckpoint::state_key() const {
+  return "ModelCheckpoint{monitor=" + options_.monitor + ", mode=" + options_.mode +
+         ", every_n_train_steps=" + std::to_string(options_.every_n_train_steps) +
+         ", every_n_epochs=" + std::to_string(options_.every_n_epochs.value_or(-1)) + "}";
+}
+
+bool ModelCheckpoint::better(double a, double b) const { return options_.mode == "min" ? a < b : a > b; }
+
+std::string ModelCheckpoint::format_name(int64_t epoch, int64_t step, const Metrics& metrics) const {
+  const std::string tmpl = options_.filename.empty() ? "{epoch}-{step}" : options_.filename;
+  std::string out;
+  for (size_t i = 0; i < tmpl.size();) {
+    if (tmpl[i] != '{') {
+      out += tmpl[i++];
+      continue;
+    }
+    const size_t close = tmpl.find('}', i);
+    STRATA_CHECK(close != std::string::npos, ConfigError, "[trainer] ModelCheckpoint filename '", tmpl,
+                 "' has an unclosed '{'");
+    std::string field = tmpl.substr(i + 1, close - i - 1), spec;
+    if (size_t colon = field.find(':'); colon != std::string::npos) {
+      spec = field.substr(colon + 1);
+      field = field.substr(0, colon);
+    }
+    std::string text;
+    if (field == "epoch" || field == "step") {
+      const int64_t v = field == "epoch" ? epoch : step;
+      text = std::to_string(v);
+      if (!spec.empty()) {
+        STRATA_CHECK(spec.size() >= 2 && spec.size() <= 3 && spec.back() == 'd' &&
+                         spec.find_first_not_of("0123456789") == spec.size() - 1,
+                     ConfigError, "[trainer] ModelCheckpoint filename: format '", spec, "' of {", field,
+                     "} is not supported; use d or 0Nd (e.g. 08d)");
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), ("%" + spec).c_str(), static_cast<long long>(v));
+        text = buf;
+      }
+    } else {
+      auto it = metrics.find(field);
+      const double v = it == metrics.end() ? 0.0 : it->second;  // Lightning writes 0 for a missing metric
+      if (spec.empty()) {
+        text = shortest(v);
+      } else {
+        // Python format specs of the forms ".Nf", ".Ne", ".Ng".
+        STRATA_CHECK(spec.size() >= 3 && spec[0] == '.' && std::string("feg").find(spec.back()) != std::string::npos &&
+                         spec.find_first_not_of("0123456789", 1) == spec.size() - 1 && spec.size() <= 4,
+                     ConfigError, "[trainer] ModelCheckpoint filename: format '", spec, "' of {", field,
+                     "} is not supported; use .Nf, .Ne or .Ng with N < 100");
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), ("%" + spec).c_str(), v);
+        text = buf;
+      }
+    }
+    std::string name = field;
+    for (char& c : name) if (c == '/') c = '_';
+    out += options_.auto_insert_metric_name ? name + "=" + text : text;
+    i = close + 1;
+  }
+  return out;
+}
+
+void ModelCheckpoint::setup(Trainer& trainer, TrainModule&, const std::string&) {
+  dirpath_ = options_.dirpath.empty() ? (fs::path(trainer.options().default_root_dir) / "checkpoints").string()
+                                      : options_.dirpath;
+  if (trainer.state_fn() == "fit" && trainer.strategy().local_rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(dirpath_, ec);
+    STRATA_CHECK(!ec, ConfigError, "[trainer] ModelCheckpoint cannot create its folder ", dirpath_, ": ",
+                 ec.message());
+  }
+}
+
+void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&, const data::Batch&,
+                                         int64_t) {
+  const int64_t n = options_.every_n_train_steps;
+  if (n > 0 && trainer.global_step() > 0 && trainer.global_step() % n == 0 &&
+      trainer.global_step() != last_saved_step_) {
+    save(trainer);
+  }
+}
+
+void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, TrainModule&) {
+  // Without validation this epoch, the epoch's end is the save point.
+  const bool validated = has_validation_;
+  has_validation_ = false;
+  if (validated) return;
+  const int64_t every = options_.every_n_epochs.value_or(options_.every_n_train_steps > 0 ? 0 : 1);
+  if (every > 0 && (trainer.current_epoch() + 1) % every == 0) save(trainer);
+}
+
+void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule&) {
+  if (trainer.state_fn() != "fit") return;
+  has_validation_ = true;
+  const int64_t every = options_.every_n_epochs.value_or(options_.every_n_train_steps > 0 ? 0 : 1);
+  if (every > 0 && (trainer.current_epoch() + 1) % every == 0) save(trainer);
+}
+
+void ModelCheckpoint::save(Trainer& trainer) {
+  if (trainer.global_step() == last_saved_step_) return;  // this step is saved already
+  last_saved_step_ = trainer.global_step();
+  strategies::Strategy& strategy = trainer.strategy();
+  // Rank 0's name: the template may hold metrics each rank has its own of.
+  const std::string file =
+      strategy.broadcast(format_name(trainer.current_epoch(), trainer.global_step(), trainer.callback_metrics()), 0);
+  const std::string path = (fs::path(dirpath_) / (file + options_.file_extension)).string();
+  if (options_.save_top_k != 0) {
+    if (options_.monitor.empty()) {
+      // Keep the latest (save_top_k 1) or all (-1).
+      trainer.save_checkpoint(path);
+      if (options_.save_top_k == 1 && !best_model_path_.empty() && best_model_path_ != path) {
+        strategy.remove_checkpoint(best_model_path_);
+      }
+      best_model_path_ = path;
+    } else {
+      double current = monitored(trainer, options_.monitor, "ModelCheckpoint");
+      if (std::isnan(current)) current = options_.mode == "min" ? std::numeric_limits<double>::infinity()
+                                                                : -std::numeric_limits<double>::infinity();
+      const size_t k = static_cast<size_t>(options_.save_top_k);
+      std::string worst;
+      for (const auto& [p, v] : best_k_) {
+        if (worst.empty() || better(best_k_[worst], v)) worst = p;
+      }
+      bool should = options_.save_top_k == -1 || best_k_.size() < k || better(current, best_k_[worst]);
+      should = strategy.reduce_boolean_decision(should, /*all=*/true);  // Note [Rank 0 decides]
+      if (should) {
+        // The ranking is updated first, so the checkpoint's own state
+        // (callbacks) already counts it.
+        best_k_[path] = current;
+        std::string evicted;
+        if (options_.save_top_k != -1 && best_k_.size() > k) {
+          for (const auto& [p, v] : best_k_) {
+            if (evicted.empty() || better(best_k_[evicted], v)) evicted = p;
+          }
+          best_k_.erase(evicted);
+        }
+        best_model_path_.clear();
+        for (const auto& [p, v] : best_k_) {
+          if (best_model_path_.empty() || better(v, best_k_[best_model_path_])) best_model_path_ = p;
+        }
+        best_model_score_ = best_k_[best_model_path_];
+        trainer.save_checkpoint(path);
+        if (!evicted.empty() && evicted != path) strategy.remove_checkpoint(evicted);  // on every host
+      }
+    }
+  }
+  if (options_.save_last) {
+    last_model_path_ = (fs::path(dirpath_) / ("last" + options_.file_extension)).string();
+    trainer.save_checkpoint(last_model_path_);
+  }
+}
+
+namespace {
+// JSON has no infinity (a NaN metric ranks as the worst, +-inf): null.
+nlohmann::json score_json(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+double score_of(const nlohmann::json& j, double if_null) {
+  STRATA_CHECK(j.is_number() || j.is_null(), CheckpointError, "[trainer] ModelCheckpoint state: a score is not a number");
+  return j.is_number() ? j.get<double>() : if_null;
+}
+}  // namespace
+
+nlohmann::json ModelCheckpoint::state_dict() const {
+  nlohmann::json best_k = nlohmann::json::object();
+  for (const auto& [path, v] : best_k_) best_k[path] = score_json(v);
+  return {{"monitor", options_.monitor},         {"best_model_score", score_json(best_model_score_)},
+          {"best_model_path", best_model_path_}, {"last_model_path", last_model_path_},
+          {"best_k_models", best_k},             {"dirpath", dirpath_},
+          {"last_saved_step", last_saved_step_}};
+}
+
+void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
+  STRATA_CHECK(state.is_object(), CheckpointError, "[trainer] ModelCheckpoint state is not an object");
+  try {
+    // Only a checkpoint of the same folder continues the same ranking.
+    if (state.value("dirpath", std::string()) != dirpath_) return;
+    const double worst = options_.mode == "min" ? std::numeric_limits<double>::infinity()
+                                                : -std::numeric_limits<double>::infinity();
+    best_k_.clear();
+    for (const auto& [path, v] : state.value("best_k_models", nlohmann::json::object()).items()) {
+      best_k_[path] = score_of(v, worst);
+    }
+    best_model_path_ = state.value("best_model_path", std::string());
+    best_model_score_ = score_of(state.value("best_model_score", nlohmann::json()), worst);
+    last_model_path_ = state.value("last_model_path", std::string());
+    last_saved_step_ = state.value("last_saved_step", int64_t{-1});
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(std::string("[trainer] ModelCheckpoint state is malformed: ") + e.what());
+  }
+}
+
+// ---- EarlyStopping -----------------------------------------------------------------
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
+  STRATA_CHECK(!options_.monitor.empty(), ConfigError, "[trainer] EarlyStopping needs a monitor (a logged metric)");
+  check_mode(options_.mode, "EarlyStopping");
+  STRATA_CHECK(options_.patience >= 0, ConfigError, "[trainer] EarlyStopping patience must be >= 0, got ",
+               options_.patience);
+  STRATA_CHECK(std::isfinite(options_.min_delta), ConfigError, "[trainer] EarlyStopping min_delta must be finite");
+  best_ = options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+}
+
+std::string EarlyStopping::state_key() const {
+  return "EarlyStopping{monitor=" + options_.monitor + ", mode=" + options_.mode + "}";
+}
+
+void EarlyStopping::on_validation_end(Trainer& trainer, TrainModule&) {
+  if (trainer.state_fn() != "fit" || options_.check_on_train_epoch_end) return;
+  validated_ = true;
+  check(trainer);
+}
+
+void EarlyStopping::on_train_epoch_end(Trainer& trainer, TrainModule&) {
+  const bool validated = validated_;
+  validated_ = false;
+  if (options_.check_on_train_epoch_end || !validated) check(trainer);
+}
+
+void EarlyStopping::check(Trainer& trainer) {
+  const double current = monitored(trainer, options_.monitor, "EarlyStopping");
+  const double delta = std::abs(options_.min_delta);
+  bool stop = false;
+  if (!std::isfinite(current)) {
+    stop = true;
+  } else if (options_.mode == "min" ? current < best_ - delta : current > best_ + delta) {
+    best_ = current;
+    wait_ = 0;
+  } else if (++wait_ >= options_.patience) {
+    stop = true;
+  }
+  stop = trainer.strategy().reduce_boolean_decision(stop, /*all=*/false);  // Note [Rank 0 decides]
+  if (stop && !trainer.should_stop) {
+    trainer.should_stop = true;
+    stopped_step_ = trainer.global_step();
+    if (trainer.is_global_zero()) {
+      std::cout << "[trainer] early stopping: " << options_.monitor << " did not improve for " << wait_
+                << " check(s) (best " << best_ << "); stopping at step " << stopped_step_ << std::endl;
+    }
+  }
+}
+
+nlohmann::json EarlyStopping::state_dict() const {
+  // JSON has no infinity: an unset best is null.
+  return {{"wait_count", wait_},
+          {"best_score", std::isfinite(best_) ? nlohmann::json(best_) : nlohmann::json(nullptr)},
+          {"stopped_step", stopped_step_}};
+}
+
+void EarlyStopping::load_state_dict(const nlohmann::json& state) {
+  STRATA_CHECK(state.is_object() && state.contains("wait_count") && state["wait_count"].is_number_integer() &&
+                   state.contains("best_score") && (state["best_score"].is_number() || state["best_score"].is_null()),
+               CheckpointError, "[trainer] EarlyStopping state is malformed: ", state.dump().substr(0, 200));
+  wait_ = state["wait_count"].get<int64_t>();
+  if (state["best_score"].is_number()) best_ = state["best_score"].get<double>();
+  stopped_step_ = state.value("stopped_step", int64_t{-1});
+}
+
+}  // namespace strata::trainer

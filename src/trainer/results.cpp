@@ -1,0 +1,138 @@
+// Logged values and their reduction (results.h, Note [Epoch reduction]).
+#include "results.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/strategies/strategy.h"
+
+namespace strata::trainer::detail {
+namespace {
+
+comm::ReduceOp parse_fx(const std::string& name, const std::string& fx) {
+  if (fx == "mean" || fx == "avg") return comm::ReduceOp::kMean;
+  if (fx == "sum") return comm::ReduceOp::kSum;
+  if (fx == "max") return comm::ReduceOp::kMax;
+  if (fx == "min") return comm::ReduceOp::kMin;
+  throw ConfigError("[trainer] log('" + name + "'): reduce_fx '" + fx + "' is not one of mean, sum, max, min");
+}
+
+}  // namespace
+
+void Results::log(strategies::Strategy& strategy, const std::string& name, const at::Tensor& value,
+                  const LogOptions& options, bool in_training, int64_t batch_size) {
+  STRATA_CHECK(!name.empty(), ConfigError, "[trainer] log() got an empty metric name");
+  STRATA_CHECK(value.defined(), ConfigError, "[trainer] log('", name, "') got an undefined tensor");
+  STRATA_CHECK(value.numel() == 1, ConfigError, "[trainer] log('", name, "') needs a scalar (one element), got shape ",
+               value.sizes());
+  ResultEntry fresh;
+  fresh.on_step = options.on_step.value_or(in_training);
+  fresh.on_epoch = options.on_epoch.value_or(!in_training);
+  fresh.sync_dist = options.sync_dist;
+  fresh.prog_bar = options.prog_bar;
+  fresh.logger = options.logger;
+  fresh.op = parse_fx(name, options.reduce_fx);
+  auto [it, inserted] = entries_.emplace(name, fresh);
+  ResultEntry& e = it->second;
+  if (!inserted) {
+    STRATA_CHECK(e.on_step == fresh.on_step && e.on_epoch == fresh.on_epoch && e.sync_dist == fresh.sync_dist &&
+                     e.op == fresh.op,
+                 ConfigError, "[trainer] log('", name,
+                 "') was called with other on_step/on_epoch/sync_dist/reduce_fx options earlier in this loop; log "
+                 "one name with one set of options");
+  }
+  at::Tensor v = value.detach().to(at::kDouble).reshape({});
+  double x = v.item<double>();
+  if (e.on_step) {
+    // Note: a step value synced across ranks is one collective per log
+    // call, as in Lightning; every rank logs the same names each step.
+    e.step_value = e.sync_dist && strategy.world_size() > 1
+                       ? strategy.all_reduce(v.to(at::kDouble), e.op).item<double>()
+                       : x;
+    e.stepped = true;
+  }
+  if (e.on_epoch) {
+    const double w = static_cast<double>(std::max<int64_t>(batch_size, 1));
+    switch (e.op) {
+      case comm::ReduceOp::kMean: e.total += x * w; e.weight += w; break;
+      case comm::ReduceOp::kSum: e.total += x; e.weight += 1; break;
+      case comm::ReduceOp::kMax: e.total = e.weight > 0 ? std::max(e.total, x) : x; e.weight += 1; break;
+      case comm::ReduceOp::kMin: e.total = e.weight > 0 ? std::min(e.total, x) : x; e.weight += 1; break;
+      default: break;
+    }
+  }
+}
+
+void Results::take_step(Metrics& for_logger, Metrics& for_prog_bar, Metrics& all) {
+  for (auto& [name, e] : entries_) {
+    if (!e.on_step || !e.stepped) continue;
+    e.stepped = false;
+    const std::string key = e.on_epoch ? name + "_step" : name;
+    all[key] = e.step_value;
+    all[name] = e.step_value;
+    if (e.logger) for_logger[key] = e.step_value;
+    if (e.prog_bar) for_prog_bar[e.on_epoch ? key : name] = e.step_value;
+  }
+}
+
+void Results::reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all) {
+  // The synced entries go in one all-reduce per op: sums (mean's value and
+  // weight, sum's value), maxima, minima, in name order on every rank.
+  std::vector<std::string> synced;
+  for (const auto& [name, e] : entries_) {
+    if (e.on_epoch && e.sync_dist) synced.push_back(name);
+  }
+  if (!synced.empty() && strategy.world_size() > 1) {
+    // Every rank must have logged the same names, or the reductions would
+    // pair different metrics: compare first (a clear error, not garbage).
+    std::vector<std::vector<std::string>> lists = strategy.group().all_gather_object(synced);
+    for (size_t r = 0; r < lists.size(); ++r) {
+      STRATA_CHECK(lists[r] == synced, ConfigError, "[trainer] ranks logged different sync_dist metrics this epoch: rank ",
+                   strategy.global_rank(), " logged ", names(), ", rank ", r,
+                   " others; log the same names on every rank");
+    }
+    for (comm::ReduceOp op : {comm::ReduceOp::kSum, comm::ReduceOp::kMax, comm::ReduceOp::kMin}) {
+      std::vector<double> values;
+      std::vector<ResultEntry*> order;
+      for (const std::string& name : synced) {
+        ResultEntry& e = entries_.at(name);
+        comm::ReduceOp group = e.op == comm::ReduceOp::kMean ? comm::ReduceOp::kSum : e.op;
+        if (group != op) continue;
+        order.push_back(&e);
+        values.push_back(e.total);
+        values.push_back(e.weight);
+      }
+      if (order.empty()) continue;
+      at::Tensor t = at::tensor(values, at::kDouble);
+      at::Tensor reduced = strategy.all_reduce(t, op);
+      auto acc = reduced.accessor<double, 1>();
+      for (size_t i = 0; i < order.size(); ++i) {
+        order[i]->total = acc[2 * i];
+        // Weights always add up (mean divides by the total examples).
+        if (op == comm::ReduceOp::kSum) order[i]->weight = acc[2 * i + 1];
+      }
+    }
+  }
+  for (const auto& [name, e] : entries_) {
+    if (!e.on_epoch || e.weight == 0) continue;
+    const double value = e.op == comm::ReduceOp::kMean ? e.total / e.weight : e.total;
+    const std::string key = e.on_step ? name + "_epoch" : name;
+    all[key] = value;
+    all[name] = value;
+    if (e.logger) for_logger[key] = value;
+    if (e.prog_bar) for_prog_bar[key] = value;
+  }
+  entries_.clear();
+}
+
+std::string Results::names() const {
+  std::string out;
+  for (const auto& [name, e] : entries_) out += (out.empty() ? "" : ", ") + name;
+  return out.empty() ? "(none)" : out;
+}
+
+}  // namespace strata::trainer::detail

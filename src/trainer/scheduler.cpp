@@ -1,0 +1,94 @@
+// Closed-form learning-rate schedulers (trainer/scheduler.h).
+#include "strata/trainer/scheduler.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+
+#include "strata/core/error.h"
+
+namespace strata::trainer {
+
+LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {
+  for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr());
+}
+
+LRScheduler::~LRScheduler() = default;
+
+void LRScheduler::step() {
+  ++last_epoch_;
+  apply();
+}
+
+void LRScheduler::apply() {
+  auto& groups = optimizer_.param_groups();
+  for (size_t i = 0; i < groups.size() && i < base_lrs_.size(); ++i) {
+    groups[i].options().set_lr(lr_at(last_epoch_, base_lrs_[i]));
+  }
+}
+
+std::vector<double> LRScheduler::get_last_lr() const {
+  std::vector<double> out;
+  for (auto& group : optimizer_.param_groups()) out.push_back(group.options().get_lr());
+  return out;
+}
+
+nlohmann::json LRScheduler::state_dict() const {
+  return {{"type", name()}, {"last_epoch", last_epoch_}, {"base_lrs", base_lrs_}};
+}
+
+void LRScheduler::load_state_dict(const nlohmann::json& state) {
+  STRATA_CHECK(state.is_object() && state.contains("type") && state["type"].is_string(), CheckpointError,
+               "[trainer] scheduler state is not an object with a 'type': ", state.dump().substr(0, 200));
+  STRATA_CHECK(state["type"].get<std::string>() == name(), CheckpointError, "[trainer] the checkpoint holds a ",
+               state["type"].get<std::string>(), " scheduler state but configure_optimizers made a ", name());
+  STRATA_CHECK(state.contains("last_epoch") && state["last_epoch"].is_number_integer() &&
+                   state["last_epoch"].get<int64_t>() >= 0,
+               CheckpointError, "[trainer] ", name(), " state: 'last_epoch' must be an integer >= 0");
+  STRATA_CHECK(state.contains("base_lrs") && state["base_lrs"].is_array() &&
+                   state["base_lrs"].size() == optimizer_.param_groups().size(),
+               CheckpointError, "[trainer] ", name(), " state: 'base_lrs' must list one rate per param group (",
+               optimizer_.param_groups().size(), ")");
+  std::vector<double> base;
+  for (const auto& v : state["base_lrs"]) {
+    STRATA_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0, CheckpointError,
+                 "[trainer] ", name(), " state: a base rate is not a finite number >= 0: ", v.dump());
+    base.push_back(v.get<double>());
+  }
+  base_lrs_ = base;
+  last_epoch_ = state["last_epoch"].get<int64_t>();
+  apply();
+}
+
+LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> lambda)
+    : LRScheduler(optimizer), lambda_(std::move(lambda)) {
+  STRATA_CHECK(static_cast<bool>(lambda_), ConfigError, "[trainer] LambdaLR needs a function");
+  apply();
+}
+
+double LambdaLR::lr_at(int64_t step, double base_lr) const { return base_lr * lambda_(step); }
+
+StepLR::StepLR(torch::optim::Optimizer& optimizer, int64_t step_size, double gamma)
+    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
+  STRATA_CHECK(step_size >= 1, ConfigError, "[trainer] StepLR step_size must be >= 1, got ", step_size);
+  STRATA_CHECK(gamma > 0, ConfigError, "[trainer] StepLR gamma must be > 0, got ", gamma);
+  apply();
+}
+
+double StepLR::lr_at(int64_t step, double base_lr) const {
+  return base_lr * std::pow(gamma_, static_cast<double>(step / step_size_));
+}
+
+CosineAnnealingLR::CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t t_max, double eta_min)
+    : LRScheduler(optimizer), t_max_(t_max), eta_min_(eta_min) {
+  STRATA_CHECK(t_max >= 1, ConfigError, "[trainer] CosineAnnealingLR t_max must be >= 1, got ", t_max);
+  STRATA_CHECK(eta_min >= 0, ConfigError, "[trainer] CosineAnnealingLR eta_min must be >= 0, got ", eta_min);
+  apply();
+}
+
+double CosineAnnealingLR::lr_at(int64_t step, double base_lr) const {
+  const double t = static_cast<double>(std::min(step, t_max_));
+  return eta_min_ + (base_lr - eta_min_) * (1.0 + std::cos(M_PI * t / static_cast<double>(t_max_))) / 2.0;
+}
+
+}  // namespace strata::trainer

@@ -1,0 +1,477 @@
+// The Trainer: options, launch, and the fit loop (epochs, accumulated
+// batches, optimizer steps, schedulers, validation checks, logging).
+// Evaluation loops are in evaluation.cpp, checkpoints in
+// trainer_checkpoint.cpp.
+//
+// Note [Steps through the root's forward]
+// Lightning runs training_step through the wrapped module's forward, so
+// that a strategy's forward hooks (FSDP's gather of the root unit's
+// parameters) surround it. strata does the same: every step runs as the
+// body of hooked_forward on the TrainModule, so under FSDP the TrainModule
+// is the root unit, gathered around each step, and the units inside it
+// (e.g. the GPT's blocks) are gathered around their own forwards.
+#include "strata/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "results.h"
+#include "strata/core/error.h"
+#include "strata/core/module_hooks.h"
+#include "strata/data/distributed_sampler.h"
+#include "strata/runtime/env.h"
+#include "strata/runtime/launcher.h"
+#include "strata/runtime/progress.h"
+#include "strata/strategies/precision.h"
+#include "strata/trainer/callbacks.h"
+#include "trainer_impl.h"
+
+namespace strata {
+
+using trainer::detail::warn;
+
+int64_t BatchLimit::of(int64_t size) const {
+  if (!fraction) return std::min<int64_t>(size, static_cast<int64_t>(value));
+  if (value >= 1.0) return size;
+  return static_cast<int64_t>(std::floor(value * static_cast<double>(size)));
+}
+
+namespace {
+
+void check_limit(const BatchLimit& l, const char* field) {
+  if (l.fraction) {
+    STRATA_CHECK(l.value >= 0 && l.value <= 1, ConfigError, "[trainer] ", field,
+                 " as a fraction must be in [0, 1], got ", l.value, " (pass an integer for a number of batches)");
+  } else {
+    STRATA_CHECK(l.value >= 0, ConfigError, "[trainer] ", field, " must be >= 0 batches, got ", l.value);
+  }
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+  const TrainerOptions& o = options_;
+  STRATA_CHECK(o.devices >= 1, ConfigError, "[trainer] devices must be >= 1, got ", o.devices);
+  STRATA_CHECK(o.num_nodes >= 1, ConfigError, "[trainer] num_nodes must be >= 1, got ", o.num_nodes);
+  STRATA_CHECK(o.max_steps >= -1, ConfigError, "[trainer] max_steps must be >= -1 (-1: no limit), got ", o.max_steps);
+  STRATA_CHECK(!o.max_epochs || *o.max_epochs >= -1, ConfigError,
+               "[trainer] max_epochs must be >= -1 (-1: no limit), got ", *o.max_epochs);
+  STRATA_CHECK(o.accumulate_grad_batches >= 1, ConfigError, "[trainer] accumulate_grad_batches must be >= 1, got ",
+               o.accumulate_grad_batches);
+  STRATA_CHECK(o.gradient_clip_algorithm == "norm" || o.gradient_clip_algorithm == "value", ConfigError,
+               "[trainer] gradient_clip_algorithm must be 'norm' or 'value', got '", o.gradient_clip_algorithm, "'");
+  STRATA_CHECK(!o.gradient_clip_val || (std::isfinite(*o.gradient_clip_val) && *o.gradient_clip_val >= 0),
+               ConfigError, "[trainer] gradient_clip_val must be a finite number >= 0, got ", *o.gradient_clip_val);
+  STRATA_CHECK(o.log_every_n_steps >= 1, ConfigError, "[trainer] log_every_n_steps must be >= 1, got ",
+               o.log_every_n_steps);
+  STRATA_CHECK(o.check_val_every_n_epoch >= 0, ConfigError,
+               "[trainer] check_val_every_n_epoch must be >= 0 (0: val_check_interval counts steps across epochs), got ",
+               o.check_val_every_n_epoch);
+  STRATA_CHECK(o.check_val_every_n_epoch > 0 || !o.val_check_interval.fraction, ConfigError,
+               "[trainer] check_val_every_n_epoch=0 needs val_check_interval as a number of steps, not a fraction");
+  STRATA_CHECK(!o.max_time || o.max_time->count() >= 0, ConfigError, "[trainer] max_time must be >= 0");
+  check_limit(o.limit_train_batches, "limit_train_batches");
+  check_limit(o.limit_val_batches, "limit_val_batches");
+  check_limit(o.limit_test_batches, "limit_test_batches");
+  check_limit(o.limit_predict_batches, "limit_predict_batches");
+  STRATA_CHECK(o.val_check_interval.fraction ? (o.val_check_interval.value > 0 && o.val_check_interval.value <= 1)
+                                             : o.val_check_interval.value >= 1,
+               ConfigError, "[trainer] val_check_interval must be a fraction in (0, 1] or a number of batches >= 1, got ",
+               o.val_check_interval.value);
+  for (const auto& c : o.callbacks) STRATA_CHECK(c != nullptr, ConfigError, "[trainer] callbacks holds a null callback");
+  for (const auto& l : o.loggers) STRATA_CHECK(l != nullptr, ConfigError, "[trainer] loggers holds a null logger");
+
+  // Lightning's defaults: 1000 epochs unless a step limit is given.
+  if (o.max_epochs) max_epochs_ = *o.max_epochs;
+  else max_epochs_ = o.max_steps == -1 ? 1000 : -1;
+
+  std::shared_ptr<strategies::Accelerator> accelerator = strategies::make_accelerator(o.accelerator);
+  strategies::Precision precision = strategies::Precision::parse(o.precision, accelerator->name());
+  runtime::Environment env = runtime::Environment::from_env();
+  const int world = env.launched() ? env.world_size : o.devices * o.num_nodes;
+  if (env.launched()) {
+    STRATA_CHECK(env.local_world_size == o.devices || o.devices == 1, ConfigError,
+                 "[trainer] this worker was started as one of ", env.local_world_size, " per host, but devices=",
+                 o.devices, "; start as many workers as devices (or leave devices at 1 when a launcher decides)");
+  }
+  strategy_ = o.strategy_object ? o.strategy_object : strategies::make_strategy(o.strategy, accelerator, precision, world);
+  if (!strategy_->launched()) strategy_->set_collective_timeout(o.collective_timeout);
+
+  callbacks_ = o.callbacks;
+  auto has = [&](auto* probe) {
+    using T = std::remove_pointer_t<decltype(probe)>;
+    for (const auto& c : callbacks_) {
+      if (std::dynamic_pointer_cast<T>(c)) return true;
+    }
+    return false;
+  };
+  if (o.enable_progress_bar && !has(static_cast<trainer::ProgressBar*>(nullptr))) {
+    callbacks_.push_back(std::make_shared<trainer::ProgressBar>());
+  }
+  if (o.enable_checkpointing && !has(static_cast<trainer::ModelCheckpoint*>(nullptr))) {
+    callbacks_.push_back(std::make_shared<trainer::ModelCheckpoint>());
+  }
+  if (o.max_time && !has(static_cast<trainer::Timer*>(nullptr))) {
+    callbacks_.push_back(std::make_shared<trainer::Timer>(*o.max_time));
+  }
+  results_ = std::make_unique<trainer::detail::Results>();
+}
+
+Trainer::~Trainer() {
+  if (module_) module_->trainer_ = nullptr;
+  if (owns_environment_ && strategy_->launched()) {
+    try {
+      strategy_->teardown();
+    } catch (const std::exception& e) {
+      std::cerr << "[trainer] teardown failed: " << e.what() << std::endl;
+    }
+  }
+}
+
+std::shared_ptr<trainer::ModelCheckpoint> Trainer::checkpoint_callback() const {
+  for (const auto& c : callbacks_) {
+    if (auto m = std::dynamic_pointer_cast<trainer::ModelCheckpoint>(c)) return m;
+  }
+  return nullptr;
+}
+
+// ---- launch --------------------------------------------------------------------
+
+bool Trainer::launch_or_skip() {
+  if (spawned_) return false;
+  if (strategy_->launched()) return true;
+  runtime::Environment env = runtime::Environment::from_env();
+  const int world = env.launched() ? env.world_size : options_.devices * options_.num_nodes;
+  if (!env.launched() && world > 1) {
+    STRATA_CHECK(options_.num_nodes == 1, ConfigError, "[trainer] num_nodes=", options_.num_nodes,
+                 ": a multi-node job is started by a launcher on every host, e.g. `strata launch --nnodes ",
+                 options_.num_nodes, " --node-rank R --master-addr HOST --master-port PORT -n ", options_.devices,
+                 " -- PROGRAM`");
+    spawned_ = true;
+    runtime::LaunchOptions launch;
+    launch.nproc_per_node = options_.devices;
+    runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), launch);
+    STRATA_CHECK(result.exit_code == 0, LaunchError, "[trainer] the workers failed: ", result.summary);
+    return false;
+  }
+  strategy_->setup_environment();
+  owns_environment_ = true;
+  if (options_.seed) at::manual_seed(*options_.seed);
+  return true;
+}
+
+void Trainer::attach(std::shared_ptr<TrainModule> module, const std::string& stage) {
+  STRATA_CHECK(module != nullptr, ConfigError, "[trainer] ", stage, " got a null module");
+  STRATA_CHECK(!module_ || module_ == module, ConfigError,
+               "[trainer] this Trainer already runs another module; one Trainer trains one module (its strategy "
+               "set that module up): create a new Trainer for this one");
+  STRATA_CHECK(stage_.empty(), ConfigError, "[trainer] ", stage, " was called while ", stage_,
+               " is running; the loops do not nest");
+  module_ = module;
+  module_->trainer_ = this;
+  stage_ = stage;
+  should_stop = false;
+  strategy_->connect(module_);
+  strategy_->setup(*this);
+  each_callback([&](trainer::Callback& c) { c.setup(*this, *module_, stage); });
+}
+
+void Trainer::detach(const std::string& stage, const std::string& status) {
+  if (is_global_zero()) {
+    for (const auto& logger : options_.loggers) {
+      try {
+        logger->finalize(status);
+      } catch (const std::exception& e) {
+        if (status == "success") throw;
+        warn(*this, std::string("a logger failed to finalize: ") + e.what());
+      }
+    }
+  }
+  if (module_) each_callback([&](trainer::Callback& c) { c.teardown(*this, *module_, stage); });
+  stage_.clear();
+  validating_ = false;
+}
+
+void Trainer::configure_optimizers_from_module() {
+  OptimizerConfig config = module_->configure_optimizers();
+  STRATA_CHECK(!config.optimizers.empty(), ConfigError,
+               "[trainer] configure_optimizers() returned no optimizer; return at least one, e.g. "
+               "strata::OptimizerConfig(std::make_shared<torch::optim::AdamW>(parameters(), "
+               "torch::optim::AdamWOptions(1e-3)))");
+  for (size_t i = 0; i < config.optimizers.size(); ++i) {
+    STRATA_CHECK(config.optimizers[i] != nullptr, ConfigError, "[trainer] configure_optimizers() returned a null "
+                 "optimizer at index ", i);
+    STRATA_CHECK(!config.optimizers[i]->param_groups().empty(), ConfigError,
+                 "[trainer] configure_optimizers(): optimizer ", i, " has no parameters");
+  }
+  for (size_t i = 0; i < config.schedulers.size(); ++i) {
+    const trainer::SchedulerConfig& s = config.schedulers[i];
+    STRATA_CHECK(s.scheduler != nullptr, ConfigError, "[trainer] configure_optimizers(): scheduler ", i, " is null");
+    STRATA_CHECK(s.interval == "step" || s.interval == "epoch", ConfigError,
+                 "[trainer] configure_optimizers(): scheduler ", i, " has interval '", s.interval,
+                 "'; use 'step' or 'epoch'");
+    STRATA_CHECK(s.frequency >= 1, ConfigError, "[trainer] configure_optimizers(): scheduler ", i,
+                 " has frequency ", s.frequency, "; use 1 or more");
+    bool known = false;
+    for (const auto& o : config.optimizers) known = known || o.get() == &s.scheduler->optimizer();
+    STRATA_CHECK(known, ConfigError, "[trainer] configure_optimizers(): scheduler ", i,
+                 " steps an optimizer that configure_optimizers did not return");
+  }
+  optimizers_ = std::move(config.optimizers);
+  schedulers_ = std::move(config.schedulers);
+}
+
+std::shared_ptr<data::Loader> Trainer::make_loader(const DataSource& source, bool train, const std::string& what) {
+  std::shared_ptr<data::Loader> loader = source.loader();
+  if (!loader) {
+    STRATA_CHECK(source.dataset() != nullptr, ConfigError, "[trainer] the ", what,
+                 " data has neither a dataset nor a loader");
+    const DataOptions& o = source.options();
+    const int world = world_size();
+    STRATA_CHECK(o.batch_size >= 1 && o.batch_size % world == 0, ConfigError, "[trainer] the ", what,
+                 " batch_size ", o.batch_size, " must be a positive multiple of the world size (", world,
+                 "): each rank takes batch_size / world_size examples per step");
+    data::DistributedSampler sampler(source.dataset()->size(), world, global_rank(), train && o.shuffle, o.seed,
+                                     o.drop_last);
+    loader = std::make_shared<data::DataLoader>(source.dataset(), sampler, static_cast<size_t>(o.batch_size / world),
+                                                o.drop_last);
+  }
+  return strategy_->process_dataloader(loader);
+}
+
+// ---- fit ---------------------------------------------------------------------------
+
+void Trainer::fit(std::shared_ptr<TrainModule> module, const DataSource& train, const std::optional<DataSource>& val,
+                  const std::string& ckpt_path) {
+  if (!launch_or_skip()) return;
+  attach(std::move(module), "fit");
+  try {
+    run_training(train, val, ckpt_path);
+  } catch (const std::exception& e) {
+    each_callback([&](trainer::Callback& c) { c.on_exception(*this, *module_, e); });
+    detach("fit", "failed");
+    throw;
+  }
+  detach("fit", "success");
+}
+
+bool Trainer::step_limit_reached() const { return options_.max_steps >= 0 && global_step_ >= options_.max_steps; }
+
+void Trainer::run_training(const DataSource& train, const std::optional<DataSource>& val,
+                           const std::string& ckpt_path) {
+  std::shared_ptr<data::Loader> train_loader = make_loader(train, true, "training");
+  std::shared_ptr<data::Loader> val_loader = val ? make_loader(*val, false, "validation") : nullptr;
+  train_is_dataset_ = train.dataset() != nullptr;
+  epoch_ = 0;
+  global_step_ = 0;
+  resume_position_ = 0;
+  if (!ckpt_path.empty()) {
+    std::string path = resolve_ckpt_path(ckpt_path);
+    if (!path.empty()) restore(path, /*training=*/true);
+  }
+  if (is_global_zero()) {
+    for (const auto& logger : options_.loggers) logger->log_hyperparams(module_->hparams());
+  }
+  each_callback([&](trainer::Callback& c) { c.on_fit_start(*this, *module_); });
+  module_->on_fit_start();
+  each_callback([&](trainer::Callback& c) { c.on_train_start(*this, *module_); });
+  module_->on_train_start();
+  module_->train();
+  while (!should_stop) {
+    if (max_epochs_ >= 0 && epoch_ >= max_epochs_) break;
+    if (step_limit_reached()) break;
+    const bool finished = train_one_epoch(*train_loader, val_loader.get());
+    if (!finished) break;
+    // The next epoch has not begun: a checkpoint from here on (on_train_end)
+    // resumes at its first batch.
+    ++epoch_;
+    batch_in_epoch_ = 0;
+    epoch_done_ = false;
+  }
+  module_->on_train_end();
+  each_callback([&](trainer::Callback& c) { c.on_train_end(*this, *module_); });
+  module_->on_fit_end();
+  each_callback([&](trainer::Callback& c) { c.on_fit_end(*this, *module_); });
+}
+
+bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
+  const int64_t n = options_.limit_train_batches.of(static_cast<int64_t>(loader.size()));
+  STRATA_CHECK(n > 0, ConfigError, "[trainer] the training data yields no batch on rank ", global_rank(), " (",
+               loader.size(), " batches, limit_train_batches ", options_.limit_train_batches.value,
+               "); give more data or a smaller batch_size");
+  num_training_batches_ = n;
+  const BatchLimit& vci = options_.val_check_interval;
+  int64_t val_every = vci.fraction ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(vci.value * n)))
+                                   : static_cast<int64_t>(vci.value);
+  const bool by_epoch = options_.check_val_every_n_epoch > 0;
+  STRATA_CHECK(!by_epoch || vci.fraction || val_every <= n || !val_loader, ConfigError,
+               "[trainer] val_check_interval (", val_every, ") is more than the training batches per epoch (", n,
+               "); lower it, pass a fraction of the epoch, or set check_val_every_n_epoch=0 to count steps "
+               "across epochs");
+  const bool validate_this_epoch =
+      val_loader && (!by_epoch || (epoch_ + 1) % options_.check_val_every_n_epoch == 0);
+
+  // Position: a resumed epoch continues after the batches it had done.
+  const int64_t position = std::min(resume_position_, n);
+  resume_position_ = 0;
+  loader.set_epoch(static_cast<uint64_t>(epoch_));
+  if (position > 0 && loader.resumable()) loader.load_state({static_cast<uint64_t>(epoch_), static_cast<uint64_t>(position)});
+  loader.reset();
+  if (position > 0 && !loader.resumable()) {
+    for (int64_t i = 0; i < position; ++i) loader.next();
+  }
+  batch_in_epoch_ = position;
+  epoch_done_ = false;
+  step_loss_ = at::zeros({}, at::kFloat);
+
+  each_callback([&](trainer::Callback& c) { c.on_train_epoch_start(*this, *module_); });
+  module_->on_train_epoch_start();
+  bool stopped = false;
+  while (batch_in_epoch_ < n) {
+    std::optional<data::Batch> batch = loader.next();
+    if (!batch) break;
+    const int64_t idx = batch_in_epoch_;
+    const bool last_of_step = (idx + 1) % options_.accumulate_grad_batches == 0 || idx + 1 == n;
+    runtime::report_step(global_step_ + 1);
+    each_callback([&](trainer::Callback& c) { c.on_train_batch_start(*this, *module_, *batch, idx); });
+    module_->on_train_batch_start(*batch, idx);
+    training_batch(*batch, idx, last_of_step);
+    batch_in_epoch_ = idx + 1;
+    update_step_metrics(last_of_step);
+    module_->on_train_batch_end(last_batch_loss_, *batch, idx);
+    each_callback([&](trainer::Callback& c) { c.on_train_batch_end(*this, *module_, last_batch_loss_, *batch, idx); });
+    const bool due = by_epoch ? batch_in_epoch_ % val_every == 0 || batch_in_epoch_ == n
+                              : last_of_step && global_step_ % val_every == 0;
+    if (validate_this_epoch && due) {
+      run_validation(*val_loader, options_.limit_val_batches.of(static_cast<int64_t>(val_loader->size())));
+    }
+    if (should_stop || step_limit_reached()) {
+      stopped = batch_in_epoch_ < n || should_stop;
+      break;
+    }
+  }
+  // Epoch end (also when stopped inside it, as Lightning does).
+  trainer::Metrics log, bar, all;
+  results_->reduce_epoch(*strategy_, log, bar, all);
+  for (const auto& [k, v] : all) callback_metrics_[k] = v;
+  for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
+  if (!log.empty()) log_to_loggers(log, std::max<int64_t>(global_step_ - 1, 0));
+  epoch_done_ = batch_in_epoch_ >= n;
+  // Note [Epoch schedulers before the epoch-end hooks]
+  // Epoch-interval schedulers step before on_train_epoch_end, so a
+  // checkpoint saved there holds the rates of the next epoch and a run
+  // resumed from it sets the same rates as one that went on.
+  if (epoch_done_) {
+    for (auto& s : schedulers_) {
+      if (s.interval == "epoch" && (epoch_ + 1) % s.frequency == 0) s.scheduler->step();
+    }
+  }
+  each_callback([&](trainer::Callback& c) { c.on_train_epoch_end(*this, *module_); });
+  module_->on_train_epoch_end();
+  if (is_global_zero()) {
+    for (const auto& logger : options_.loggers) logger->save();
+  }
+  return !stopped && !should_stop;
+}
+
+void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step) {
+  current_batch_size_ = batch.size();
+  in_training_step_ = true;
+  at::Tensor loss;
+  {
+    strategies::Scope no_sync = strategy_->no_backward_sync(*module_, !last_of_step);
+    {
+      strategies::Precision::ForwardContext autocast(strategy_->precision());
+      // Note [Steps through the root's forward].
+      hooked_forward(*module_, batch.input, [&](const at::Tensor&) {
+        loss = module_->training_step(batch, batch_idx);
+        return loss.defined() ? loss : at::zeros({});
+      });
+    }
+    in_training_step_ = false;
+    STRATA_CHECK(loss.defined(), ConfigError, "[trainer] training_step returned no loss (an undefined tensor) at epoch ",
+                 epoch_, ", batch ", batch_idx, "; return the loss tensor to backpropagate");
+    STRATA_CHECK(loss.numel() == 1, ConfigError, "[trainer] training_step must return a scalar loss, got shape ",
+                 loss.sizes(), " at epoch ", epoch_, ", batch ", batch_idx, "; reduce it first, e.g. loss.mean()");
+    STRATA_CHECK(loss.requires_grad(), ConfigError,
+                 "[trainer] the loss training_step returned does not require grad (epoch ", epoch_, ", batch ",
+                 batch_idx, "): it is not computed from the module's trainable parameters, or was detached");
+    // Note [NaN loss]
+    // Every rank votes; one non-finite loss stops all of them before the
+    // backward, so no step is taken with it and nothing is saved after the
+    // last good step: the checkpoints on disk stay as they were.
+    const double value = loss.detach().to(at::kDouble).item<double>();
+    const bool bad = !std::isfinite(value);
+    if (strategy_->reduce_boolean_decision(bad, /*all=*/false)) {
+      throw Error(detail::cat("[trainer] the loss is ", bad ? (std::isnan(value) ? "NaN" : "infinite") : "non-finite",
+                              bad ? "" : " on another rank", " at step ", global_step_ + 1, " (epoch ", epoch_,
+                              ", batch ", batch_idx, "); training stopped before that step, so the last checkpoint "
+                              "saved stays untouched. Lower the learning rate or clip gradients "
+                              "(gradient_clip_val)"));
+    }
+    at::Tensor scaled = loss.to(at::kFloat) / static_cast<double>(options_.accumulate_grad_batches);
+    strategy_->backward(scaled);
+    step_loss_ += scaled.detach().to(at::kFloat).cpu();
+  }
+  last_batch_loss_ = loss.detach();
+  if (last_of_step) optimizer_step();
+}
+
+void Trainer::optimizer_step() {
+  for (const auto& optimizer : optimizers_) {
+    each_callback([&](trainer::Callback& c) { c.on_before_optimizer_step(*this, *module_, *optimizer); });
+    module_->on_before_optimizer_step(*optimizer);
+  }
+  if (options_.gradient_clip_val && *options_.gradient_clip_val > 0) {
+    if (options_.gradient_clip_algorithm == "norm") {
+      strategy_->clip_gradients_norm(*module_, *optimizers_.front(), *options_.gradient_clip_val);
+    } else {
+      strategy_->clip_gradients_value(*module_, *optimizers_.front(), *options_.gradient_clip_val);
+    }
+  }
+  for (const auto& optimizer : optimizers_) strategy_->optimizer_step(*optimizer);
+  for (const auto& optimizer : optimizers_) optimizer->zero_grad();
+  ++global_step_;
+  last_loss_ = step_loss_.item<double>();
+  step_loss_ = at::zeros({}, at::kFloat);
+  for (auto& s : schedulers_) {
+    if (s.interval == "step" && global_step_ % s.frequency == 0) s.scheduler->step();
+  }
+}
+
+void Trainer::update_step_metrics(bool stepped) {
+  trainer::Metrics log, bar, all;
+  results_->take_step(log, bar, all);
+  for (const auto& [k, v] : all) callback_metrics_[k] = v;
+  for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
+  for (const auto& [k, v] : log) pending_step_metrics_[k] = v;
+  if (stepped && global_step_ % options_.log_every_n_steps == 0 && !pending_step_metrics_.empty()) {
+    log_to_loggers(pending_step_metrics_, global_step_ - 1);
+    pending_step_metrics_.clear();
+  }
+}
+
+void Trainer::log_to_loggers(const trainer::Metrics& metrics, int64_t step) {
+  trainer::Metrics row = metrics;
+  row["epoch"] = static_cast<double>(epoch_);
+  for (const auto& [k, v] : row) logged_metrics_[k] = v;
+  if (!is_global_zero()) return;
+  for (const auto& logger : options_.loggers) {
+    logger->log_metrics(row, step);
+    logger->save();
+  }
+}
+
+void Trainer::record_log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
+  STRATA_CHECK(!stage_.empty(), ConfigError, "[trainer] log('", name,
+               "') was called outside fit/validate/test/predict; log inside a step or hook");
+  trainer::detail::Results& results = active_results_ ? *active_results_ : *results_;
+  int64_t batch_size = options.batch_size.value_or(current_batch_size_);
+  results.log(*strategy_, name, value, options, /*in_training=*/!validating_ && stage_ == "fit", batch_size);
+}
+
+}  // namespace strata

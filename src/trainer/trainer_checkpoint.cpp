@@ -1,0 +1,211 @@
+// The Trainer's checkpoint: what it holds, saving it through the strategy,
+// finding "last" and "best", and restoring a run from it.
+//
+// Note [The Trainer's checkpoint]
+// A strategy checkpoint directory (docs/checkpoints.md) with the entries
+//   "module"       the TrainModule (FSDP: sharded, or full, as configured)
+//   "optimizer_<i>" each optimizer of configure_optimizers
+//   "rng"          the CPU generator (dropout draws continue identically)
+//   "trainer"      a value: {"format", "epoch", "global_step",
+//                  "loops": {"fit": {"batches_done", "epoch_done",
+//                  "world_size"}}, "lr_schedulers": [...],
+//                  "callbacks": {state_key: state}, "module_extra",
+//                  "hparams"}
+// Checkpoints are taken between optimizer steps, so "batches_done" is the
+// loader position to continue from; it counts global batches (each rank
+// takes batch_size / world_size examples of each), so it means the same
+// examples at another world size. "epoch_done": the epoch's end hooks ran;
+// a resumed run starts the next epoch.
+#include <torch/optim/optimizer.h>
+
+#include <filesystem>
+
+#include "strata/checkpoint/atomic.h"
+#include "strata/checkpoint/directory.h"
+#include "strata/checkpoint/state.h"
+#include "strata/core/error.h"
+#include "strata/trainer/callbacks.h"
+#include "strata/trainer/trainer.h"
+#include "trainer_impl.h"
+
+namespace strata {
+
+namespace fs = std::filesystem;
+using trainer::detail::warn;
+
+namespace {
+
+constexpr const char* kFormat = "strata-trainer";
+constexpr int kVersion = 1;
+
+int64_t nonnegative(const nlohmann::json& object, const char* field, const std::string& path) {
+  STRATA_CHECK(object.is_object() && object.contains(field) && object[field].is_number_integer() &&
+                   object[field].get<int64_t>() >= 0,
+               CheckpointError, "[trainer] ", path, ": the trainer state's '", field,
+               "' is missing or not an integer >= 0");
+  return object[field].get<int64_t>();
+}
+
+// The trainer value of a checkpoint, or null when it has none.
+nlohmann::json trainer_value(const std::string& path) {
+  checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open(path);
+  const nlohmann::json& entries = reader.metadata().value("entries", nlohmann::json::object());
+  if (!entries.is_object() || !entries.contains("trainer")) return nullptr;
+  return entries["trainer"].value("value", nlohmann::json());
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint(const std::string& filepath) {
+  STRATA_CHECK(module_ != nullptr, ConfigError, "[trainer] save_checkpoint before fit: there is no module to save");
+  nlohmann::json callbacks = nlohmann::json::object();
+  for (const auto& c : callbacks_) {
+    nlohmann::json state = c->state_dict();
+    if (!state.is_null()) callbacks[c->state_key()] = state;
+  }
+  nlohmann::json schedulers = nlohmann::json::array();
+  for (const auto& s : schedulers_) schedulers.push_back(s.scheduler->state_dict());
+  nlohmann::json extra = nlohmann::json::object();
+  module_->on_save_checkpoint(extra);
+  nlohmann::json value = {
+      {"format", kFormat},
+      {"version", kVersion},
+      {"epoch", epoch_},
+      {"global_step", global_step_},
+      {"loops",
+       {{"fit", {{"batches_done", batch_in_epoch_}, {"epoch_done", epoch_done_}, {"world_size", world_size()}}}}},
+      {"lr_schedulers", schedulers},
+      {"callbacks", callbacks},
+      {"module_extra", extra},
+      {"hparams", module_->hparams()}};
+  strategies::State state{{"module", strategies::ModulePtr(module_)},
+                          {"trainer", value},
+                          {"rng", checkpoint::cpu_rng_state()}};
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    state.emplace("optimizer_" + std::to_string(i), strategies::StateValue(*optimizers_[i]));
+  }
+  strategy_->save_checkpoint(filepath, state);
+}
+
+// Note [ckpt_path]
+// A path must be a complete checkpoint. "last" is the checkpoint with the
+// highest global step among the complete ones in the ModelCheckpoint's
+// folder ("last.ckpt" wins a tie); none there: a warning, and the run
+// starts fresh (Lightning's behaviour). "best" is that callback's best
+// model, or, in a new process, the best model recorded in the "last"
+// checkpoint's callback state.
+std::string Trainer::resolve_ckpt_path(const std::string& ckpt_path) {
+  if (ckpt_path != "last" && ckpt_path != "best") {
+    std::error_code ec;
+    STRATA_CHECK(fs::exists(ckpt_path, ec), ConfigError, "[trainer] ckpt_path '", ckpt_path,
+                 "' does not exist; pass a checkpoint directory, \"last\" or \"best\"");
+    STRATA_CHECK(checkpoint::is_complete(ckpt_path), ConfigError, "[trainer] ckpt_path '", ckpt_path,
+                 "' is not a complete checkpoint (no completion marker: its save did not finish, or it is not "
+                 "a strata checkpoint)");
+    return ckpt_path;
+  }
+  std::shared_ptr<trainer::ModelCheckpoint> mc = checkpoint_callback();
+  STRATA_CHECK(mc != nullptr, ConfigError, "[trainer] ckpt_path=\"", ckpt_path,
+               "\" needs a ModelCheckpoint callback (enable_checkpointing, or pass one) to know where to look");
+  if (ckpt_path == "best" && !mc->best_model_path().empty()) return mc->best_model_path();
+  std::string last;
+  int64_t last_step = -1;
+  std::error_code ec;
+  if (fs::is_directory(mc->dirpath(), ec)) {
+    for (const auto& entry : fs::directory_iterator(mc->dirpath(), ec)) {
+      const std::string path = entry.path().string();
+      const std::string name = entry.path().filename().string();
+      const std::string& ext = mc->options().file_extension;
+      if (name.size() <= ext.size() || name.compare(name.size() - ext.size(), ext.size(), ext) != 0) continue;
+      if (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos) continue;
+      if (!checkpoint::is_complete(path)) continue;
+      nlohmann::json value;
+      try {
+        value = trainer_value(path);
+      } catch (const CheckpointError& e) {
+        warn(*this, "skipping " + path + ": " + e.what());
+        continue;
+      }
+      if (!value.is_object() || !value.contains("global_step") || !value["global_step"].is_number_integer()) continue;
+      const int64_t step = value["global_step"].get<int64_t>();
+      const bool is_last = name == "last" + ext;
+      if (step > last_step || (step == last_step && is_last)) {
+        last_step = step;
+        last = path;
+      }
+    }
+  }
+  if (ckpt_path == "last") {
+    if (last.empty()) {
+      warn(*this, "ckpt_path=\"last\" is set, but there is no complete checkpoint in " + mc->dirpath() +
+                      "; starting from scratch");
+    }
+    return last;
+  }
+  // "best" in a new process: the best path recorded in the newest checkpoint.
+  std::string best;
+  if (!last.empty()) {
+    nlohmann::json value = trainer_value(last);
+    nlohmann::json state = value.value("callbacks", nlohmann::json::object()).value(mc->state_key(), nlohmann::json());
+    if (state.is_object() && state.contains("best_model_path") && state["best_model_path"].is_string()) {
+      best = state["best_model_path"].get<std::string>();
+    }
+  }
+  STRATA_CHECK(!best.empty() && checkpoint::is_complete(best), ConfigError,
+               "[trainer] ckpt_path=\"best\": no best checkpoint is known in ", mc->dirpath(),
+               " (ModelCheckpoint keeps one only with a monitor); pass a path or \"last\"");
+  return best;
+}
+
+void Trainer::restore(const std::string& path, bool training) {
+  strategies::State state{{"module", strategies::ModulePtr(module_)}};
+  if (training) {
+    state.emplace("trainer", strategies::StateValue(nlohmann::json()));
+    state.emplace("rng", strategies::StateValue(checkpoint::cpu_rng_state()));
+    for (size_t i = 0; i < optimizers_.size(); ++i) {
+      state.emplace("optimizer_" + std::to_string(i), strategies::StateValue(*optimizers_[i]));
+    }
+  }
+  nlohmann::json remainder = strategy_->load_checkpoint(path, state, /*strict=*/true);
+  if (!training) return;
+  const nlohmann::json& value = state.at("trainer").value();
+  STRATA_CHECK(value.is_object() && value.value("format", "") == kFormat, CheckpointError, "[trainer] ", path,
+               " is not a Trainer checkpoint (its 'trainer' entry has no format '", kFormat, "')");
+  STRATA_CHECK(value.value("version", 0) >= 1 && value.value("version", 0) <= kVersion, CheckpointError,
+               "[trainer] ", path, " was written by a newer strata (trainer state version ",
+               value.value("version", 0), ")");
+  const int64_t epoch = nonnegative(value, "epoch", path);
+  const int64_t step = nonnegative(value, "global_step", path);
+  const nlohmann::json fit = value.value("loops", nlohmann::json::object()).value("fit", nlohmann::json::object());
+  const int64_t done = nonnegative(fit, "batches_done", path);
+  STRATA_CHECK(fit.contains("epoch_done") && fit["epoch_done"].is_boolean(), CheckpointError, "[trainer] ", path,
+               ": the trainer state's loops.fit.epoch_done is missing or not a boolean");
+  const bool epoch_done = fit["epoch_done"].get<bool>();
+  const int64_t saved_world = nonnegative(fit, "world_size", path);
+  STRATA_CHECK(epoch_done || done == 0 || train_is_dataset_ || saved_world == world_size(), ConfigError,
+               "[trainer] ", path, " stopped inside an epoch on ", saved_world, " ranks; continuing it on ",
+               world_size(), " needs training data given as a dataset (DataSource(dataset, options)), whose "
+               "batches mean the same examples at any world size");
+
+  const nlohmann::json schedulers = value.value("lr_schedulers", nlohmann::json::array());
+  STRATA_CHECK(schedulers.is_array() && schedulers.size() == schedulers_.size(), CheckpointError, "[trainer] ", path,
+               " holds ", schedulers.is_array() ? schedulers.size() : 0, " scheduler state(s) but configure_optimizers "
+               "made ", schedulers_.size());
+  for (size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i].scheduler->load_state_dict(schedulers[i]);
+  const nlohmann::json callbacks = value.value("callbacks", nlohmann::json::object());
+  for (const auto& c : callbacks_) {
+    if (callbacks.is_object() && callbacks.contains(c->state_key())) c->load_state_dict(callbacks[c->state_key()]);
+  }
+  module_->on_load_checkpoint(value.value("module_extra", nlohmann::json::object()));
+  checkpoint::set_cpu_rng_state(state.at("rng").tensor(), path + " entry 'rng'");
+  epoch_ = epoch_done ? epoch + 1 : epoch;
+  resume_position_ = epoch_done ? 0 : done;
+  global_step_ = step;
+  if (is_global_zero()) {
+    std::cout << "[trainer] restored " << path << ": epoch " << epoch << ", global step " << step
+              << (epoch_done ? " (epoch complete)" : ", batch " + std::to_string(done) + " of the epoch") << std::endl;
+  }
+  (void)remainder;
+}
+
+}  // namespace strata

@@ -1,0 +1,289 @@
+// The Trainer's loops on one process and a few ranks: epoch reduction of
+// logged values across batches and ranks, limits and stopping rules,
+// predict's order, and the errors bad input gets.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "strata/checkpoint/directory.h"
+#include "strata/checkpoint/sharded.h"
+#include "support/multiprocess.h"
+#include "support/worker.h"
+#include "trainer_util.h"
+
+namespace {
+
+using namespace strata::testing;
+namespace fs = std::filesystem;
+
+/// Regression of y = x on index data; logs statistics of each batch.
+class Probe : public strata::TrainModule {
+ public:
+  Probe() { linear = register_module("linear", torch::nn::Linear(1, 1)); }
+  at::Tensor training_step(const strata::data::Batch& b, int64_t) override {
+    at::Tensor x = b.input;
+    log("x_mean", x.mean(), strata::LogOptions().with_on_epoch(true).with_sync_dist(sync));
+    log("x_mean_local", x.mean(), strata::LogOptions().with_on_step(false).with_on_epoch(true));
+    log("x_sum", x.sum(), strata::LogOptions().with_on_epoch(true).with_sync_dist(sync).with_reduce_fx("sum"));
+    log("x_max", x.max(), strata::LogOptions().with_on_epoch(true).with_sync_dist(sync).with_reduce_fx("max"));
+    at::Tensor loss = (linear->forward(x) - b.target).pow(2).mean() * 1e-3;
+    if (nan_at_step > 0 && global_step() + 1 == nan_at_step) loss = loss * std::nan("");
+    if (bad_return == "none") return {};
+    if (bad_return == "vector") return loss.repeat({2});
+    return loss;
+  }
+  at::Tensor predict_step(const strata::data::Batch& b, int64_t) override { return b.input * 2; }
+  strata::OptimizerConfig configure_optimizers() override {
+    if (no_optimizer) return {};
+    return strata::OptimizerConfig(std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01)));
+  }
+  torch::nn::Linear linear{nullptr};
+  bool sync = true;
+  bool no_optimizer = false;
+  int64_t nan_at_step = 0;
+  std::string bad_return;
+};
+
+strata::TrainerOptions quiet() {
+  return strata::TrainerOptions()
+      .with_enable_progress_bar(false)
+      .with_enable_checkpointing(false)
+      .with_collective_timeout(std::chrono::seconds(60));
+}
+
+strata::DataSource indices(int64_t n, int64_t batch) {
+  return strata::DataSource(index_dataset(n), strata::DataOptions().with_batch_size(batch));
+}
+
+TEST(TrainerTest, EpochMeanIsWeightedByBatchSize) {
+  // 10 examples in batches of 4, 4, 2: the epoch mean of x is the mean of
+  // the 10 values (4.5), not the mean of the batch means (5.17).
+  strata::Trainer trainer(quiet().with_max_epochs(1));
+  trainer.fit(std::make_shared<Probe>(), indices(10, 4));
+  const auto& m = trainer.callback_metrics();
+  EXPECT_DOUBLE_EQ(m.at("x_mean_epoch"), 4.5);
+  EXPECT_DOUBLE_EQ(m.at("x_sum_epoch"), 45.0);
+  EXPECT_DOUBLE_EQ(m.at("x_max_epoch"), 9.0);
+  EXPECT_DOUBLE_EQ(m.at("x_mean_local"), 4.5);
+  // The last step's value under the _step name.
+  EXPECT_DOUBLE_EQ(m.at("x_mean_step"), 8.5);
+  EXPECT_EQ(trainer.global_step(), 3);
+}
+
+STRATA_WORKER(epoch_reduction) {
+  strata::Trainer trainer(quiet().with_max_epochs(1));
+  trainer.fit(std::make_shared<Probe>(), indices(24, 8));
+  write_json(args.at(0) + "." + std::getenv("RANK"), trainer.callback_metrics());
+  return 0;
+}
+
+TEST(TrainerTest, SyncDistReducesEpochValuesOverEveryRanksExamples) {
+  TempDir dir("reduce");
+  const int world = 2;
+  auto r = run_workers(world, "epoch_reduction", {dir.path + "/m"});
+  ASSERT_TRUE(r.ok()) << r.launch.summary << "\n" << r.output;
+  for (int rank = 0; rank < world; ++rank) {
+    nlohmann::json m = read_json(dir.path + "/m." + std::to_string(rank));
+    // Over all 24 examples 0..23, on every rank.
+    EXPECT_DOUBLE_EQ(m["x_mean_epoch"].get<double>(), 11.5) << "rank " << rank;
+    EXPECT_DOUBLE_EQ(m["x_sum_epoch"].get<double>(), 276.0) << "rank " << rank;
+    EXPECT_DOUBLE_EQ(m["x_max_epoch"].get<double>(), 23.0) << "rank " << rank;
+    // Unsynced: this rank's own examples (rank r takes r, r + 2, ...).
+    EXPECT_DOUBLE_EQ(m["x_mean_local"].get<double>(), rank == 0 ? 11.0 : 12.0) << "rank " << rank;
+  }
+}
+
+TEST(TrainerTest, LimitsAndStepRulesEndTheRunWhereTheySay) {
+  {
+    strata::Trainer trainer(quiet().with_max_epochs(3).with_limit_train_batches(2));
+    trainer.fit(std::make_shared<Probe>(), indices(40, 4));
+    EXPECT_EQ(trainer.global_step(), 6);
+    EXPECT_EQ(trainer.current_epoch(), 3);
+  }
+  {
+    strata::Trainer trainer(quiet().with_max_steps(7));
+    trainer.fit(std::make_shared<Probe>(), indices(16, 4));  // 4 steps per epoch
+    EXPECT_EQ(trainer.global_step(), 7);
+    EXPECT_EQ(trainer.current_epoch(), 1);
+  }
+  {
+    // 10 batches, 3 per step: steps end after batches 3, 6, 9 and 10.
+    strata::Trainer trainer(quiet().with_max_epochs(1).with_accumulate_grad_batches(3));
+    trainer.fit(std::make_shared<Probe>(), indices(10, 1));
+    EXPECT_EQ(trainer.global_step(), 4);
+  }
+  {
+    // max_time 0: the Timer stops after the first batch.
+    strata::Trainer trainer(quiet().with_max_epochs(5).with_max_time(std::chrono::milliseconds(0)));
+    trainer.fit(std::make_shared<Probe>(), indices(16, 4));
+    EXPECT_EQ(trainer.global_step(), 1);
+  }
+}
+
+STRATA_WORKER(predict_order) {
+  strata::Trainer trainer(quiet());
+  at::Tensor out = trainer.predict(std::make_shared<Probe>(), indices(10, 3 * std::stoi(std::getenv("WORLD_SIZE"))));
+  if (trainer.is_global_zero()) strata::checkpoint::write_safetensors(args.at(0), {{"out", out}});
+  else if (out.defined()) return 3;
+  return 0;
+}
+
+TEST(TrainerTest, PredictReturnsRowsInDatasetOrderOnRankZero) {
+  at::Tensor expected = at::arange(10, at::kFloat).unsqueeze(1) * 2;
+  strata::Trainer single(quiet());
+  EXPECT_TRUE(at::equal(single.predict(std::make_shared<Probe>(), indices(10, 4)), expected));
+  for (int world : {2, 3}) {  // 10 examples do not split evenly: padding is dropped
+    TempDir dir("predict");
+    auto r = run_workers(world, "predict_order", {dir.path + "/out"});
+    ASSERT_TRUE(r.ok()) << r.launch.summary << "\n" << r.output;
+    at::Tensor got = strata::checkpoint::SafetensorsFile::open(dir.path + "/out").load("out");
+    EXPECT_TRUE(at::equal(got, expected)) << "world " << world << ": " << got;
+  }
+}
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TrainerTest, BadInputGetsErrorsNamingWhatIsWrong) {
+  auto fit = [](std::shared_ptr<Probe> p, strata::TrainerOptions o = quiet().with_max_epochs(1)) {
+    strata::Trainer trainer(o);
+    trainer.fit(p, indices(8, 4));
+  };
+  auto p = std::make_shared<Probe>();
+  p->no_optimizer = true;
+  EXPECT_NE(error_of([&] { fit(p); }).find("configure_optimizers() returned no optimizer"), std::string::npos);
+  p = std::make_shared<Probe>();
+  p->bad_return = "none";
+  EXPECT_NE(error_of([&] { fit(p); }).find("training_step returned no loss (an undefined tensor) at epoch 0, batch 0"),
+            std::string::npos);
+  p = std::make_shared<Probe>();
+  p->bad_return = "vector";
+  EXPECT_NE(error_of([&] { fit(p); }).find("training_step must return a scalar loss, got shape [2]"),
+            std::string::npos);
+  auto mc = std::make_shared<strata::trainer::ModelCheckpoint>(
+      strata::trainer::ModelCheckpointOptions().with_monitor("val_nope"));
+  TempDir dir("bad");
+  std::string e = error_of([&] {
+    fit(std::make_shared<Probe>(), quiet().with_max_epochs(1).with_default_root_dir(dir.path).with_callback(mc));
+  });
+  EXPECT_NE(e.find("monitors 'val_nope', which was never logged; the metrics logged are: x_max, x_max_epoch, x_max_step, "
+                   "x_mean, x_mean_epoch, x_mean_local, x_mean_step, x_sum, x_sum_epoch, x_sum_step"),
+            std::string::npos)
+      << e;
+  auto es = std::make_shared<strata::trainer::EarlyStopping>(strata::trainer::EarlyStoppingOptions().with_monitor("acc"));
+  e = error_of([&] { fit(std::make_shared<Probe>(), quiet().with_max_epochs(1).with_callback(es)); });
+  EXPECT_NE(e.find("EarlyStopping monitors 'acc', which was never logged"), std::string::npos) << e;
+  e = error_of([&] {
+    strata::Trainer trainer(quiet());
+    trainer.fit(std::make_shared<Probe>(), indices(8, 4), std::nullopt, dir.path + "/no-such-checkpoint");
+  });
+  EXPECT_NE(e.find("ckpt_path '" + dir.path + "/no-such-checkpoint' does not exist"), std::string::npos) << e;
+  EXPECT_NE(error_of([] { strata::Trainer t(quiet().with_gradient_clip_algorithm("norm2")); })
+                .find("gradient_clip_algorithm must be 'norm' or 'value', got 'norm2'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { strata::Trainer t(quiet().with_limit_train_batches(1.5)); })
+                .find("limit_train_batches as a fraction must be in [0, 1], got 1.5"),
+            std::string::npos);
+}
+
+TEST(TrainerTest, NanLossStopsAtItsStepAndLeavesTheLastCheckpointUntouched) {
+  TempDir dir("nan");
+  auto mc = std::make_shared<strata::trainer::ModelCheckpoint>(
+      strata::trainer::ModelCheckpointOptions().with_dirpath(dir.path).with_every_n_train_steps(1).with_save_last(true));
+  auto p = std::make_shared<Probe>();
+  p->nan_at_step = 4;
+  strata::Trainer trainer(quiet().with_max_epochs(3).with_callback(mc));
+  std::string e = error_of([&] { trainer.fit(p, indices(16, 4)); });
+  EXPECT_NE(e.find("the loss is NaN at step 4 (epoch 0, batch 3)"), std::string::npos) << e;
+  EXPECT_EQ(trainer.global_step(), 3);
+  // last.ckpt holds step 3, whole and finite; no later checkpoint exists.
+  const std::string last = dir.path + "/last.ckpt";
+  ASSERT_TRUE(strata::checkpoint::is_complete(last));
+  auto reader = strata::checkpoint::StateReader::open(last);
+  reader.verify_checksums();
+  EXPECT_EQ(reader.entries()["trainer"]["value"]["global_step"], 3);
+  EXPECT_TRUE(at::isfinite(reader.full("module/linear.weight")).all().item<bool>());
+  EXPECT_FALSE(fs::exists(dir.path + "/epoch=0-step=4.ckpt"));
+  EXPECT_TRUE(fs::exists(dir.path + "/epoch=0-step=3.ckpt"));
+}
+
+TEST(TrainerTest, ValidateAndTestReturnEpochMetrics) {
+  struct Eval : Probe {
+    at::Tensor validation_step(const strata::data::Batch& b, int64_t) override {
+      log("v", b.input.mean());
+      return {};
+    }
+    at::Tensor test_step(const strata::data::Batch& b, int64_t) override {
+      log("t", b.input.sum(), strata::LogOptions().with_reduce_fx("sum"));
+      return {};
+    }
+  };
+  auto module = std::make_shared<Eval>();
+  strata::Trainer trainer(quiet());
+  EXPECT_DOUBLE_EQ(trainer.validate(module, indices(10, 4)).at("v"), 4.5);
+  EXPECT_DOUBLE_EQ(trainer.test(module, indices(10, 4)).at("t"), 45.0);
+  std::string e = error_of([&] { strata::Trainer t(quiet()); t.test(std::make_shared<Probe>(), indices(4, 2)); });
+  EXPECT_NE(e.find("test() needs the module to override test_step"), std::string::npos) << e;
+}
+
+TEST(TrainerTest, StepSchedulerSetsTheRatesTheLearningRateMonitorLogs) {
+  struct Sched : Probe {
+    strata::OptimizerConfig configure_optimizers() override {
+      auto opt = std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.8));
+      return strata::OptimizerConfig(opt).with_scheduler(
+          strata::trainer::SchedulerConfig(std::make_shared<strata::trainer::StepLR>(*opt, 2, 0.5)).with_interval("step"));
+    }
+  };
+  struct Capture : strata::trainer::Logger {
+    std::string name() const override { return "capture"; }
+    std::string log_dir() const override { return ""; }
+    void log_metrics(const strata::trainer::Metrics& m, int64_t step) override { rows.emplace_back(step, m); }
+    void log_hyperparams(const strata::trainer::Hyperparams&) override {}
+    void save() override {}
+    void finalize(const std::string& s) override { status = s; }
+    std::vector<std::pair<int64_t, strata::trainer::Metrics>> rows;
+    std::string status;
+  };
+  auto capture = std::make_shared<Capture>();
+  strata::Trainer trainer(quiet().with_max_epochs(1).with_log_every_n_steps(1).with_logger(capture).with_callback(
+      std::make_shared<strata::trainer::LearningRateMonitor>()));
+  trainer.fit(std::make_shared<Sched>(), indices(12, 2));  // 6 steps
+  std::vector<double> lrs;
+  for (const auto& [step, m] : capture->rows) {
+    if (m.count("lr-SGD")) lrs.push_back(m.at("lr-SGD"));
+  }
+  // The rate each step used: 0.8, 0.8, 0.4, 0.4, 0.2, 0.2.
+  EXPECT_EQ(lrs, (std::vector<double>{0.8, 0.8, 0.4, 0.4, 0.2, 0.2}));
+  EXPECT_EQ(capture->status, "success");
+  EXPECT_DOUBLE_EQ(trainer.optimizers().front()->param_groups()[0].options().get_lr(), 0.1);
+}
+
+TEST(TrainerTest, ProgressBarPrintsPlainLinesWhenNotOnATerminal) {
+  testing::internal::CaptureStdout();
+  {
+    strata::Trainer trainer(quiet().with_max_epochs(1).with_log_every_n_steps(2).with_callback(
+        std::make_shared<strata::trainer::ProgressBar>(false)));
+    trainer.fit(std::make_shared<Probe>(), indices(16, 4));
+  }
+  std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("epoch 0/0 | batch 2/4 | step 2 | loss "), std::string::npos) << out;
+  EXPECT_NE(out.find("epoch 0/0 | batch 4/4 | step 4 | loss "), std::string::npos) << out;
+  EXPECT_EQ(out.find('\r'), std::string::npos);
+  testing::internal::CaptureStdout();
+  {
+    strata::Trainer trainer(quiet().with_max_epochs(1).with_callback(std::make_shared<strata::trainer::ProgressBar>(true)));
+    trainer.fit(std::make_shared<Probe>(), indices(16, 4));
+  }
+  out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("\repoch 0/0 | batch 1/4 | step 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("\033[K"), std::string::npos);
+}
+
+}  // namespace
