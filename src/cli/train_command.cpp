@@ -79,7 +79,7 @@ Command make_train_command() {
                   1000000, [&c](int64_t v) { c.early_stopping = v; }, "0");
     n.add_integer(sub, "--save-top-k", "Keep the K checkpoints of lowest val_loss in <ckpt-dir>/best (0: off)", 0,
                   1000000, [&c](int64_t v) { c.save_top_k = v; }, "0");
-    sub->add_option("--logger", c.logger, "Experiment log: csv (Lightning's CSVLogger layout) or jsonl");
+    sub->add_option("--logger", c.logger, "Experiment log: csv (Lightning's CSVLogger layout), jsonl or tensorboard (event files)");
     sub->add_option("--log-dir", c.log_dir, "Folder of --logger's runs (<log-dir>/train/version_N)")
         ->capture_default_str();
     return sub;
