@@ -228,19 +228,19 @@ models::GPTConfig export_config(const StateReader& reader, const CkptConfig& c) 
     if (!entries.contains(key) || entries[key].value("kind", "") != "value") return nullptr;
     return &entries[key]["value"];
   };
-  const nlohmann::json* config = value_of("model_config");
+  const nlohmann::json* saved = value_of("model_config");
   const nlohmann::json* trainer = value_of("trainer");
-  if (!config && trainer && trainer->is_object() && trainer->contains("module_extra") &&
+  if (!saved && trainer && trainer->is_object() && trainer->contains("module_extra") &&
       (*trainer)["module_extra"].is_object() && (*trainer)["module_extra"].contains("model_config"))
-    config = &(*trainer)["module_extra"]["model_config"];
-  if (config) return models::GPTConfig::from_json(*config, reader.path() + ": the saved model_config");
+    saved = &(*trainer)["module_extra"]["model_config"];
+  if (saved) return models::GPTConfig::from_json(*saved, reader.path() + ": the saved model_config");
   STRATA_CHECK(!c.model_size.empty(), ConfigError, "[ckpt] ", reader.path(),
                " has no 'model_config' entry (saved before strata stored the model's configuration); pass "
                "--model-size with the preset it was trained with (", preset_list(), ")");
   models::GPTConfig config = models::GPTConfig::preset(c.model_size);
-  if (entries.contains("model_size") && entries["model_size"].value("kind", "") == "value")
-    STRATA_CHECK(entries["model_size"]["value"] == c.model_size, ConfigError, "[ckpt] ", reader.path(),
-                 " holds a ", entries["model_size"]["value"].dump(), " model, not --model-size ", c.model_size);
+  if (const nlohmann::json* size = value_of("model_size"))
+    STRATA_CHECK(*size == c.model_size, ConfigError, "[ckpt] ", reader.path(),
+                 " holds a ", size->dump(), " model, not --model-size ", c.model_size);
   return config;
 }
 

@@ -80,7 +80,7 @@ SavePlan Strategy::plan_save(const State& state, const StateFilter& filter) {
     } else if (value.is_optimizer()) {
       checkpoint::OptimizerState optim = checkpoint::optimizer_state(value.optimizer(), names);
       plan.entries[key] = {{"kind", "optimizer"}, {"state", optim.json}};
-      plan_optimizer_entry(key, optim.tensors, filter, plan);
+      plan_optimizer_entry(key, value.optimizer(), optim.tensors, filter, plan);
     } else if (value.is_tensor()) {
       plan.entries[key] = {{"kind", "tensor"}};
       plan.add_whole(key, value.tensor(), is_global_zero());
@@ -98,8 +98,9 @@ void Strategy::plan_module_entry(const std::string& key, torch::nn::Module& modu
   }
 }
 
-void Strategy::plan_optimizer_entry(const std::string& key, const checkpoint::NamedTensors& tensors,
-                                    const StateFilter& filter, SavePlan& plan) {
+void Strategy::plan_optimizer_entry(const std::string& key, torch::optim::Optimizer&,
+                                    const checkpoint::NamedTensors& tensors, const StateFilter& filter,
+                                    SavePlan& plan) {
   for (const auto& [name, tensor] : tensors) {
     if (filter_keeps(filter, key, name, tensor)) plan.add_whole(key + "/" + name, tensor, is_global_zero());
   }
@@ -111,7 +112,7 @@ void Strategy::load_module_entry(const checkpoint::StateReader& reader, const st
 }
 
 checkpoint::NamedTensors Strategy::read_optimizer_tensors(const checkpoint::StateReader& reader,
-                                                          const std::string& key) {
+                                                          const std::string& key, torch::optim::Optimizer&) {
   return read_prefixed(reader, key);
 }
 
@@ -145,7 +146,7 @@ nlohmann::json Strategy::load_checkpoint(const std::string& path, State& state, 
     if (value.is_module()) {
       load_module_entry(reader, key, *value.module(), strict, source);
     } else if (value.is_optimizer()) {
-      checkpoint::OptimizerState optim{read_optimizer_tensors(reader, key), entry.at("state")};
+      checkpoint::OptimizerState optim{read_optimizer_tensors(reader, key, value.optimizer()), entry.at("state")};
       checkpoint::load_optimizer_state(value.optimizer(), names, optim, strict, source);
     } else if (value.is_tensor()) {
       at::Tensor stored = reader.full(reader.tensor_of(key));

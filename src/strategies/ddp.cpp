@@ -165,9 +165,26 @@ void DDPStrategy::setup_environment() {
   setup_parallel_environment(options_.parallel_devices, options_.debug);
 }
 
+// What DDP keeps per module set up: its buckets and its gradient hooks.
+struct DDPStrategy::Replica {
+  ModulePtr module;
+  std::shared_ptr<Reducer> reducer;
+  std::unique_ptr<GradHooks> hooks;
+};
+
+DDPStrategy::Replica* DDPStrategy::replica_of(const torch::nn::Module& module) const {
+  for (const auto& replica : replicas_) {
+    if (replica->module.get() == &module) return replica.get();
+  }
+  return nullptr;
+}
+
 ModulePtr DDPStrategy::setup_module(ModulePtr module) {
-  STRATA_CHECK(reducer_ == nullptr, ConfigError,
-               "[ddp] setup_module was already called on this strategy; DDP trains one module per strategy");
+  STRATA_CHECK(module != nullptr, ConfigError, "[ddp] setup_module got a null module");
+  if (replica_of(*module) != nullptr) {
+    log::warning("[ddp] the module is already set up; setup_module returns it as it is");
+    return module;
+  }
   module = Strategy::setup_module(std::move(module));
   if (options_.sync_module_states && world_size() > 1) {
     torch::NoGradGuard no_grad;
@@ -179,38 +196,50 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
   for (const at::Tensor& p : module->parameters()) {
     if (p.requires_grad()) params.push_back(p);
   }
-  reducer_ = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
-  std::weak_ptr<Reducer> weak = reducer_;
-  grad_hooks_ = std::make_unique<GradHooks>([weak](size_t i) {
+  auto replica = std::make_unique<Replica>();
+  replica->module = module;
+  replica->reducer = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
+  std::weak_ptr<Reducer> weak = replica->reducer;
+  replica->hooks = std::make_unique<GradHooks>([weak](size_t i) {
     auto reducer = weak.lock();
     return reducer && reducer->on_grad_ready(i);
   });
-  for (size_t i = 0; i < params.size(); ++i) grad_hooks_->add(params[i], i);
+  for (size_t i = 0; i < params.size(); ++i) replica->hooks->add(params[i], i);
+  replicas_.push_back(std::move(replica));
   return module;
 }
 
 void DDPStrategy::backward(const at::Tensor& loss) {
-  if (grad_hooks_) grad_hooks_->check_no_stray_backward("ddp");
+  for (const auto& replica : replicas_) replica->hooks->check_no_stray_backward("ddp");
   Strategy::backward(loss);
-  if (!reducer_) return;
-  reducer_->finish();
-  grad_hooks_->end_backward();
+  if (replicas_.empty()) return;
+  // Every module's buckets, in set-up order on every rank: a module this
+  // backward did not reach reduces zeros and leaves its gradients as they
+  // were (Note [Gradient buckets]).
+  for (const auto& replica : replicas_) {
+    replica->reducer->finish();
+    replica->hooks->end_backward();
+  }
   report_step_communication(++step_, options_.debug);
 }
 
 Scope DDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
   require_set_up(module, "no_backward_sync");
-  if (!enabled || !reducer_) return Scope();
-  return set_for_scope(reducer_, &Reducer::sync_enabled, false);
+  Replica* replica = replica_of(module);
+  if (!enabled || replica == nullptr) return Scope();
+  return set_for_scope(replica->reducer, &Reducer::sync_enabled, false);
 }
 
 void DDPStrategy::teardown() {
-  // Drop the hooks before the module outlives the strategy.
-  grad_hooks_.reset();
-  reducer_.reset();
+  // Drop the hooks before the modules outlive the strategy.
+  replicas_.clear();
   Strategy::teardown();
 }
 
-size_t DDPStrategy::num_buckets() const { return reducer_ ? reducer_->buckets.size() : 0; }
+size_t DDPStrategy::num_buckets() const {
+  size_t n = 0;
+  for (const auto& replica : replicas_) n += replica->reducer->buckets.size();
+  return n;
+}
 
 }  // namespace strata::strategies

@@ -26,6 +26,7 @@
 #include "strata/runtime/env.h"
 #include "strata/runtime/launcher.h"
 #include "strata/runtime/progress.h"
+#include "strata/strategies/make_strategy.h"
 #include "strata/strategies/precision.h"
 #include "strata/trainer/callbacks.h"
 #include "trainer_impl.h"

@@ -48,19 +48,22 @@ class DDPStrategy : public Strategy {
   void setup_environment() override;
   /// Moves the module to the device, broadcasts its parameters and buffers
   /// from rank 0 (sync_module_states) and registers the gradient hooks.
+  /// Several modules may be set up (a GAN's generator and critic): each
+  /// gets its own buckets; a module set up already is returned as it is.
   ModulePtr setup_module(ModulePtr module) override;
   void backward(const at::Tensor& loss) override;
   Scope no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
   void teardown() override;
 
-  /// Number of gradient buckets of the module set up (for tests and reports).
+  /// Number of gradient buckets of the modules set up (for tests and reports).
   size_t num_buckets() const;
 
  private:
   struct Reducer;
+  struct Replica;
+  Replica* replica_of(const torch::nn::Module& module) const;
   DDPOptions options_;
-  std::shared_ptr<Reducer> reducer_;
-  std::unique_ptr<GradHooks> grad_hooks_;
+  std::vector<std::unique_ptr<Replica>> replicas_;  ///< one per module set up, in set-up order
   int64_t step_ = 0;
 };
 

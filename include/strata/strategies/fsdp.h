@@ -131,7 +131,8 @@ class FSDPStrategy : public Strategy {
   /// Splits the module into units by the auto-wrap policy, shards every
   /// unit's parameters (module->parameters() then returns this rank's
   /// shards, under the same names) and installs the forward and gradient
-  /// hooks. A module set up already is returned as it is (with a warning).
+  /// hooks. Several modules may be set up, each with its own units; a
+  /// module set up already is returned as it is (with a warning).
   ModulePtr setup_module(ModulePtr module) override;
   /// Accepts only an optimizer over the sharded parameters of the module
   /// returned by setup_module; otherwise ConfigError saying to create the
@@ -156,12 +157,16 @@ class FSDPStrategy : public Strategy {
 
   void teardown() override;
 
-  /// The units of the module set up, in the order their forward first ran
-  /// (registration order before the first forward).
+  /// The units of the modules set up (module by module, in set-up order),
+  /// in the order their forward first ran (registration order before the
+  /// first forward).
   std::vector<FSDPUnitInfo> units() const;
-  /// Gathers the full value of a parameter of the module set up, by its
-  /// full name (every rank must call it). For tests and tools.
+  /// Gathers the full value of a parameter of the modules set up, by its
+  /// full name (the first module that has it; every rank must call it).
+  /// For tests and tools.
   at::Tensor full_parameter(const std::string& name);
+  /// The same for a parameter of `module`, one that setup_module returned.
+  at::Tensor full_parameter(const torch::nn::Module& module, const std::string& name);
 
  protected:
   at::Tensor reduce_norm(const at::Tensor& local, bool is_max) override;
@@ -171,8 +176,9 @@ class FSDPStrategy : public Strategy {
   void plan_module_entry(const std::string& key, torch::nn::Module& module, const StateFilter& filter,
                          SavePlan& plan) override;
   /// Optimizer state of sharded parameters: sharded like the parameter.
-  void plan_optimizer_entry(const std::string& key, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                            const StateFilter& filter, SavePlan& plan) override;
+  void plan_optimizer_entry(const std::string& key, torch::optim::Optimizer& optimizer,
+                            const std::vector<std::pair<std::string, at::Tensor>>& tensors, const StateFilter& filter,
+                            SavePlan& plan) override;
   bool sharded_state_dict() const override { return options_.state_dict_type == StateDictType::kSharded; }
   bool sequential_checkpoint_writes() const override { return options_.sequential_save; }
   /// The module set up: each rank reads only its slices (any saved layout
@@ -181,11 +187,18 @@ class FSDPStrategy : public Strategy {
                          bool strict, const std::string& source) override;
   /// Optimizer state of sharded parameters: this rank's slices, padded.
   std::vector<std::pair<std::string, at::Tensor>> read_optimizer_tensors(const checkpoint::StateReader& reader,
-                                                                         const std::string& key) override;
+                                                                         const std::string& key,
+                                                                         torch::optim::Optimizer& optimizer) override;
 
  private:
+  /// The state of the module set up as `module`, or null.
+  detail::FSDPState* state_of(const torch::nn::Module& module) const;
+  /// The state whose shards `optimizer` updates, or null.
+  detail::FSDPState* state_of(const torch::optim::Optimizer& optimizer) const;
+
   FSDPOptions options_;
-  std::shared_ptr<detail::FSDPState> state_;  ///< src/strategies/fsdp/state.h
+  std::vector<std::shared_ptr<detail::FSDPState>> states_;  ///< one per module set up (src/strategies/fsdp/state.h)
+  int64_t step_ = 0;
   std::shared_ptr<detail::Presharded> presharded_;  ///< units sharded by module_sharded_context
 };
 

@@ -228,7 +228,7 @@ class Strategy {
                                  SavePlan& plan);
   /// Adds optimizer entry `key`'s tensors ("<param>.<state>") to `plan`
   /// (whole, by default).
-  virtual void plan_optimizer_entry(const std::string& key,
+  virtual void plan_optimizer_entry(const std::string& key, torch::optim::Optimizer& optimizer,
                                     const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                     const StateFilter& filter, SavePlan& plan);
   /// True when saves use the sharded layout (one file per rank).
@@ -239,10 +239,10 @@ class Strategy {
   /// from the checkpoint's tensors "<key>/..." (whole, by default).
   virtual void load_module_entry(const checkpoint::StateReader& reader, const std::string& key,
                                  torch::nn::Module& module, bool strict, const std::string& source);
-  /// load_checkpoint's part for an optimizer entry `key`: the tensors
-  /// "<key>/<param>.<state>" as the optimizer holds them (whole, by default).
+  /// load_checkpoint's part for optimizer entry `key`: the tensors
+  /// "<key>/<param>.<state>" as `optimizer` holds them (whole, by default).
   virtual std::vector<std::pair<std::string, at::Tensor>> read_optimizer_tensors(
-      const checkpoint::StateReader& reader, const std::string& key);
+      const checkpoint::StateReader& reader, const std::string& key, torch::optim::Optimizer& optimizer);
   /// Throws ConfigError unless `module` is one that setup_module returned
   /// (`what` names the call that needs it, e.g. "clip_gradients").
   void require_set_up(const torch::nn::Module& module, const std::string& what) const;

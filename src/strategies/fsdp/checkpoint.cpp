@@ -35,10 +35,24 @@ PlannedTensor sharded_tensor(std::string name, detail::FSDPState& impl, const de
 
 }  // namespace
 
+detail::FSDPState* FSDPStrategy::state_of(const torch::optim::Optimizer& optimizer) const {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const at::Tensor& param : group.params()) {
+      for (const auto& state : states_) {
+        for (const auto& p : state->params) {
+          if (p.shard.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return state.get();
+        }
+      }
+      return nullptr;  // the first parameter decides: an optimizer holds one module's parameters
+    }
+  }
+  return nullptr;
+}
+
 SavePlan FSDPStrategy::plan_save(const State& state, const StateFilter& filter) {
-  STRATA_CHECK(state_ != nullptr, ConfigError, "[fsdp] save_checkpoint before setup_module");
+  STRATA_CHECK(!states_.empty(), ConfigError, "[fsdp] save_checkpoint before setup_module");
   bool found_sharded = false;
-  for (const auto& [key, value] : state) found_sharded = found_sharded || (value.is_module() && value.module() == state_->root_module);
+  for (const auto& [key, value] : state) found_sharded = found_sharded || (value.is_module() && state_of(*value.module()));
   STRATA_CHECK(found_sharded, ConfigError,
                "[fsdp] save_checkpoint: the state holds no module set up by this strategy; put the module "
                "returned by setup_module in the state (e.g. {\"model\", model})");
@@ -47,28 +61,31 @@ SavePlan FSDPStrategy::plan_save(const State& state, const StateFilter& filter) 
 
 void FSDPStrategy::plan_module_entry(const std::string& key, torch::nn::Module& module, const StateFilter& filter,
                                      SavePlan& plan) {
-  if (!state_ || &module != state_->root_module.get()) {
+  detail::FSDPState* sharded = state_of(module);
+  if (sharded == nullptr) {
     Strategy::plan_module_entry(key, module, filter, plan);
     return;
   }
-  for (const auto& p : state_->params) {
+  for (const auto& p : sharded->params) {
     if (filter_keeps(filter, key, p.name, p.shard)) {
-      plan.tensors.push_back(sharded_tensor(key + "/" + p.name, *state_, p, p.shard));
+      plan.tensors.push_back(sharded_tensor(key + "/" + p.name, *sharded, p, p.shard));
     }
   }
   for (const auto& [name, t] : checkpoint::module_state(module)) {
-    if (state_->param_index.count(name)) continue;  // a shard, planned above
+    if (sharded->param_index.count(name)) continue;  // a shard, planned above
     if (filter_keeps(filter, key, name, t)) plan.add_whole(key + "/" + name, t, is_global_zero());
   }
 }
 
-void FSDPStrategy::plan_optimizer_entry(const std::string& key, const checkpoint::NamedTensors& tensors,
-                                        const StateFilter& filter, SavePlan& plan) {
+void FSDPStrategy::plan_optimizer_entry(const std::string& key, torch::optim::Optimizer& optimizer,
+                                        const checkpoint::NamedTensors& tensors, const StateFilter& filter,
+                                        SavePlan& plan) {
+  detail::FSDPState* sharded = state_of(optimizer);
   for (const auto& [name, t] : tensors) {
     if (!filter_keeps(filter, key, name, t)) continue;
-    const detail::ShardedParam* p = state_ ? state_->param_of_state(name) : nullptr;  // sharded like its parameter
+    const detail::ShardedParam* p = sharded ? sharded->param_of_state(name) : nullptr;  // sharded like its parameter
     if (p && t.numel() == p->chunk) {
-      plan.tensors.push_back(sharded_tensor(key + "/" + name, *state_, *p, t));
+      plan.tensors.push_back(sharded_tensor(key + "/" + name, *sharded, *p, t));
     } else {
       plan.add_whole(key + "/" + name, t, is_global_zero());
     }
@@ -95,14 +112,15 @@ at::Tensor my_piece(const checkpoint::StateReader& reader, const std::string& na
 
 void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, const std::string& key,
                                      torch::nn::Module& module, bool strict, const std::string& source) {
-  if (!state_ || &module != state_->root_module.get()) {
+  detail::FSDPState* sharded = state_of(module);
+  if (sharded == nullptr) {
     Strategy::load_module_entry(reader, key, module, strict, source);
     return;
   }
   std::vector<std::string> missing, unexpected;
   std::unordered_map<std::string, bool> known;
   torch::NoGradGuard no_grad;
-  for (const auto& p : state_->params) {
+  for (const auto& p : sharded->params) {
     known[p.name] = true;
     std::string name = reader.tensor_of(key, p.name);
     if (!reader.contains(name)) {
@@ -112,7 +130,7 @@ void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, cons
     STRATA_CHECK(reader.dtype(name) == p.shard.scalar_type(), CheckpointError, "[checkpoint] ", reader.path(),
                  ": '", name, "' is ", reader.dtype(name), " in the checkpoint but ", p.shard.scalar_type(),
                  " in the model");
-    p.shard.detach().copy_(my_piece(reader, name, *state_, p));
+    p.shard.detach().copy_(my_piece(reader, name, *sharded, p));
   }
   for (const auto& item : module.named_buffers()) {
     known[item.key()] = true;
@@ -139,13 +157,15 @@ void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, cons
 }
 
 checkpoint::NamedTensors FSDPStrategy::read_optimizer_tensors(const checkpoint::StateReader& reader,
-                                                              const std::string& key) {
-  if (!state_) return Strategy::read_optimizer_tensors(reader, key);
+                                                              const std::string& key,
+                                                              torch::optim::Optimizer& optimizer) {
+  detail::FSDPState* sharded = state_of(optimizer);
+  if (sharded == nullptr) return Strategy::read_optimizer_tensors(reader, key, optimizer);
   checkpoint::NamedTensors tensors;
   for (const std::string& name : reader.names_under(key)) {
     std::string full_name = reader.tensor_of(key, name);
-    if (const detail::ShardedParam* p = state_->param_of_state(name)) {  // sharded like its parameter
-      tensors.emplace_back(name, my_piece(reader, full_name, *state_, *p));
+    if (const detail::ShardedParam* p = sharded->param_of_state(name)) {  // sharded like its parameter
+      tensors.emplace_back(name, my_piece(reader, full_name, *sharded, *p));
     } else {
       tensors.emplace_back(name, reader.full(full_name));
     }

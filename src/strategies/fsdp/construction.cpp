@@ -68,7 +68,7 @@ FSDPState::FSDPState(comm::Group g, const FSDPOptions& options, c10::ScalarType 
       reshard_after_forward(options.reshard_after_forward),
       prefetch(options.prefetch) {}
 
-void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options, const Presharded* presharded) {
+void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options, Presharded* presharded) {
   std::vector<torch::nn::Module*> modules = unit_modules(root_module, options.auto_wrap_policy);
   std::unordered_map<const torch::nn::Module*, size_t> unit_of;
   units.resize(modules.size());
@@ -112,6 +112,9 @@ void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options
         p.shape = it->second.shape;
         p.trainable = it->second.trainable;
         p.accumulator = it->second.accumulator;
+        // Adopted: the entry goes (its key is an address, which a tensor
+        // made later may reuse once this piece is freed).
+        presharded->by_shard.erase(it);
       }
     }
     p.numel = c10::multiply_integers(p.shape);

@@ -76,7 +76,14 @@ void FSDPStrategy::set_precision(Precision precision) {
 }
 
 FSDPStrategy::~FSDPStrategy() {
-  if (state_) state_->unhook();
+  for (const auto& state : states_) state->unhook();
+}
+
+detail::FSDPState* FSDPStrategy::state_of(const torch::nn::Module& module) const {
+  for (const auto& state : states_) {
+    if (state->root_module.get() == &module) return state.get();
+  }
+  return nullptr;
 }
 
 void FSDPStrategy::setup_environment() {
@@ -86,23 +93,25 @@ void FSDPStrategy::setup_environment() {
 
 ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   STRATA_CHECK(module != nullptr, ConfigError, "[fsdp] setup_module got a null module");
-  if (state_) {
-    STRATA_CHECK(state_->root_module.get() == module.get(), ConfigError,
-                 "[fsdp] setup_module was already called with another module; FSDP trains one module per strategy");
+  if (state_of(*module) != nullptr) {
     log::warning("[fsdp] the module is already sharded; setup_module returns it as it is and does not apply "
                  "the policies again");
     return module;
   }
+  // Each module set up gets its own units, hooks and reductions (a GAN's
+  // generator and critic); a module sharded while it was built adopts its
+  // pieces from presharded_, which keeps the other modules' pieces.
   modules_.push_back(module);
   c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
-  state_ = std::make_shared<FSDPState>(group_, options_, compute, options_.reduce_dtype.value_or(compute));
-  state_->root_module = module;
-  state_->build(*module, options_, presharded_.get());
-  presharded_.reset();
-  for (size_t u = 0; u < state_->units.size(); ++u) {
-    torch::nn::Module& unit_module = *state_->units[u].module;
+  auto state = std::make_shared<FSDPState>(group_, options_, compute, options_.reduce_dtype.value_or(compute));
+  state->root_module = module;
+  state->build(*module, options_, presharded_.get());
+  if (presharded_ && presharded_->by_shard.empty()) presharded_.reset();
+  states_.push_back(state);
+  for (size_t u = 0; u < state->units.size(); ++u) {
+    torch::nn::Module& unit_module = *state->units[u].module;
     bool checkpoint = detail::matches(options_.activation_checkpointing_policy, unit_module);
-    set_forward_hooks(unit_module, std::make_shared<FSDPForwardHooks>(state_, u, checkpoint));
+    set_forward_hooks(unit_module, std::make_shared<FSDPForwardHooks>(state, u, checkpoint));
   }
   // Activation checkpointing applies to every instance of the listed types,
   // units or not.
@@ -110,20 +119,22 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
     torch::nn::Module* m = item.value().get();
     if (!detail::matches(options_.activation_checkpointing_policy, *m)) continue;
     bool is_unit = false;
-    for (const auto& unit : state_->units) is_unit = is_unit || unit.module == m;
+    for (const auto& unit : state->units) is_unit = is_unit || unit.module == m;
     if (is_unit) continue;
-    set_forward_hooks(*m, std::make_shared<FSDPForwardHooks>(state_, std::nullopt, true));
-    state_->checkpointed.push_back(m);
+    set_forward_hooks(*m, std::make_shared<FSDPForwardHooks>(state, std::nullopt, true));
+    state->checkpointed.push_back(m);
   }
   return module;
 }
 
 void FSDPStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
-  STRATA_CHECK(state_ != nullptr, ConfigError,
+  STRATA_CHECK(!states_.empty(), ConfigError,
                "[fsdp] setup_optimizer before setup_module: call setup_module(model) first, then build the optimizer "
                "from model->parameters() (the sharded parameters), then setup_optimizer");
   std::unordered_set<const c10::TensorImpl*> shards;
-  for (const auto& p : state_->params) shards.insert(p.shard.unsafeGetTensorImpl());
+  for (const auto& state : states_) {
+    for (const auto& p : state->params) shards.insert(p.shard.unsafeGetTensorImpl());
+  }
   for (const auto& group : optimizer.param_groups()) {
     for (const at::Tensor& p : group.params()) {
       STRATA_CHECK(shards.count(p.unsafeGetTensorImpl()) > 0, ConfigError,
@@ -163,8 +174,8 @@ Scope FSDPStrategy::module_sharded_context() {
   STRATA_CHECK(launched(), ConfigError,
                "[fsdp] module_sharded_context needs the process group: call it inside fabric.launch (after "
                "setup_environment)");
-  STRATA_CHECK(state_ == nullptr, ConfigError, "[fsdp] module_sharded_context after setup_module: build the model "
-               "inside the context first, then call setup_module");
+  STRATA_CHECK(states_.empty(), ConfigError, "[fsdp] module_sharded_context after setup_module: build the "
+               "models inside the context first, then call setup_module");
   if (!presharded_) presharded_ = std::make_shared<detail::Presharded>();
   const c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
   ModuleBuiltHandler previous = set_module_built_handler(
@@ -174,15 +185,18 @@ Scope FSDPStrategy::module_sharded_context() {
 
 void FSDPStrategy::backward(const at::Tensor& loss) {
   Strategy::backward(loss);
-  if (!state_) return;
-  state_->finalize_backward();
-  report_step_communication(++state_->step, options_.debug);
+  if (states_.empty()) return;
+  // In set-up order on every rank; a module whose forward did not run in
+  // this step has nothing to reduce.
+  for (const auto& state : states_) state->finalize_backward();
+  report_step_communication(++step_, options_.debug);
 }
 
 Scope FSDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
   require_set_up(module, "no_backward_sync");
-  if (!enabled || !state_) return Scope();
-  return set_for_scope(state_, &FSDPState::sync, false);
+  detail::FSDPState* state = state_of(module);
+  if (!enabled || state == nullptr) return Scope();
+  return set_for_scope(state->shared_from_this(), &FSDPState::sync, false);
 }
 
 at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
@@ -192,38 +206,50 @@ at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
 }
 
 void FSDPStrategy::teardown() {
-  if (state_) {
-    for (size_t u = 0; u < state_->units.size(); ++u) state_->reshard(u);
-    state_->unhook();
+  for (const auto& state : states_) {
+    for (size_t u = 0; u < state->units.size(); ++u) state->reshard(u);
+    state->unhook();
   }
   Strategy::teardown();
-  state_.reset();
+  states_.clear();
+  presharded_.reset();
 }
 
 std::vector<FSDPUnitInfo> FSDPStrategy::units() const {
   std::vector<FSDPUnitInfo> out;
-  if (!state_) return out;
-  for (size_t u : state_->with_the_rest(state_->last_forward_order)) {
-    const detail::Unit& unit = state_->units[u];
-    FSDPUnitInfo info;
-    info.name = unit.name;
-    info.shard_numel = unit.shard_numel;
-    for (size_t i : unit.params) {
-      info.params.push_back(state_->params[i].name);
-      info.numel += state_->params[i].numel;
+  for (const auto& state : states_) {
+    for (size_t u : state->with_the_rest(state->last_forward_order)) {
+      const detail::Unit& unit = state->units[u];
+      FSDPUnitInfo info;
+      info.name = unit.name;
+      info.shard_numel = unit.shard_numel;
+      for (size_t i : unit.params) {
+        info.params.push_back(state->params[i].name);
+        info.numel += state->params[i].numel;
+      }
+      out.push_back(std::move(info));
     }
-    out.push_back(std::move(info));
   }
   return out;
 }
 
 at::Tensor FSDPStrategy::full_parameter(const std::string& name) {
-  STRATA_CHECK(state_ != nullptr, ConfigError, "[fsdp] full_parameter before setup_module");
-  auto it = state_->param_index.find(name);
-  STRATA_CHECK(it != state_->param_index.end(), ConfigError, "[fsdp] the module set up has no parameter named '",
+  STRATA_CHECK(!states_.empty(), ConfigError, "[fsdp] full_parameter before setup_module");
+  for (const auto& state : states_) {
+    if (state->param_index.count(name)) return full_parameter(*state->root_module, name);
+  }
+  throw ConfigError("[fsdp] the module set up has no parameter named '" + name + "'");
+}
+
+at::Tensor FSDPStrategy::full_parameter(const torch::nn::Module& module, const std::string& name) {
+  detail::FSDPState* state = state_of(module);
+  STRATA_CHECK(state != nullptr, ConfigError, "[fsdp] full_parameter got a module that was not set up (",
+               module.name(), "); pass one returned by setup_module");
+  auto it = state->param_index.find(name);
+  STRATA_CHECK(it != state->param_index.end(), ConfigError, "[fsdp] the module set up has no parameter named '",
                name, "'");
-  const detail::ShardedParam& p = state_->params[it->second];
-  return state_->gather_full(p, p.shard);
+  const detail::ShardedParam& p = state->params[it->second];
+  return state->gather_full(p, p.shard);
 }
 
 }  // namespace strata::strategies

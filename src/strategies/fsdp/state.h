@@ -88,8 +88,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
 
   // ---- construction (construction.cpp) ----
   /// Makes the units by the wrap policy and shards the parameters (those
-  /// in `presharded` are sharded already).
-  void build(torch::nn::Module& root_module, const FSDPOptions& options, const Presharded* presharded);
+  /// in `presharded` are sharded already; their entries are removed).
+  void build(torch::nn::Module& root_module, const FSDPOptions& options, Presharded* presharded);
   /// Removes the forward and gradient hooks.
   void unhook();
 
@@ -147,7 +147,6 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::vector<torch::nn::Module*> checkpointed;  ///< checkpointed modules that are not units
   std::vector<size_t> forward_order, last_forward_order;
   bool sync = true;
-  int64_t step = 0;
 
  private:
   std::vector<ShardedParam*> params_of(const Unit& unit);
