@@ -22,7 +22,11 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$root/fuzz" -B "$build" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_PYTHON="$STRATA_PYTHON" >/dev/null
 fi
-cmake --build "$build" --parallel "$(nproc 2>/dev/null || echo 2)" >/dev/null
+if ! cmake --build "$build" --parallel "$(nproc 2>/dev/null || echo 2)" >"$build/build.log" 2>&1; then
+  echo "[fuzz] building the fuzz targets failed:" >&2
+  grep -E "error|undefined" "$build/build.log" | head -20 >&2
+  exit 1
+fi
 status=0
 total=0
 for target in safetensors metadata sharded; do
