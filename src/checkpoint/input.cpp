@@ -8,11 +8,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
-#include <iostream>
 #include <set>
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 
 namespace strata::checkpoint {
 namespace {
@@ -179,7 +179,7 @@ void warn(const std::string& message) {
       handler(message);
       return;
     }
-    std::cerr << "[checkpoint] warning: " << message << std::endl;
+    log::warning_all_ranks("[checkpoint] ", message);
   } catch (...) {
   }
 }

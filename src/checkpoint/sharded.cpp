@@ -27,18 +27,13 @@
 #include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
+#include "strata/core/strings.h"
 
 namespace strata::checkpoint {
 namespace {
 
 using ::strata::detail::cat;
 namespace fs = std::filesystem;
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;

@@ -23,9 +23,10 @@
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
-#include "strata/models/gpt.h"
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
+#include "strata/models/gpt.h"
+#include "strata/strategies/strategy.h"
 
 namespace strata::cli {
 namespace {
@@ -46,12 +47,6 @@ struct CkptConfig {
   std::string entry;       // export: the module entry ("" = "model" or the only one)
   std::string model_size;  // export: preset for checkpoints saved without model_config
 };
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 uint64_t tensor_bytes(const StateReader& reader, const std::string& name) {
   return checkpoint::TensorSpec{name, reader.dtype(name), reader.shape(name)}.nbytes();
@@ -139,7 +134,7 @@ int run_inspect(const CkptConfig& c) {
   // The tensor table, columns padded to their widest cell.
   std::vector<std::vector<std::string>> rows = {{"name", "shape", "dtype", "storage", "bytes"}};
   for (const auto& t : info["tensors"])
-    rows.push_back({t["name"].get<std::string>(), shape_text(t["shape"].get<std::vector<int64_t>>()),
+    rows.push_back({t["name"].get<std::string>(), shape_string(t["shape"].get<std::vector<int64_t>>()),
                     t["dtype"].get<std::string>(), t["sharded"].get<bool>() ? "sharded" : "whole",
                     std::to_string(t["bytes"].get<uint64_t>())});
   std::vector<size_t> width(5, 0);
@@ -271,18 +266,24 @@ int run_export(const CkptConfig& c) {
   // The checkpoint's tensors must be this configuration's, name for name
   // and shape for shape, before anything is written.
   {
+    // Names and shapes only: the model is built on the meta device.
     torch::NoGradGuard no_grad;
-    models::GPT model(config);
+    models::GPT model{nullptr};
+    {
+      strategies::Scope meta = strategies::meta_device_scope();
+      model = models::GPT(config);
+    }
+    const checkpoint::NamedTensors expected = checkpoint::module_state(*model);
     std::vector<std::string> problems;
-    for (const auto& [name, tensor] : checkpoint::module_state(*model)) {
+    for (const auto& [name, tensor] : expected) {
       const std::string full = reader.tensor_of(key, sub + name);
       if (!reader.contains(full))
         problems.push_back("missing '" + name + "'");
       else if (reader.shape(full) != tensor.sizes().vec())
-        problems.push_back("'" + name + "' has shape " + shape_text(reader.shape(full)) + ", the config gives " +
-                           shape_text(tensor.sizes().vec()));
+        problems.push_back("'" + name + "' has shape " + shape_string(reader.shape(full)) + ", the config gives " +
+                           shape_string(tensor.sizes().vec()));
     }
-    STRATA_CHECK(problems.empty() && stored.size() == checkpoint::module_state(*model).size(), ConfigError,
+    STRATA_CHECK(problems.empty() && stored.size() == expected.size(), ConfigError,
                  "[ckpt] ", reader.path(), " entry '", key, "' does not match its model configuration ",
                  config.to_json().dump(), ": ", problems.empty() ? std::string("other tensors") : problems[0],
                  problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : "");
