@@ -55,21 +55,8 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
                  " per host, but devices=", options_.devices,
                  "; start as many workers as devices (or leave devices at 1 when an outside launcher decides)");
   }
-  std::optional<strategies::Precision> precision;
-  if (options_.precision) precision = strategies::Precision::parse(*options_.precision, accelerator->name());
-  if (auto* object = std::get_if<std::shared_ptr<strategies::Strategy>>(&options_.strategy)) {
-    STRATA_CHECK(*object != nullptr, ConfigError, "[fabric] with_strategy got a null strategy object");
-    strategy_ = *object;
-    // Fabric's precision, when given, is the strategy's (Lightning's rule).
-    if (precision) strategy_->set_precision(*precision);
-  } else {
-    strategy_ = strategies::make_strategy(strategies::StrategyOptions()
-                                              .with_kind(std::get<std::string>(options_.strategy))
-                                              .with_accelerator(accelerator)
-                                              .with_precision(precision.value_or(strategies::Precision::parse(
-                                                  "32-true", accelerator->name())))
-                                              .with_world_size(world_size));
-  }
+  // Fabric's precision, when given, is a strategy object's too (Lightning's rule).
+  strategy_ = strategies::resolve_strategy(options_.strategy, accelerator, options_.precision, world_size, "fabric");
   strategy_->set_collective_timeout(options_.collective_timeout);
 }
 

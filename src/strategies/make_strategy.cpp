@@ -65,4 +65,21 @@ std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr
                            .with_world_size(world_size));
 }
 
+std::shared_ptr<Strategy> resolve_strategy(const StrategyChoice& choice, std::shared_ptr<Accelerator> accelerator,
+                                           const std::optional<std::string>& precision, int world_size,
+                                           const std::string& who) {
+  std::optional<Precision> parsed;
+  if (precision) parsed = Precision::parse(*precision, accelerator->name());
+  if (const auto* object = std::get_if<std::shared_ptr<Strategy>>(&choice)) {
+    STRATA_CHECK(*object != nullptr, ConfigError, "[", who, "] with_strategy got a null strategy object");
+    if (parsed) (*object)->set_precision(*parsed);
+    return *object;
+  }
+  return make_strategy(StrategyOptions()
+                           .with_kind(std::get<std::string>(choice))
+                           .with_accelerator(accelerator)
+                           .with_precision(parsed.value_or(Precision::parse("32-true", accelerator->name())))
+                           .with_world_size(world_size));
+}
+
 }  // namespace strata::strategies

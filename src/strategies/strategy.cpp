@@ -2,6 +2,7 @@
 // gradient clipping and the collectives every strategy shares.
 #include "strata/strategies/strategy.h"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -11,6 +12,7 @@
 
 #include "strata/core/error.h"
 #include "strata/core/log.h"
+#include "strata/core/module_hooks.h"
 #include "strata/runtime/process.h"
 
 namespace strata::strategies {
@@ -96,6 +98,18 @@ ModulePtr Strategy::setup_module_and_optimizers(ModulePtr module,
 void Strategy::module_to_device(torch::nn::Module& module) { module.to(root_device()); }
 
 Scope Strategy::module_init_context(std::optional<bool>) { return Scope(); }
+
+Scope meta_device_scope() {
+  struct Guards {
+    c10::impl::IncludeDispatchKeyGuard meta{c10::DispatchKey::Meta};
+    // Factories (empty, ones, ...) pick their kernel by their device
+    // argument in BackendSelect; without it they reach the meta kernels.
+    c10::impl::ExcludeDispatchKeyGuard no_backend_select{c10::DispatchKey::BackendSelect};
+    SkipParameterInit skip;
+  };
+  auto guards = std::make_shared<Guards>();
+  return Scope([guards]() mutable { guards.reset(); });
+}
 
 void Strategy::backward(const at::Tensor& loss) {
   STRATA_CHECK(loss.defined(), ConfigError, "[", name(), "] backward got an undefined loss tensor");

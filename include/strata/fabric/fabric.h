@@ -41,7 +41,7 @@ struct FabricOptions {
   int num_nodes = 1;                ///< hosts
   /// The strategy: a name ("auto", "ddp", "fsdp", "single_device"), built
   /// with default options, or a strategy object.
-  std::variant<std::string, std::shared_ptr<strategies::Strategy>> strategy = std::string("auto");
+  strategies::StrategyChoice strategy = std::string("auto");
   /// "32-true", "bf16-mixed"; unset: "32-true", or a strategy object's own.
   /// When set it is applied to a strategy object too, as in Lightning.
   std::optional<std::string> precision;

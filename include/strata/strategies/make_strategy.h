@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
@@ -44,5 +45,18 @@ std::shared_ptr<Strategy> make_strategy(const StrategyOptions& options);
 /// "xla" and "xla_fsdp" are refused until the XLA accelerator exists.
 std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr<Accelerator> accelerator,
                                         const Precision& precision, int world_size);
+
+/// A strategy as a user names it: a name ("auto", "ddp", "fsdp",
+/// "single_device") or an object (FabricOptions::strategy,
+/// TrainerOptions::strategy).
+using StrategyChoice = std::variant<std::string, std::shared_ptr<Strategy>>;
+
+/// The strategy a choice means. A name is built by make_strategy with
+/// `precision` (unset: "32-true"); an object is used as it is, and a set
+/// `precision` replaces its own (Lightning's rule). `who` ("fabric",
+/// "trainer") starts the messages; a null object is a ConfigError.
+std::shared_ptr<Strategy> resolve_strategy(const StrategyChoice& choice, std::shared_ptr<Accelerator> accelerator,
+                                           const std::optional<std::string>& precision, int world_size,
+                                           const std::string& who);
 
 }  // namespace strata::strategies

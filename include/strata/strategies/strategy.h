@@ -58,6 +58,13 @@ class Scope {
   std::function<void()> on_exit_;
 };
 
+/// While alive, modules are built on the meta device: parameters and
+/// buffers get shapes and dtypes but no storage, and the example models
+/// skip their initialisation (Note [Meta-device construction] in
+/// fsdp/construction.cpp). FSDP's module_init_context(empty_init=true) is
+/// this scope; tools that only need names and shapes use it too.
+Scope meta_device_scope();
+
 /// Base of every strategy. Holds the accelerator, the precision, this
 /// process's environment and the process group.
 class Strategy {

@@ -157,17 +157,7 @@ void FSDPStrategy::module_to_device(torch::nn::Module&) {}
 
 Scope FSDPStrategy::module_init_context(std::optional<bool> empty_init) {
   if (!empty_init.value_or(false)) return Scope();
-  // Note [Meta-device construction]. The example models also skip their own
-  // initialisation (it would be a no-op on meta tensors anyway).
-  struct Guards {
-    c10::impl::IncludeDispatchKeyGuard meta{c10::DispatchKey::Meta};
-    // Factories (empty, ones, ...) pick their kernel by their device
-    // argument in BackendSelect; without it they reach the meta kernels.
-    c10::impl::ExcludeDispatchKeyGuard no_backend_select{c10::DispatchKey::BackendSelect};
-    SkipParameterInit skip;
-  };
-  auto guards = std::make_shared<Guards>();
-  return Scope([guards]() mutable { guards.reset(); });
+  return meta_device_scope();  // Note [Meta-device construction]
 }
 
 Scope FSDPStrategy::module_sharded_context() {
