@@ -73,10 +73,30 @@ std::string versioned_log_dir(const std::string& root_dir, const std::string& na
   return (base / ("version_" + std::to_string(*version))).string();
 }
 
+// ---- FileLogger -------------------------------------------------------------
+
+FileLogger::FileLogger(const std::string& root_dir, const std::string& name, std::optional<int64_t> version)
+    : log_dir_(versioned_log_dir(root_dir, name, version)) {}
+
+void FileLogger::finalize(const std::string&) { save(); }
+
+std::string FileLogger::file_path(const std::string& file) const {
+  create_dir(log_dir_);
+  return (fs::path(log_dir_) / file).string();
+}
+
+void FileLogger::write_file(const std::string& file, const std::string& text) const {
+  const std::string path = file_path(file);
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.flush();
+  STRATA_CHECK(out.good(), Error, "[logger] cannot write ", path, " (is the disk full?)");
+}
+
 // ---- CSVLogger --------------------------------------------------------------
 
 CSVLogger::CSVLogger(std::string root_dir, std::string name, std::optional<int64_t> version)
-    : log_dir_(versioned_log_dir(root_dir, name, version)) {}
+    : FileLogger(root_dir, name, version) {}
 
 std::string CSVLogger::metrics_file() const { return (fs::path(log_dir_) / "metrics.csv").string(); }
 
@@ -100,26 +120,21 @@ void CSVLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
 }
 
 void CSVLogger::log_hyperparams(const Hyperparams& params) {
-  create_dir(log_dir_);
-  const std::string path = (fs::path(log_dir_) / "hparams.yaml").string();
-  std::ofstream out(path, std::ios::trunc);
   // JSON strings are YAML double-quoted scalars: every key and value reads
   // back as the text it was, whatever characters it holds.
-  if (params.empty()) out << "{}\n";
-  for (const auto& [key, value] : params) out << nlohmann::json(key).dump() << ": " << nlohmann::json(value).dump() << "\n";
-  out.flush();
-  STRATA_CHECK(out.good(), Error, "[logger] cannot write ", path, " (is the disk full?)");
+  std::string yaml = params.empty() ? "{}\n" : "";
+  for (const auto& [key, value] : params) yaml += nlohmann::json(key).dump() + ": " + nlohmann::json(value).dump() + "\n";
+  write_file("hparams.yaml", yaml);
 }
 
 void CSVLogger::save() {
   if (rows_.size() == written_ && !header_changed_) return;
-  create_dir(log_dir_);
   // Lightning's column order: the metrics (sorted), then "step"; "epoch"
   // is a metric like the others.
   std::vector<std::string> header = columns_;
   header.push_back("step");
   const bool rewrite = header_changed_ || written_ == 0;
-  std::ofstream out(metrics_file(), rewrite ? std::ios::trunc : std::ios::app);
+  std::ofstream out(file_path("metrics.csv"), rewrite ? std::ios::trunc : std::ios::app);
   STRATA_CHECK(out.is_open(), Error, "[logger] cannot open ", metrics_file(), " for writing");
   auto write_row = [&](const std::map<std::string, std::string>& row) {
     for (size_t i = 0; i < header.size(); ++i) {
@@ -141,12 +156,10 @@ void CSVLogger::save() {
   header_changed_ = false;
 }
 
-void CSVLogger::finalize(const std::string&) { save(); }
-
 // ---- JSONLinesLogger ------------------------------------------------------------
 
 JSONLinesLogger::JSONLinesLogger(std::string root_dir, std::string name, std::optional<int64_t> version)
-    : log_dir_(versioned_log_dir(root_dir, name, version)) {}
+    : FileLogger(root_dir, name, version) {}
 
 std::string JSONLinesLogger::metrics_file() const { return (fs::path(log_dir_) / "metrics.jsonl").string(); }
 
@@ -161,25 +174,17 @@ void JSONLinesLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
 }
 
 void JSONLinesLogger::log_hyperparams(const Hyperparams& params) {
-  create_dir(log_dir_);
-  const std::string path = (fs::path(log_dir_) / "hparams.json").string();
-  std::ofstream out(path, std::ios::trunc);
-  out << nlohmann::json(params).dump(2) << "\n";
-  out.flush();
-  STRATA_CHECK(out.good(), Error, "[logger] cannot write ", path, " (is the disk full?)");
+  write_file("hparams.json", nlohmann::json(params).dump(2) + "\n");
 }
 
 void JSONLinesLogger::save() {
   if (pending_.empty()) return;
-  create_dir(log_dir_);
-  std::ofstream out(metrics_file(), std::ios::app);
+  std::ofstream out(file_path("metrics.jsonl"), std::ios::app);
   for (const std::string& line : pending_) out << line << "\n";
   out.flush();
   STRATA_CHECK(out.good(), Error, "[logger] writing ", metrics_file(), " failed (is the disk full?)");
   pending_.clear();
 }
-
-void JSONLinesLogger::finalize(const std::string&) { save(); }
 
 // ---- make_logger ------------------------------------------------------------------
 

@@ -79,45 +79,47 @@ void Results::take_step(Metrics& for_logger, Metrics& for_prog_bar, Metrics& all
   }
 }
 
-void Results::reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all) {
+void Results::reduce_synced(strategies::Strategy& strategy, Entries& entries) const {
   // The synced entries go in one all-reduce per op: sums (mean's value and
   // weight, sum's value), maxima, minima, in name order on every rank.
   std::vector<std::string> synced;
-  for (const auto& [name, e] : entries_) {
+  for (const auto& [name, e] : entries) {
     if (e.on_epoch && e.sync_dist) synced.push_back(name);
   }
-  if (!synced.empty() && strategy.world_size() > 1) {
-    // Every rank must have logged the same names, or the reductions would
-    // pair different metrics: compare first (a clear error, not garbage).
-    std::vector<std::vector<std::string>> lists = strategy.group().all_gather_object(synced);
-    for (size_t r = 0; r < lists.size(); ++r) {
-      STRATA_CHECK(lists[r] == synced, ConfigError, "[trainer] ranks logged different sync_dist metrics this epoch: rank ",
-                   strategy.global_rank(), " logged ", names(), ", rank ", r,
-                   " others; log the same names on every rank");
+  if (synced.empty() || strategy.world_size() == 1) return;
+  // Every rank must have logged the same names, or the reductions would
+  // pair different metrics: compare first (a clear error, not garbage).
+  std::vector<std::vector<std::string>> lists = strategy.group().all_gather_object(synced);
+  for (size_t r = 0; r < lists.size(); ++r) {
+    STRATA_CHECK(lists[r] == synced, ConfigError, "[trainer] ranks logged different sync_dist metrics this epoch: rank ",
+                 strategy.global_rank(), " logged ", names(), ", rank ", r, " others; log the same names on every rank");
+  }
+  for (comm::ReduceOp op : {comm::ReduceOp::kSum, comm::ReduceOp::kMax, comm::ReduceOp::kMin}) {
+    std::vector<double> values;
+    std::vector<ResultEntry*> order;
+    for (const std::string& name : synced) {
+      ResultEntry& e = entries.at(name);
+      comm::ReduceOp group = e.op == comm::ReduceOp::kMean ? comm::ReduceOp::kSum : e.op;
+      if (group != op) continue;
+      order.push_back(&e);
+      values.push_back(e.total);
+      values.push_back(e.weight);
     }
-    for (comm::ReduceOp op : {comm::ReduceOp::kSum, comm::ReduceOp::kMax, comm::ReduceOp::kMin}) {
-      std::vector<double> values;
-      std::vector<ResultEntry*> order;
-      for (const std::string& name : synced) {
-        ResultEntry& e = entries_.at(name);
-        comm::ReduceOp group = e.op == comm::ReduceOp::kMean ? comm::ReduceOp::kSum : e.op;
-        if (group != op) continue;
-        order.push_back(&e);
-        values.push_back(e.total);
-        values.push_back(e.weight);
-      }
-      if (order.empty()) continue;
-      at::Tensor t = at::tensor(values, at::kDouble);
-      at::Tensor reduced = strategy.all_reduce(t, op);
-      auto acc = reduced.accessor<double, 1>();
-      for (size_t i = 0; i < order.size(); ++i) {
-        order[i]->total = acc[2 * i];
-        // Weights always add up (mean divides by the total examples).
-        if (op == comm::ReduceOp::kSum) order[i]->weight = acc[2 * i + 1];
-      }
+    if (order.empty()) continue;
+    at::Tensor reduced = strategy.all_reduce(at::tensor(values, at::kDouble), op);
+    auto acc = reduced.accessor<double, 1>();
+    for (size_t i = 0; i < order.size(); ++i) {
+      order[i]->total = acc[2 * i];
+      // Weights always add up (mean divides by the total examples).
+      if (op == comm::ReduceOp::kSum) order[i]->weight = acc[2 * i + 1];
     }
   }
-  for (const auto& [name, e] : entries_) {
+}
+
+void Results::reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all) {
+  Entries reduced = entries_;
+  reduce_synced(strategy, reduced);
+  for (const auto& [name, e] : reduced) {
     if (!e.on_epoch || e.weight == 0) continue;
     const double value = e.op == comm::ReduceOp::kMean ? e.total / e.weight : e.total;
     const std::string key = e.on_step ? name + "_epoch" : name;
@@ -126,7 +128,55 @@ void Results::reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, 
     if (e.logger) for_logger[key] = value;
     if (e.prog_bar) for_prog_bar[key] = value;
   }
+}
+
+nlohmann::json Results::epoch_state(strategies::Strategy& strategy) const {
+  Entries reduced = entries_;
+  reduce_synced(strategy, reduced);
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, e] : reduced) {
+    if (!e.on_epoch) continue;
+    out[name] = {{"on_step", e.on_step}, {"sync_dist", e.sync_dist}, {"prog_bar", e.prog_bar},
+                 {"logger", e.logger},   {"reduce", comm::to_string(e.op)}, {"total", e.total},
+                 {"weight", e.weight}};
+  }
+  return out;
+}
+
+void Results::load_epoch_state(const nlohmann::json& state, int rank, const std::string& where) {
   entries_.clear();
+  STRATA_CHECK(state.is_object() && state.size() <= 10000, CheckpointError, "[trainer] ", where,
+               ": the epoch's logged values are not an object of at most 10000 entries");
+  for (const auto& [name, s] : state.items()) {
+    auto flag = [&](const char* key) {
+      STRATA_CHECK(s.is_object() && s.contains(key) && s[key].is_boolean(), CheckpointError, "[trainer] ", where,
+                   ": logged value '", name, "' has no boolean '", key, "'");
+      return s[key].get<bool>();
+    };
+    auto number = [&](const char* key) {
+      STRATA_CHECK(s.is_object() && s.contains(key) && s[key].is_number(), CheckpointError, "[trainer] ", where,
+                   ": logged value '", name, "' has no number '", key, "'");
+      return s[key].get<double>();
+    };
+    ResultEntry e;
+    e.on_epoch = true;
+    e.on_step = flag("on_step");
+    e.sync_dist = flag("sync_dist");
+    e.prog_bar = flag("prog_bar");
+    e.logger = flag("logger");
+    STRATA_CHECK(s.contains("reduce") && s["reduce"].is_string(), CheckpointError, "[trainer] ", where,
+                 ": logged value '", name, "' has no reduce op");
+    try {
+      e.op = parse_fx(name, s["reduce"].get<std::string>());
+    } catch (const ConfigError& error) {
+      throw CheckpointError(std::string("[trainer] ") + where + ": " + error.what());
+    }
+    e.total = number("total");
+    e.weight = number("weight");
+    const bool additive = e.op == comm::ReduceOp::kMean || e.op == comm::ReduceOp::kSum;
+    if (e.sync_dist && additive && rank != 0) e.total = e.weight = 0.0;  // counted once, on rank 0
+    entries_.emplace(name, e);
+  }
 }
 
 std::string Results::names() const {

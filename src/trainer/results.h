@@ -13,6 +13,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <string>
 
@@ -51,14 +53,37 @@ class Results {
   void take_step(Metrics& for_logger, Metrics& for_prog_bar, Metrics& all);
   /// Reduces the epoch values (a collective when any is sync_dist: every
   /// rank must call it with the same names logged) into
-  /// "<name>_epoch" or "<name>"; clears the collection.
+  /// "<name>_epoch" or "<name>". The collection keeps this rank's running
+  /// values until reset(), so a checkpoint taken after the epoch's end
+  /// still holds them.
   void reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all);
+  /// Forgets every value (a new epoch).
+  void reset() { entries_.clear(); }
   bool empty() const { return entries_.empty(); }
+
+  /// Note [Epoch values in checkpoints]
+  /// The epoch's running values, for a checkpoint taken inside the epoch,
+  /// so that a run resumed there reports the same epoch values as one that
+  /// went on. sync_dist entries are reduced over the ranks first (a
+  /// collective: every rank calls it), so the state means the same at any
+  /// world size; the others are this rank's (the checkpoint keeps rank
+  /// 0's, the rank whose values the loggers show).
+  nlohmann::json epoch_state(strategies::Strategy& strategy) const;
+  /// Restores epoch_state() on rank `rank`: reduced sums go to rank 0 only
+  /// (the other ranks start from zero, so the next reduction counts them
+  /// once); maxima, minima and unsynced values go to every rank.
+  /// CheckpointError names `where` for a malformed state.
+  void load_epoch_state(const nlohmann::json& state, int rank, const std::string& where);
   /// Names logged so far (for messages).
   std::string names() const;
 
  private:
-  std::map<std::string, ResultEntry> entries_;
+  using Entries = std::map<std::string, ResultEntry>;
+  /// Reduces the sync_dist epoch entries of `entries` over the ranks, in
+  /// place (a collective when any exists and the world has several ranks).
+  void reduce_synced(strategies::Strategy& strategy, Entries& entries) const;
+
+  Entries entries_;
 };
 
 }  // namespace strata::trainer::detail

@@ -91,7 +91,6 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   else max_epochs_ = o.max_steps == -1 ? 1000 : -1;
 
   std::shared_ptr<strategies::Accelerator> accelerator = strategies::make_accelerator(o.accelerator);
-  strategies::Precision precision = strategies::Precision::parse(o.precision, accelerator->name());
   runtime::Environment env = runtime::Environment::from_env();
   const int world = env.launched() ? env.world_size : o.devices * o.num_nodes;
   if (env.launched()) {
@@ -99,7 +98,8 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                  "[trainer] this worker was started as one of ", env.local_world_size, " per host, but devices=",
                  o.devices, "; start as many workers as devices (or leave devices at 1 when a launcher decides)");
   }
-  strategy_ = o.strategy_object ? o.strategy_object : strategies::make_strategy(o.strategy, accelerator, precision, world);
+  // The Trainer's precision, when given, is a strategy object's too (Lightning's rule).
+  strategy_ = strategies::resolve_strategy(o.strategy, accelerator, o.precision, world, "trainer");
   if (!strategy_->launched()) strategy_->set_collective_timeout(o.collective_timeout);
 
   callbacks_ = o.callbacks;
@@ -327,6 +327,11 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
   }
   batch_in_epoch_ = position;
   epoch_done_ = false;
+  results_->reset();
+  if (position > 0 && !resume_results_.is_null()) {
+    results_->load_epoch_state(resume_results_, global_rank(), "the restored checkpoint");
+  }
+  resume_results_ = nlohmann::json();
   step_loss_ = at::zeros({}, at::kFloat);
 
   each_callback([&](trainer::Callback& c) { c.on_train_epoch_start(*this, *module_); });

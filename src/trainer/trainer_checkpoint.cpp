@@ -8,14 +8,15 @@
 //   "rng"          the CPU generator (dropout draws continue identically)
 //   "trainer"      a value: {"format", "epoch", "global_step",
 //                  "loops": {"fit": {"batches_done", "epoch_done",
-//                  "world_size"}}, "lr_schedulers": [...],
+//                  "world_size", "results"}}, "lr_schedulers": [...],
 //                  "callbacks": {state_key: state}, "module_extra",
 //                  "hparams"}
 // Checkpoints are taken between optimizer steps, so "batches_done" is the
 // loader position to continue from; it counts global batches (each rank
 // takes batch_size / world_size examples of each), so it means the same
 // examples at another world size. "epoch_done": the epoch's end hooks ran;
-// a resumed run starts the next epoch.
+// a resumed run starts the next epoch. "results": the epoch's running
+// logged values (Note [Epoch values in checkpoints] in results.h).
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
@@ -26,6 +27,7 @@
 #include "strata/core/error.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
+#include "results.h"
 #include "trainer_impl.h"
 
 namespace strata {
@@ -67,13 +69,18 @@ void Trainer::save_checkpoint(const std::string& filepath) {
   for (const auto& s : schedulers_) schedulers.push_back(s.scheduler->state_dict());
   nlohmann::json extra = nlohmann::json::object();
   module_->on_save_checkpoint(extra);
+  nlohmann::json results = results_->epoch_state(*strategy_);  // a collective
   nlohmann::json value = {
       {"format", kFormat},
       {"version", kVersion},
       {"epoch", epoch_},
       {"global_step", global_step_},
       {"loops",
-       {{"fit", {{"batches_done", batch_in_epoch_}, {"epoch_done", epoch_done_}, {"world_size", world_size()}}}}},
+       {{"fit",
+         {{"batches_done", batch_in_epoch_},
+          {"epoch_done", epoch_done_},
+          {"world_size", world_size()},
+          {"results", results}}}}},
       {"lr_schedulers", schedulers},
       {"callbacks", callbacks},
       {"module_extra", extra},
@@ -200,6 +207,9 @@ void Trainer::restore(const std::string& path, bool training) {
   checkpoint::set_cpu_rng_state(state.at("rng").tensor(), path + " entry 'rng'");
   epoch_ = epoch_done ? epoch + 1 : epoch;
   resume_position_ = epoch_done ? 0 : done;
+  // Checkpoints from before "results" existed resume with the epoch's
+  // values restarted.
+  resume_results_ = epoch_done ? nlohmann::json() : fit.value("results", nlohmann::json());
   global_step_ = step;
   if (is_global_zero()) {
     std::cout << "[trainer] restored " << path << ": epoch " << epoch << ", global step " << step

@@ -3,7 +3,8 @@
 // new Trainer, takes the same batches, losses and parameters as one run
 // that never stopped: bit for bit at the same world size, within the
 // distributed-vs-single tolerance at another one (FSDP's sharded
-// checkpoints resharded on load).
+// checkpoints resharded on load). The epoch's logged mean ("train_loss"
+// with on_epoch) counts the batches before the stop too.
 #include <gtest/gtest.h>
 
 #include "support/multiprocess.h"
@@ -16,6 +17,7 @@ using namespace strata::testing;
 
 struct Result {
   std::vector<double> losses;
+  std::vector<double> epoch_losses;  // train_loss_epoch at each epoch's end
   strata::checkpoint::NamedTensors params;
   int64_t global_step = 0;
 };
@@ -44,13 +46,14 @@ Result run_phase(const std::string& spec, const std::string& phase, const std::s
   trainer.fit(module, data, std::nullopt, phase == "resume" ? "last" : "");
   Result r;
   r.losses = recorder->losses;
+  r.epoch_losses = recorder->epoch_losses;
   r.params = full_state(*module, trainer.strategy(), "model.");
   r.global_step = trainer.global_step();
   return r;
 }
 
 void write_result(const std::string& out, const Result& r) {
-  write_json(out + ".json", {{"losses", r.losses}, {"global_step", r.global_step}});
+  write_json(out + ".json", {{"losses", r.losses}, {"epoch_losses", r.epoch_losses}, {"global_step", r.global_step}});
   strata::checkpoint::write_safetensors(out + ".params", r.params);
 }
 
@@ -58,6 +61,7 @@ Result read_result(const std::string& out) {
   Result r;
   nlohmann::json j = read_json(out + ".json");
   r.losses = j["losses"].get<std::vector<double>>();
+  r.epoch_losses = j["epoch_losses"].get<std::vector<double>>();
   r.global_step = j["global_step"].get<int64_t>();
   r.params = strata::checkpoint::SafetensorsFile::open(out + ".params").load_all();
   return r;
@@ -76,6 +80,17 @@ void expect_continues(const Result& resumed, const Result& full, size_t skipped,
   for (size_t i = 0; i < resumed.losses.size(); ++i) {
     if (tol == 0) EXPECT_EQ(resumed.losses[i], full.losses[skipped + i]) << "batch " << skipped + i + 1;
     else EXPECT_NEAR(resumed.losses[i], full.losses[skipped + i], tol) << "batch " << skipped + i + 1;
+  }
+  // The resumed run ends the epochs it ran in, the first perhaps begun
+  // before the stop: each epoch's mean covers all of that epoch's batches
+  // (sums in another order at most: 1e-12 relative).
+  ASSERT_FALSE(resumed.epoch_losses.empty());
+  ASSERT_LE(resumed.epoch_losses.size(), full.epoch_losses.size());
+  const size_t first_epoch = full.epoch_losses.size() - resumed.epoch_losses.size();
+  for (size_t i = 0; i < resumed.epoch_losses.size(); ++i) {
+    const double want = full.epoch_losses[first_epoch + i];
+    EXPECT_NEAR(resumed.epoch_losses[i], want, tol == 0 ? 1e-12 * std::abs(want) : tol)
+        << "train_loss_epoch of epoch " << first_epoch + i;
   }
   std::map<std::string, at::Tensor> got(resumed.params.begin(), resumed.params.end());
   ASSERT_EQ(got.size(), full.params.size());

@@ -287,3 +287,42 @@ TEST(TrainerTest, ProgressBarPrintsPlainLinesWhenNotOnATerminal) {
 }
 
 }  // namespace
+
+namespace {
+
+// One strategy field, a name or an object; the Trainer's precision reaches
+// an object it is handed, as Fabric's does (Lightning's rule).
+TEST(TrainerTest, PrecisionReachesAStrategyObjectAndNamesBuildStrategies) {
+  using strata::strategies::DDPStrategy;
+  using strata::strategies::Precision;
+  auto ddp = std::make_shared<DDPStrategy>();
+  strata::Trainer bf16(strata::TrainerOptions().with_precision("bf16-mixed").with_strategy(ddp));
+  EXPECT_EQ(&bf16.strategy(), ddp.get());
+  EXPECT_EQ(ddp->precision().name(), "bf16-mixed");
+  EXPECT_TRUE(ddp->precision().autocast());
+
+  // Without a Trainer precision the object keeps its own; with one, the
+  // Trainer's wins.
+  auto own = std::make_shared<DDPStrategy>(strata::strategies::cpu_accelerator(), Precision::parse("bf16-mixed"));
+  strata::Trainer keeps(strata::TrainerOptions().with_strategy(own));
+  EXPECT_EQ(own->precision().name(), "bf16-mixed");
+  auto overridden = std::make_shared<DDPStrategy>(strata::strategies::cpu_accelerator(), Precision::parse("bf16-mixed"));
+  strata::Trainer wins(strata::TrainerOptions().with_precision("32-true").with_strategy(overridden));
+  EXPECT_EQ(overridden->precision().name(), "32-true");
+
+  // A name builds the strategy with the Trainer's precision; the last
+  // with_strategy call wins, whichever form it takes.
+  strata::Trainer named(strata::TrainerOptions().with_strategy(ddp).with_strategy("single_device")
+                            .with_precision("bf16-mixed"));
+  EXPECT_EQ(named.strategy().name(), "single_device");
+  EXPECT_EQ(named.strategy().precision().name(), "bf16-mixed");
+  strata::Trainer plain(strata::TrainerOptions().with_strategy("single_device"));
+  EXPECT_EQ(plain.strategy().precision().name(), "32-true");
+
+  std::string error = error_of([] {
+    strata::Trainer t(strata::TrainerOptions().with_strategy(std::shared_ptr<strata::strategies::Strategy>()));
+  });
+  EXPECT_NE(error.find("[trainer] with_strategy got a null strategy object"), std::string::npos) << error;
+}
+
+}  // namespace

@@ -73,7 +73,8 @@ class LitGPT : public TrainModule {
   double lr_;
 };
 
-/// Records every batch's loss, averaged over the ranks (a collective).
+/// Records every batch's loss, averaged over the ranks (a collective), and
+/// each epoch's "train_loss_epoch" as the Trainer reduced it.
 class LossRecorder : public trainer::Callback {
  public:
   std::string state_key() const override { return "LossRecorder"; }
@@ -81,7 +82,12 @@ class LossRecorder : public trainer::Callback {
                           int64_t) override {
     losses.push_back(trainer.strategy().all_reduce(loss.detach()).item<double>());
   }
+  void on_train_epoch_end(Trainer& trainer, TrainModule&) override {
+    auto it = trainer.callback_metrics().find("train_loss_epoch");
+    epoch_losses.push_back(it == trainer.callback_metrics().end() ? -1.0 : it->second);
+  }
   std::vector<double> losses;
+  std::vector<double> epoch_losses;
 };
 
 /// "ddp", "fsdp" (each Block a unit) or "fsdp-full" (full checkpoints).

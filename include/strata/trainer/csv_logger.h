@@ -27,14 +27,32 @@ namespace strata::trainer {
 std::string versioned_log_dir(const std::string& root_dir, const std::string& name,
                               std::optional<int64_t> version);
 
+/// What the file loggers share: a versioned folder (versioned_log_dir),
+/// the files written in it, and finalize = save.
+class FileLogger : public Logger {
+ public:
+  std::string log_dir() const override { return log_dir_; }
+  void finalize(const std::string& status) override;
+
+ protected:
+  /// Throws ConfigError for an empty root_dir or a name with '/'.
+  FileLogger(const std::string& root_dir, const std::string& name, std::optional<int64_t> version);
+  /// The path of `file` in the log folder, creating the folder (Error
+  /// when it cannot).
+  std::string file_path(const std::string& file) const;
+  /// Replaces `file` in the log folder by `text` (Error when it cannot).
+  void write_file(const std::string& file, const std::string& text) const;
+
+  std::string log_dir_;
+};
+
 /// Lightning's CSVLogger.
-class CSVLogger : public Logger {
+class CSVLogger : public FileLogger {
  public:
   /// Throws ConfigError for an empty root_dir or a name with '/'.
   CSVLogger(std::string root_dir, std::string name = "lightning_logs",
             std::optional<int64_t> version = std::nullopt);
   std::string name() const override { return "csv"; }
-  std::string log_dir() const override { return log_dir_; }
   /// Buffers a row; save() writes. Non-finite values are written as
   /// "nan", "inf", "-inf" (Python's float() reads them).
   void log_metrics(const Metrics& metrics, std::int64_t step) override;
@@ -43,12 +61,10 @@ class CSVLogger : public Logger {
   /// Appends the buffered rows to metrics.csv (or rewrites it when the
   /// columns grew). Throws Error when the file cannot be written.
   void save() override;
-  void finalize(const std::string& status) override;
   /// Path of metrics.csv.
   std::string metrics_file() const;
 
  private:
-  std::string log_dir_;
   std::vector<std::string> columns_;              // metric names in the file's header (sorted)
   std::vector<std::map<std::string, std::string>> rows_;  // every row, as text
   size_t written_ = 0;                            // rows already in the file
@@ -56,21 +72,18 @@ class CSVLogger : public Logger {
 };
 
 /// One JSON object per line.
-class JSONLinesLogger : public Logger {
+class JSONLinesLogger : public FileLogger {
  public:
   JSONLinesLogger(std::string root_dir, std::string name = "lightning_logs",
                   std::optional<int64_t> version = std::nullopt);
   std::string name() const override { return "jsonl"; }
-  std::string log_dir() const override { return log_dir_; }
   /// Non-finite values are written as null.
   void log_metrics(const Metrics& metrics, std::int64_t step) override;
   void log_hyperparams(const Hyperparams& params) override;
   void save() override;
-  void finalize(const std::string& status) override;
   std::string metrics_file() const;
 
  private:
-  std::string log_dir_;
   std::vector<std::string> pending_;
 };
 

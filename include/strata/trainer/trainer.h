@@ -20,6 +20,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -31,6 +32,7 @@
 
 #include "strata/data/dataset.h"
 #include "strata/data/loader.h"
+#include "strata/strategies/make_strategy.h"
 #include "strata/strategies/strategy.h"
 #include "strata/trainer/callback.h"
 #include "strata/trainer/logger.h"
@@ -91,9 +93,12 @@ struct TrainerOptions {
   std::string accelerator = "cpu";  ///< "cpu", "cuda", "auto"
   int devices = 1;                  ///< workers on this host
   int num_nodes = 1;
-  std::string strategy = "auto";    ///< "auto", "ddp", "fsdp", "single_device"
-  std::shared_ptr<strategies::Strategy> strategy_object;  ///< overrides `strategy`
-  std::string precision = "32-true";
+  /// The strategy: a name ("auto", "ddp", "fsdp", "single_device"), built
+  /// with default options, or a strategy object.
+  strategies::StrategyChoice strategy = std::string("auto");
+  /// "32-true", "bf16-mixed"; unset: "32-true", or a strategy object's own.
+  /// When set it is applied to a strategy object too, as in Lightning.
+  std::optional<std::string> precision;
   /// Epochs to train; unset with max_steps = -1: 1000 (Lightning's default).
   std::optional<int64_t> max_epochs;
   int64_t max_steps = -1;  ///< optimizer steps; -1: no limit
@@ -125,7 +130,7 @@ struct TrainerOptions {
   TrainerOptions& with_devices(int d) { devices = d; return *this; }
   TrainerOptions& with_num_nodes(int n) { num_nodes = n; return *this; }
   TrainerOptions& with_strategy(std::string s) { strategy = std::move(s); return *this; }
-  TrainerOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy_object = std::move(s); return *this; }
+  TrainerOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy = std::move(s); return *this; }
   TrainerOptions& with_precision(std::string p) { precision = std::move(p); return *this; }
   TrainerOptions& with_max_epochs(int64_t e) { max_epochs = e; return *this; }
   TrainerOptions& with_max_steps(int64_t s) { max_steps = s; return *this; }
@@ -287,6 +292,7 @@ class Trainer {
   int64_t max_epochs_ = 1000;
   bool epoch_done_ = false;      // the current epoch finished (for checkpoints at its end)
   int64_t resume_position_ = 0;  // batches of the first epoch a restored run skips
+  nlohmann::json resume_results_;  // that epoch's logged values so far (null: none)
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();
   at::Tensor step_loss_;
   at::Tensor last_batch_loss_;

@@ -1,0 +1,155 @@
+// The Trainer starts its own workers: a program that no launcher started,
+// asking for two devices, re-runs itself as two workers from its first
+// Trainer call, and the training they do equals single-process training.
+// The launching process runs nothing itself, and a worker's failure
+// reaches it as a LaunchError.
+//
+// The program under test is this test binary started as a plain process
+// (`--strata-worker=trainer_spawn DIR MODE`), so its re-run by the Trainer
+// runs the same scenario, in place, in each worker.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "strata/core/error.h"
+#include "strata/runtime/env.h"
+#include "support/tool.h"
+#include "support/worker.h"
+#include "trainer_util.h"
+
+namespace {
+
+using namespace strata::testing;
+
+constexpr int64_t kSteps = 6;
+constexpr int64_t kBatch = 12;  // global
+
+/// LitGPT that counts its training steps and, in mode "fail", throws on
+/// rank 1 at its third step.
+class CountingGPT : public LitGPT {
+ public:
+  explicit CountingGPT(bool fail) : fail_(fail) {}
+  at::Tensor training_step(const strata::data::Batch& b, int64_t i) override {
+    ++steps;
+    if (fail_ && trainer()->global_rank() == 1 && steps == 3) throw std::runtime_error("planted failure at step 3");
+    return LitGPT::training_step(b, i);
+  }
+  int64_t steps = 0;
+
+ private:
+  bool fail_;
+};
+
+strata::TrainerOptions options(int devices) {
+  return strata::TrainerOptions()
+      .with_devices(devices)
+      .with_strategy(devices > 1 ? "ddp" : "single_device")
+      .with_max_steps(kSteps)
+      .with_enable_checkpointing(false)
+      .with_enable_progress_bar(false)
+      .with_seed(1234)
+      .with_collective_timeout(std::chrono::seconds(60));
+}
+
+strata::DataSource data() {
+  return strata::DataSource(gpt_dataset(), strata::DataOptions().with_batch_size(kBatch).with_shuffle(true));
+}
+
+// args: DIR MODE ("train" or "fail"). Rank 0 of the workers writes the
+// trained parameters; the launching process writes what it saw.
+STRATA_WORKER(trainer_spawn) {
+  const std::string dir = args.at(0);
+  const bool fail = args.at(1) == "fail";
+  const bool launched = strata::runtime::Environment::from_env().launched();
+  strata::Trainer trainer(options(2));
+  at::manual_seed(1234);
+  auto module = std::make_shared<CountingGPT>(fail);
+  nlohmann::json seen{{"launched", launched}};
+  try {
+    trainer.fit(module, data());
+  } catch (const strata::LaunchError& e) {
+    seen["launch_error"] = e.what();
+  }
+  seen["steps"] = module->steps;
+  if (launched) {
+    seen["global_step"] = trainer.global_step();
+    seen["world"] = trainer.world_size();
+    const auto params = full_state(*module, trainer.strategy(), "model.");
+    if (trainer.is_global_zero()) {
+      strata::checkpoint::write_safetensors(dir + "/params.safetensors", params);
+      write_json(dir + "/worker.json", seen);
+    }
+  } else {
+    write_json(dir + "/launcher.json", seen);
+  }
+  return 0;
+}
+
+Outcome run_scenario(const std::string& dir, const std::string& mode) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  EXPECT_GT(n, 0);
+  self[n > 0 ? n : 0] = '\0';
+  return finish(start_program({self, "--strata-worker=trainer_spawn", dir, mode}));
+}
+
+TEST(TrainerSpawnTest, TwoDevicesWithoutALauncherStartTwoWorkersThatTrainAsOneProcess) {
+  TempDir dir("spawn");
+  Outcome outcome = run_scenario(dir.path, "train");
+  ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
+
+  nlohmann::json launcher = read_json(dir.path + "/launcher.json");
+  EXPECT_FALSE(launcher["launched"].get<bool>());
+  EXPECT_EQ(launcher["steps"].get<int64_t>(), 0) << "the launching process trained itself";
+  EXPECT_FALSE(launcher.contains("launch_error")) << launcher.dump();
+
+  nlohmann::json worker = read_json(dir.path + "/worker.json");
+  EXPECT_TRUE(worker["launched"].get<bool>());
+  EXPECT_EQ(worker["world"].get<int>(), 2);
+  EXPECT_EQ(worker["global_step"].get<int64_t>(), kSteps);
+  EXPECT_EQ(worker["steps"].get<int64_t>(), kSteps);
+
+  // The same fit in this process alone.
+  strata::Trainer single(options(1));
+  at::manual_seed(1234);
+  auto module = std::make_shared<CountingGPT>(false);
+  single.fit(module, data());
+  ASSERT_EQ(module->steps, kSteps);
+  auto expected = full_state(*module, single.strategy(), "model.");
+
+  auto trained = strata::checkpoint::SafetensorsFile::open(dir.path + "/params.safetensors").load_all();
+  std::map<std::string, at::Tensor> by_name(trained.begin(), trained.end());
+  ASSERT_EQ(by_name.size(), expected.size());
+  for (const auto& [name, want] : expected) {
+    ASSERT_TRUE(by_name.count(name)) << "no " << name;
+    // Sums over two ranks in another order: last-bit differences, as in
+    // equivalence_test.cpp.
+    EXPECT_TRUE(at::allclose(by_name[name], want, 1e-4, 1e-5))
+        << name << " differs by " << (by_name[name] - want).abs().max().item<double>();
+  }
+  // And the run trained: the weights left their initial values.
+  at::manual_seed(1234);
+  LitGPT initial;
+  double moved = 0;
+  for (const auto& item : initial.named_parameters()) {
+    const std::string key = item.key().substr(std::string("model.").size());
+    moved = std::max(moved, (by_name[key] - item.value()).abs().max().item<double>());
+  }
+  EXPECT_GT(moved, 1e-3);
+}
+
+TEST(TrainerSpawnTest, AWorkerFailureReachesTheLaunchingProcessAsALaunchError) {
+  TempDir dir("spawn-fail");
+  Outcome outcome = run_scenario(dir.path, "fail");
+  ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
+  nlohmann::json launcher = read_json(dir.path + "/launcher.json");
+  ASSERT_TRUE(launcher.contains("launch_error")) << launcher.dump();
+  const std::string message = launcher["launch_error"].get<std::string>();
+  EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+  EXPECT_EQ(launcher["steps"].get<int64_t>(), 0);
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/worker.json")) << "the surviving rank finished the fit";
+  // The worker's own error text reaches the output for the user.
+  EXPECT_NE((outcome.out + outcome.err).find("planted failure at step 3"), std::string::npos)
+      << outcome.out << outcome.err;
+}
+
+}  // namespace
