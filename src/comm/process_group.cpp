@@ -15,6 +15,7 @@
 #include "strata/comm/shm/backend.h"
 #include "hierarchical.h"
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/runtime/env.h"
 #include "strata/runtime/store.h"
 
@@ -109,7 +110,7 @@ std::shared_ptr<Backend> make_cpu_backend(const std::string& backend, const runt
       throw;
     } catch (const CommError& e) {
       if (backend == "shm") throw;
-      if (env.rank == 0) std::cerr << "[comm] warning: " << e.what() << "; using gloo instead" << std::endl;
+      if (env.rank == 0) log::warning("[comm] ", e.what(), "; using gloo instead");
       return gloo::create(store, env.rank, env.world_size, group.timeout, rendezvous);
     }
   }

@@ -8,6 +8,7 @@
 #include <typeinfo>
 
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
 
@@ -113,8 +114,8 @@ void Timer::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&
   if (trainer.strategy().broadcast(over, 0) && !trainer.should_stop) {
     trainer.should_stop = true;
     if (trainer.is_global_zero()) {
-      std::cout << "[trainer] time limit reached (" << clock_text(duration_.count() / 1000.0)
-                << "); stopping at step " << trainer.global_step() << std::endl;
+      log::info("[trainer] time limit reached (", clock_text(duration_.count() / 1000.0), "); stopping at step ",
+                trainer.global_step());
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/strategies/strategy.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
@@ -309,8 +310,8 @@ void EarlyStopping::check(Trainer& trainer) {
     trainer.should_stop = true;
     stopped_step_ = trainer.global_step();
     if (trainer.is_global_zero()) {
-      std::cout << "[trainer] early stopping: " << options_.monitor << " did not improve for " << wait_
-                << " check(s) (best " << best_ << "); stopping at step " << stopped_step_ << std::endl;
+      log::info("[trainer] early stopping: ", options_.monitor, " did not improve for ", wait_, " check(s) (best ",
+                best_, "); stopping at step ", stopped_step_);
     }
   }
 }

@@ -21,6 +21,7 @@
 
 #include "results.h"
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
 #include "strata/data/distributed_sampler.h"
 #include "strata/runtime/env.h"
@@ -128,7 +129,7 @@ Trainer::~Trainer() {
     try {
       strategy_->teardown();
     } catch (const std::exception& e) {
-      std::cerr << "[trainer] teardown failed: " << e.what() << std::endl;
+      log::error("[trainer] teardown failed: ", e.what());
     }
   }
 }

@@ -25,6 +25,7 @@
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
 #include "results.h"
@@ -212,8 +213,8 @@ void Trainer::restore(const std::string& path, bool training) {
   resume_results_ = epoch_done ? nlohmann::json() : fit.value("results", nlohmann::json());
   global_step_ = step;
   if (is_global_zero()) {
-    std::cout << "[trainer] restored " << path << ": epoch " << epoch << ", global step " << step
-              << (epoch_done ? " (epoch complete)" : ", batch " + std::to_string(done) + " of the epoch") << std::endl;
+    log::info("[trainer] restored ", path, ": epoch ", epoch, ", global step ", step,
+              epoch_done ? " (epoch complete)" : ", batch " + std::to_string(done) + " of the epoch");
   }
   (void)remainder;
 }
