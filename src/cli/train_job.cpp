@@ -56,28 +56,15 @@ using Clock = std::chrono::steady_clock;
 
 // Note [Which modules can be FSDP units]
 // --wrap-policy names module types as module.name() reports them. FSDP
-// gathers a unit's parameters in hooks around the unit's forward, and a
-// LibTorch C++ module has such hooks only where its forward runs through
-// strata::hooked_forward: in the GPT, the model and its blocks, not the
-// attention, the MLP or LibTorch's layers. A unit of another type would
-// fail at its first forward with a shape error, so the valid types are
-// found by running a forward of a one-layer copy of the model with hooks
-// that record which modules ran them, and the others are refused up front.
-class RecordingHooks : public ForwardHooks {
- public:
-  explicit RecordingHooks(std::set<std::string>& ran) : ran_(ran) {}
-  TensorList run(torch::nn::Module& module, const TensorList& inputs, const ForwardFn& body) override {
-    ran_.insert(module.name());
-    return body(inputs);
-  }
-
- private:
-  std::set<std::string>& ran_;
-};
-
+// gathers a unit's parameters around the unit's forward, which it sees
+// where the forward runs through strata::hooked_forward (in the GPT: the
+// model and its blocks, GPTImpl::unit_types()) or where the caller opts in
+// with strata::call; the GPT calls its attention, MLP and LibTorch's
+// layers as typed members. A unit of another type would fail at its first
+// forward, inside the workers, so the CLI refuses it before launching.
 struct GPTModuleTypes {
   std::set<std::string> all;    // every module type of the model
-  std::set<std::string> units;  // those whose forward runs through hooked_forward
+  std::set<std::string> units;  // those FSDP can make units
 };
 
 GPTModuleTypes gpt_module_types(const std::string& model_size) {
@@ -85,20 +72,8 @@ GPTModuleTypes gpt_module_types(const std::string& model_size) {
   config.n_layer(1).n_head(1).n_embd(8).block_size(2);  // the same module types, small
   models::GPT model(config);
   GPTModuleTypes types;
-  std::vector<std::shared_ptr<torch::nn::Module>> modules = model->modules(/*include_self=*/true);
-  auto hooks = std::make_shared<RecordingHooks>(types.units);
-  struct Unhook {
-    const std::vector<std::shared_ptr<torch::nn::Module>>& modules;
-    ~Unhook() {
-      for (const auto& m : modules) set_forward_hooks(*m, nullptr);
-    }
-  } unhook{modules};
-  for (const auto& m : modules) {
-    types.all.insert(m->name());
-    set_forward_hooks(*m, hooks);
-  }
-  torch::NoGradGuard no_grad;
-  model->forward(at::zeros({1, 1}, at::kLong));
+  for (const auto& m : model->modules(/*include_self=*/true)) types.all.insert(m->name());
+  for (const std::string& type : models::GPTImpl::unit_types()) types.units.insert(type);
   return types;
 }
 
@@ -337,8 +312,8 @@ std::set<std::string> TrainConfig::wrap_types() const {
                  "' is not a module type of the GPT; its types are: ", join(types.all),
                  " (or pass 'none' for a single unit)");
     STRATA_CHECK(types.units.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
-                 "' modules cannot be FSDP units: their forward does not run through strata::hooked_forward, so "
-                 "their parameters would never be gathered. Types that can: ",
+                 "' modules cannot be FSDP units: the GPT calls their forward as a typed member, not through "
+                 "strata::hooked_forward, so their parameters would never be gathered. Types that can: ",
                  join(types.units), " (or 'none')");
     out.insert(name);
   }
