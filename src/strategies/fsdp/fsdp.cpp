@@ -12,6 +12,7 @@
 
 #include "construction.h"
 #include "state.h"
+#include "strata/core/container_calls.h"
 #include "strata/core/error.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
@@ -76,6 +77,7 @@ void FSDPStrategy::set_precision(Precision precision) {
 }
 
 FSDPStrategy::~FSDPStrategy() {
+  routes_.clear();
   for (const auto& state : states_) state->unhook();
 }
 
@@ -124,6 +126,9 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
     set_forward_hooks(*m, std::make_shared<FSDPForwardHooks>(state, std::nullopt, true));
     state->checkpointed.push_back(m);
   }
+  // The calls a Sequential makes to its children, and its own forward, now
+  // reach the hooks (core/container_calls.h).
+  routes_.push_back(route_container_calls(*module));
   return module;
 }
 
@@ -206,6 +211,7 @@ at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
 }
 
 void FSDPStrategy::teardown() {
+  routes_.clear();
   for (const auto& state : states_) {
     for (size_t u = 0; u < state->units.size(); ++u) state->reshard(u);
     state->unhook();
