@@ -68,21 +68,17 @@ struct Trained {
   at::Tensor evaluated;  // the trained model's output, without grad
 };
 
-// Trains 5 steps on this rank's rows; the losses (mean over ranks), the
-// final full parameters and an evaluation. `children`, when given, receives
-// the model's children before setup_module (for a policy that names them).
-Trained train(Fabric* fabric, Checks* c = nullptr, std::set<const torch::nn::Module*>* children = nullptr) {
-  torch::nn::Sequential model = make_model();
-  if (children) {
-    for (const auto& child : model->children()) children->insert(child.get());
-  }
+// Trains `model` 5 steps on this rank's rows, calling it as `forward`
+// does; the losses (mean over ranks), the final full parameters and an
+// evaluation.
+template <class Holder, class Forward>
+Trained train_model(Holder model, Forward forward, Fabric* fabric, Checks* c) {
   std::vector<std::string> before = names_of(*model);
   FSDPStrategy* fsdp = nullptr;
   if (fabric) {
     fabric->setup_module(model);
     fsdp = dynamic_cast<FSDPStrategy*>(&fabric->strategy());
     c->expect(names_of(*model) == before, "parameter and buffer names unchanged by setup_module");
-    c->expect(model[0]->as<torch::nn::Linear>() != nullptr, "seq[0] is still the Linear");
   }
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.3).momentum(0.9));
   if (fabric) fabric->setup_optimizer(optimizer);
@@ -91,7 +87,7 @@ Trained train(Fabric* fabric, Checks* c = nullptr, std::set<const torch::nn::Mod
   at::Tensor mine = x.chunk(world)[rank], target = y.chunk(world)[rank];
   Trained out;
   for (int step = 0; step < 5; ++step) {
-    at::Tensor loss = (model->forward(mine) - target).pow(2).mean();
+    at::Tensor loss = (forward(model, mine) - target).pow(2).mean();
     if (fabric) {
       fabric->backward(loss);
       loss = fabric->all_reduce(loss.detach());
@@ -104,12 +100,49 @@ Trained train(Fabric* fabric, Checks* c = nullptr, std::set<const torch::nn::Mod
   }
   {
     torch::NoGradGuard no_grad;
-    out.evaluated = model->forward(x);
+    out.evaluated = forward(model, x);
   }
   for (const auto& item : model->named_parameters()) {
     out.params.push_back(fsdp ? fsdp->full_parameter(item.key()) : item.value().detach().clone());
   }
   return out;
+}
+
+// The Sequential of LibTorch layers, called as users call it. `children`,
+// when given, receives its children before setup_module (for a policy
+// that names them).
+Trained train(Fabric* fabric, Checks* c = nullptr, std::set<const torch::nn::Module*>* children = nullptr) {
+  torch::nn::Sequential model = make_model();
+  if (children) {
+    for (const auto& child : model->children()) children->insert(child.get());
+  }
+  return train_model(model, [](torch::nn::Sequential& m, const at::Tensor& x) { return m->forward(x); }, fabric, c);
+}
+
+// A ModuleList of Sequentials, the root calling each through its typed
+// forward: the Sequentials are routed, and the root opts in with
+// strata::call at the one place it is called.
+struct ListNetImpl : torch::nn::Module {
+  ListNetImpl() : torch::nn::Module("ListNet") {
+    blocks = register_module(
+        "blocks", torch::nn::ModuleList(
+                      torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU()),
+                      torch::nn::Sequential(torch::nn::Linear(16, 16),
+                                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({16})), torch::nn::GELU()),
+                      torch::nn::Sequential(torch::nn::Linear(16, 1))));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (const auto& block : *blocks) x = block->as<torch::nn::Sequential>()->forward(x);
+    return x;
+  }
+  torch::nn::ModuleList blocks{nullptr};
+};
+TORCH_MODULE(ListNet);
+
+Trained train_list(Fabric* fabric, Checks* c = nullptr) {
+  at::manual_seed(21);
+  ListNet model;
+  return train_model(model, [](ListNet& m, const at::Tensor& x) { return strata::call(m, x); }, fabric, c);
 }
 
 // The policies under test, by name. `children`: the Sequential's children,
@@ -128,6 +161,10 @@ FSDPOptions options_for(const std::string& policy, std::shared_ptr<std::set<cons
     options.with_auto_wrap_policy(ModuleTypes{"Linear"}).with_activation_checkpointing_policy({"Linear"});
   }
   if (policy == "checkpoint") options.with_activation_checkpointing_policy({"LayerNorm", "torch::nn::LinearImpl"});
+  if (policy == "list-sequential") options.with_auto_wrap_policy(ModuleTypes{"Sequential"});
+  if (policy == "list-sequential+checkpoint") {
+    options.with_auto_wrap_policy(ModuleTypes{"Sequential"}).with_activation_checkpointing_policy({"Sequential"});
+  }
   return options;
 }
 
@@ -135,12 +172,14 @@ FSDPOptions options_for(const std::string& policy, std::shared_ptr<std::set<cons
 std::vector<std::string> expected_units(const std::string& policy) {
   if (policy == "linear" || policy == "linear+checkpoint") return {"", "0", "3", "5"};
   if (policy == "leaf" || policy == "children") return {"", "0", "1", "3", "5"};
+  if (policy.starts_with("list-")) return {"", "blocks.0", "blocks.1", "blocks.2"};
   return {""};
 }
 
 STRATA_WORKER(fsdp_builtin_layers) {
   const std::string policy = args.at(0);
-  Trained reference = train(nullptr);
+  const bool list = policy.starts_with("list-");
+  Trained reference = list ? train_list(nullptr) : train(nullptr);
   auto children = std::make_shared<std::set<const torch::nn::Module*>>();
   auto strategy = std::make_shared<FSDPStrategy>(strata::strategies::cpu_accelerator(), std::nullopt,
                                                  options_for(policy, children));
@@ -149,7 +188,7 @@ STRATA_WORKER(fsdp_builtin_layers) {
   Checks c;
   fabric.launch([&](Fabric& f) {
     c.rank = f.global_rank();
-    Trained got = train(&f, &c, children.get());
+    Trained got = list ? train_list(&f, &c) : train(&f, &c, children.get());
     std::vector<std::string> units;
     for (const auto& unit : strategy->units()) units.push_back(unit.name);
     std::sort(units.begin(), units.end());
@@ -188,6 +227,14 @@ TEST(AnyLayerUnitsTest, RecomputedLinearUnitsTrainAsOneProcessDoes) {
 }
 
 TEST(AnyLayerUnitsTest, RecomputedChildrenOfTheRootTrainAsOneProcessDoes) { expect_equal_to_one_process("checkpoint"); }
+
+TEST(AnyLayerUnitsTest, SequentialsInAModuleListAreUnitsAndTrainAsOneProcessDoes) {
+  expect_equal_to_one_process("list-sequential");
+}
+
+TEST(AnyLayerUnitsTest, RecomputedSequentialUnitsTrainAsOneProcessDoes) {
+  expect_equal_to_one_process("list-sequential+checkpoint");
+}
 
 // ---- one process: routing and the typed-call error ---------------------------------
 
@@ -262,6 +309,7 @@ TEST(ContainerCallsTest, ASequentialRunsItsChildrenAndItselfThroughTheirHooksOnc
   auto routes = strata::route_container_calls(*seq);
   EXPECT_EQ(routes->size(), 1u);
   EXPECT_EQ(names_of(*seq), names);
+  EXPECT_NE(seq[2]->as<torch::nn::Linear>(), nullptr);  // seq[i] is still the child
   // The last child doubles, then the whole Sequential doubles: 4x.
   EXPECT_TRUE(at::allclose(seq->forward(x), plain * 4));
   EXPECT_EQ(child->calls, 1);
