@@ -323,6 +323,21 @@ TEST(ContainerCallsTest, ASequentialRunsItsChildrenAndItselfThroughTheirHooksOnc
   EXPECT_NO_THROW(seq->at<torch::nn::LinearImpl>(0));
 }
 
+TEST(AnyLayerUnitsTest, ARecomputedModuleCalledThroughItsTypedForwardIsNamedInAWarning) {
+  // Not a unit, so the typed call works, but it is not recomputed: the
+  // first backward says so.
+  auto strategy = one_rank(FSDPOptions().with_activation_checkpointing_policy({"Linear"}));
+  TypedNet model;
+  strategy->setup_module(model.ptr());
+  ::testing::internal::CaptureStderr();
+  strategy->backward(model->forward(at::randn({2, 4})).sum());
+  std::string warned = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(warned, "the forward of 'fc1' (torch::nn::LinearImpl), 'fc2' (torch::nn::LinearImpl) was not "
+                               "seen in the first step")) << warned;
+  EXPECT_TRUE(contains(warned, "call it as strata::call(fc1, x) instead of fc1->forward(x)")) << warned;
+  strategy->teardown();
+}
+
 TEST(AnyLayerUnitsTest, TeardownPutsTheSequentialsOwnEntriesBack) {
   torch::nn::Sequential model = make_model();
   auto strategy = one_rank(FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Linear"}));
