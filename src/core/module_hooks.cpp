@@ -44,18 +44,52 @@ bool is_forward_hooks_holder(const torch::nn::Module& module) {
   return dynamic_cast<const HooksHolder*>(&module) != nullptr;
 }
 
+namespace {
+
+// Note [Hooks run once per forward]
+// The modules whose forward body runs inside their hooks on this thread,
+// innermost last. A module can be reached twice around one forward: its
+// own forward calls hooked_forward and its caller used strata::call, or a
+// Sequential routes the call to it. The hooks run at the outer call; the
+// inner one runs its body plainly. The body is marked wherever it runs,
+// so a recomputation in backward (activation checkpointing) does not run
+// the hooks again either.
+thread_local std::vector<const torch::nn::Module*> running;
+
+class Running {
+ public:
+  explicit Running(const torch::nn::Module* module) { running.push_back(module); }
+  ~Running() { running.pop_back(); }
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+};
+
+bool is_running(const torch::nn::Module& module) {
+  for (const torch::nn::Module* m : running) {
+    if (m == &module) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool hooks_pending(const torch::nn::Module& module) { return forward_hooks(module) && !is_running(module); }
+
 TensorList hooked_forward(torch::nn::Module& module, const TensorList& inputs, const ForwardFn& body) {
   std::shared_ptr<ForwardHooks> hooks = forward_hooks(module);
-  if (!hooks) return body(inputs);
-  return hooks->run(module, inputs, body);
+  if (!hooks || is_running(module)) return body(inputs);
+  const torch::nn::Module* self = &module;  // identity only: never dereferenced by the body
+  return hooks->run(module, inputs, [self, body](const TensorList& in) {
+    Running mark(self);
+    return body(in);
+  });
 }
 
 at::Tensor hooked_forward(torch::nn::Module& module, const at::Tensor& input, const ForwardBody& body) {
-  std::shared_ptr<ForwardHooks> hooks = forward_hooks(module);
-  if (!hooks) return body(input);
+  if (!hooks_pending(module)) return body(input);
   // A copy of the body: activation checkpointing keeps it until backward.
-  TensorList out = hooks->run(module, {input}, [body](const TensorList& in) { return TensorList{body(in.at(0))}; });
-  return out.at(0);
+  return hooked_forward(module, TensorList{input}, [body](const TensorList& in) { return TensorList{body(in.at(0))}; })
+      .at(0);
 }
 
 namespace {

@@ -273,6 +273,14 @@ void Fabric::save(const std::string& path, const strategies::State& state, const
   strategy_->save_checkpoint(path, state, nullptr, filter);
 }
 
+void Fabric::load_raw(const std::string& path, torch::nn::Module& module, bool strict) {
+  strategy_->load_raw(path, module, strict);
+}
+
+void Fabric::load_raw(const std::string& path, torch::optim::Optimizer& optimizer, bool strict) {
+  strategy_->load_raw(path, optimizer, strict);
+}
+
 nlohmann::json Fabric::load(const std::string& path, strategies::State& state, bool strict) {
   return strategy_->load_checkpoint(path, state, strict);
 }

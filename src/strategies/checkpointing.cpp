@@ -13,8 +13,11 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <filesystem>
+
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/sharded.h"
+#include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
 #include "strata/strategies/strategy.h"
@@ -44,7 +47,59 @@ checkpoint::NamedTensors read_prefixed(const checkpoint::StateReader& reader, co
   return out;
 }
 
+// Opens what load_raw reads: a plain safetensors file (a state dict), a
+// folder `strata ckpt export` wrote (its model.safetensors), or a strata
+// checkpoint (a folder or one file).
+checkpoint::StateReader open_raw(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exported = fs::path(path) / "model.safetensors";
+  if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / "metadata.json", ec) &&
+      fs::is_regular_file(exported, ec)) {
+    return checkpoint::StateReader::open_plain(exported.string());
+  }
+  if (fs::is_directory(path, ec)) return checkpoint::StateReader::open(path);
+  return checkpoint::StateReader::open_plain(path);
+}
+
+// The entry of kind `kind` that load_raw reads: the only one, or `fallback`.
+std::string raw_entry(const checkpoint::StateReader& reader, const std::string& path, const std::string& kind,
+                      const std::string& fallback) {
+  std::vector<std::string> keys;
+  for (const auto& [key, entry] : reader.entries().items()) {
+    if (entry.value("kind", "") == kind) keys.push_back(key);
+  }
+  if (keys.size() == 1) return keys.front();
+  for (const std::string& key : keys) {
+    if (key == fallback) return key;
+  }
+  std::string list;
+  for (const std::string& key : keys) list += (list.empty() ? "'" : ", '") + key + "'";
+  throw CheckpointError("[checkpoint] load_raw: " + path + (keys.empty() ? " holds no " + kind + " state" :
+                        " holds several " + kind + " entries (" + list + ") and none is named '" + fallback + "'") +
+                        ". Load a strata checkpoint's entries by name with Fabric::load({{\"<key>\", " + kind + "}})");
+}
+
 }  // namespace
+
+void Strategy::load_raw(const std::string& path, torch::nn::Module& module, bool strict) {
+  const checkpoint::StateReader reader = open_raw(path);
+  const std::string key = raw_entry(reader, path, "module", checkpoint::kPrimaryModuleKey);
+  load_module_entry(reader, key, module, strict, path + (key == checkpoint::kPrimaryModuleKey ? "" : " entry '" + key + "'"));
+}
+
+void Strategy::load_raw(const std::string& path, torch::optim::Optimizer& optimizer, bool strict) {
+  checkpoint::ParamNames names;
+  for (const ModulePtr& module : modules_) {
+    for (const auto& [impl, name] : checkpoint::param_names(*module)) names.emplace(impl, name);
+  }
+  STRATA_CHECK(!names.empty(), ConfigError, "[", name(), "] load_raw of an optimizer before setup_module: the "
+               "optimizer's state is stored by parameter name, so set up the module it trains first");
+  const checkpoint::StateReader reader = open_raw(path);
+  const std::string key = raw_entry(reader, path, "optimizer", "optimizer");
+  checkpoint::OptimizerState optim{read_optimizer_tensors(reader, key, optimizer), reader.entries()[key].at("state")};
+  checkpoint::load_optimizer_state(optimizer, names, optim, strict, path + " entry '" + key + "'");
+}
 
 void Strategy::save_checkpoint(const std::string& requested_path, const State& state,
                                const nlohmann::json& storage_options, const StateFilter& filter) {

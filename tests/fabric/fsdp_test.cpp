@@ -509,7 +509,9 @@ STRATA_WORKER(fsdp_unhooked_root) {
     Unhooked model;
     f.setup_module(model);
     std::string what = error_message([&] { model->forward(at::randn({2, 4, 64})); });
-    c.expect(contains(what, "did not go through strata::hooked_forward"), "the missing hook is named: " + what);
+    c.expect(contains(what, "did not go through strata's hooks"), "the missing hook is named: " + what);
+    c.expect(contains(what, "call it as strata::call(model, x) instead of model->forward(x)"),
+             "the one-line opt-in is given: " + what);
   });
   return c.result();
 }

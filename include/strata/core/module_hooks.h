@@ -25,6 +25,18 @@
 // it again in backward), so it must depend only on its inputs and the
 // module's parameters and buffers.
 //
+// A module needs none of this when a container calls it: strategies route
+// the calls a torch::nn::Sequential makes to its children, and the
+// Sequential's own forward, through the hooks (core/container_calls.h).
+// Only a direct call of a typed forward (`fc1->forward(x)`) is invisible;
+// the caller opts in with one line:
+//
+//   auto h = strata::call(fc1, x);   // instead of fc1->forward(x)
+//
+// Hooks never run twice around one forward: a module whose own forward
+// calls hooked_forward may also be called through strata::call or by a
+// Sequential.
+//
 // Note [Hooks live in the module]
 // A strategy's hooks are kept by the module itself, in a child module
 // without parameters or buffers (named kForwardHooksName) that
@@ -86,6 +98,10 @@ TensorList hooked_forward(torch::nn::Module& module, const TensorList& inputs, c
 /// The one-tensor form.
 at::Tensor hooked_forward(torch::nn::Module& module, const at::Tensor& input, const ForwardBody& body);
 
+/// True when hooked_forward(module, ...) would run hooks now: some are set
+/// and module's forward is not already running inside them on this thread.
+bool hooks_pending(const torch::nn::Module& module);
+
 namespace detail {
 
 template <class T>
@@ -134,6 +150,23 @@ auto hooked_forward(torch::nn::Module& module, Body&& body, const Inputs&... inp
     (std::index_sequence_for<Inputs...>());
   };
   return detail::from_list<Out>(hooked_forward(module, TensorList{inputs...}, fn));
+}
+
+/// Calls `module`'s typed forward through the hooks a strategy set on it:
+/// `strata::call(fc1, x)` is `fc1->forward(x)` for a module that an FSDP
+/// unit or activation checkpointing may wrap. `module` is a LibTorch module
+/// holder (torch::nn::Linear) or a std::shared_ptr to a module; its forward
+/// takes the tensors given and returns a tensor, a vector or a tuple of
+/// tensors.
+template <class Module, class... Inputs>
+  requires(sizeof...(Inputs) > 0 && (std::same_as<std::decay_t<Inputs>, at::Tensor> && ...))
+auto call(const Module& module, const Inputs&... inputs) {
+  auto ptr = [&] {
+    if constexpr (requires { module.ptr(); }) return module.ptr();
+    else return module;
+  }();
+  return hooked_forward(
+      *ptr, [ptr](const Inputs&... in) { return ptr->forward(in...); }, inputs...);
 }
 
 /// Called by a model's constructor when a submodule that may become a

@@ -198,6 +198,17 @@ class Fabric {
   /// Restores `state` in place from `path`; returns what the checkpoint
   /// held that `state` did not ask for. Every rank must call it.
   nlohmann::json load(const std::string& path, strategies::State& state, bool strict = true);
+  /// Loads a plain, non-distributed checkpoint into one module or optimizer
+  /// (Lightning's load_raw): a safetensors state dict, a `strata ckpt
+  /// export` folder, or a strata checkpoint's only module (optimizer)
+  /// entry (Strategy::load_raw). Every rank must call it.
+  void load_raw(const std::string& path, torch::nn::Module& module, bool strict = true);
+  void load_raw(const std::string& path, torch::optim::Optimizer& optimizer, bool strict = true);
+  /// Typed form for LibTorch module holders.
+  template <class Holder, class = decltype(std::declval<Holder&>().ptr())>
+  void load_raw(const std::string& path, Holder& module, bool strict = true) {
+    load_raw(path, *module.ptr(), strict);
+  }
 
   // ---- utilities ----------------------------------------------------------------------
   /// Prints the arguments followed by a newline, on global rank 0 only.

@@ -11,9 +11,17 @@
 // details; Note [FSDP parameters] in src/strategies/fsdp/sharded_param.h the
 // mechanics.
 //
-// Units must run their forward through strata::hooked_forward
-// (core/module_hooks.h): LibTorch's C++ modules have no forward hooks. The
-// example GPT (model and blocks) and MLP do.
+// Any module can be a unit or be activation-checkpointed. LibTorch's C++
+// modules have no forward hooks, so strata sees a module's forward where:
+// - a torch::nn::Sequential calls it (each child, and the Sequential's own
+//   forward, are routed through the hooks: core/container_calls.h), so a
+//   model built of LibTorch's layers needs no change, a Sequential root
+//   included;
+// - the module's own forward runs through strata::hooked_forward (the
+//   example GPT and MLP);
+// - the caller opts in: `strata::call(fc1, x)` instead of `fc1->forward(x)`
+//   (core/module_hooks.h). A unit called through its typed forward
+//   otherwise fails with an error that names it and says this.
 //
 // Order of set-up, as in the seeds: build the model, setup_module, build
 // the optimizer from the returned module's parameters (the shards),
@@ -29,8 +37,13 @@
 #include <variant>
 #include <vector>
 
+#include "strata/checkpoint/state.h"
 #include "strata/strategies/options.h"
 #include "strata/strategies/strategy.h"
+
+namespace strata {
+class ContainerRoutes;
+}
 
 namespace strata::strategies {
 
@@ -41,7 +54,8 @@ struct Presharded;
 
 /// Module types by the name module.name() reports: the kTypeName of the
 /// example models ("Block", "GPT"), or LibTorch's default, the demangled
-/// class name ("torch::nn::LinearImpl").
+/// class name ("torch::nn::LinearImpl"), which also matches by its short
+/// form ("Linear", "Sequential").
 using ModuleTypes = std::set<std::string>;
 
 /// The predicate form of an auto-wrap policy. With recurse=true it answers
@@ -53,6 +67,10 @@ using WrapPredicate = std::function<bool(const torch::nn::Module& module, bool r
 /// Which modules become units: none besides the root (monostate), the
 /// instances of a set of types, or a predicate. The root is always a unit.
 using AutoWrapPolicy = std::variant<std::monostate, ModuleTypes, WrapPredicate>;
+
+/// A policy that makes every leaf module (no children) with parameters a
+/// unit: each Linear, LayerNorm, Embedding, ... of a model.
+WrapPredicate wrap_every_leaf();
 
 /// Options of FSDPStrategy, with the seed page's defaults.
 struct FSDPOptions {
@@ -167,6 +185,22 @@ class FSDPStrategy : public Strategy {
   at::Tensor full_parameter(const std::string& name);
   /// The same for a parameter of `module`, one that setup_module returned.
   at::Tensor full_parameter(const torch::nn::Module& module, const std::string& name);
+  /// Scope in which `module` (one setup_module returned) holds its full
+  /// parameters (PyTorch's summon_full_params): named_parameters() and the
+  /// typed members (fc->weight) are the whole fp32 tensors, and with
+  /// `with_grads` their gradients are the full (averaged) gradients. On
+  /// leaving, with `writeback` the values (changed in place or not) go back
+  /// to the shards; the gradients shown are dropped, the shards' own are
+  /// kept. Every rank must enter it (a collective), between training steps;
+  /// it costs the whole model's memory on every rank. Throws ConfigError for
+  /// a module not set up, or inside a forward or backward.
+  Scope summon_full_params(torch::nn::Module& module, bool writeback = true, bool with_grads = false);
+  /// The optimizer's whole state, gathered on `rank` (the others get only
+  /// the JSON part): tensors "<param name>.<state>" at the parameters' full
+  /// shapes, and the JSON of checkpoint::optimizer_state (types, options,
+  /// Adam's step), as one process training the whole model would hold it.
+  /// Every rank must call it.
+  checkpoint::OptimizerState full_optimizer_state(torch::optim::Optimizer& optimizer, int rank = 0);
 
  protected:
   at::Tensor reduce_norm(const at::Tensor& local, bool is_max) override;
@@ -200,6 +234,7 @@ class FSDPStrategy : public Strategy {
   std::vector<std::shared_ptr<detail::FSDPState>> states_;  ///< one per module set up (src/strategies/fsdp/state.h)
   int64_t step_ = 0;
   std::shared_ptr<detail::Presharded> presharded_;  ///< units sharded by module_sharded_context
+  std::vector<std::unique_ptr<ContainerRoutes>> routes_;  ///< Sequentials' calls routed, per module set up
 };
 
 }  // namespace strata::strategies

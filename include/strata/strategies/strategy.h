@@ -194,6 +194,20 @@ class Strategy {
   /// checkpoint had that `state` did not ask for. strict: every key of
   /// state must be in the checkpoint and every module tensor must match.
   virtual nlohmann::json load_checkpoint(const std::string& path, State& state, bool strict = true);
+  /// Loads a plain state dict into `module` (Lightning's load_raw): a
+  /// safetensors file of whole tensors under the module's own names (what
+  /// `safetensors.torch.save_file(model.state_dict())` writes), a folder
+  /// `strata ckpt export` wrote, or a strata checkpoint (its only module
+  /// entry, or "model"). Any module; one setup_module returned is loaded as
+  /// the strategy holds it (FSDP: each rank reads its slices). strict: every
+  /// name must match both ways. Every rank must call it. Throws
+  /// CheckpointError naming the file and what did not match.
+  void load_raw(const std::string& path, torch::nn::Module& module, bool strict = true);
+  /// Loads the state of `optimizer` from a strata checkpoint (a folder or
+  /// one file) whose only optimizer entry, or the one named "optimizer",
+  /// holds it, at any world size and from either strategy. The module it
+  /// trains must be set up (its state is stored by parameter name).
+  void load_raw(const std::string& path, torch::optim::Optimizer& optimizer, bool strict = true);
   /// Deletes a checkpoint (local rank 0 of every host, since hosts may not
   /// share a file system).
   virtual void remove_checkpoint(const std::string& path);

@@ -12,6 +12,7 @@
 
 #include "construction.h"
 #include "state.h"
+#include "strata/core/container_calls.h"
 #include "strata/core/error.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
@@ -31,6 +32,7 @@ class FSDPForwardHooks : public ForwardHooks {
       : state_(std::move(state)), unit_(unit), checkpoint_(checkpoint) {}
 
   TensorList run(torch::nn::Module&, const TensorList& inputs, const ForwardFn& body) override {
+    seen = true;
     std::shared_ptr<FSDPState> state = state_.lock();
     if (!state) return body(inputs);
     if (unit_) state->pre_forward(*unit_);
@@ -45,11 +47,38 @@ class FSDPForwardHooks : public ForwardHooks {
     return outputs;
   }
 
+  bool seen = false;     ///< the forward ran through these hooks
+  bool checked = false;  ///< warn_unseen_recomputation looked at it
+
  private:
   std::weak_ptr<FSDPState> state_;
   std::optional<size_t> unit_;
   bool checkpoint_;
 };
+
+// A checkpointed module that is not a unit keeps working when its forward
+// is not seen (a typed call), but is then not recomputed: after the first
+// backward that follows its set-up, say so once.
+void warn_unseen_recomputation(const FSDPState& state) {
+  std::string unseen, example;
+  for (torch::nn::Module* m : state.checkpointed) {
+    auto hooks = std::dynamic_pointer_cast<FSDPForwardHooks>(forward_hooks(*m));
+    if (!hooks || hooks->checked) continue;
+    hooks->checked = true;
+    if (hooks->seen) continue;
+    std::string path;
+    for (const auto& item : state.root_module->named_modules()) {
+      if (item.value().get() == m) path = item.key();
+    }
+    unseen += (unseen.empty() ? "'" : ", '") + path + "' (" + m->name() + ")";
+    if (example.empty()) example = path.substr(path.rfind('.') + 1);
+  }
+  if (unseen.empty()) return;
+  log::warning("[fsdp] activation checkpointing: the forward of ", unseen,
+               " was not seen in the first step, so it ran without recomputation. strata sees the calls a "
+               "torch::nn::Sequential makes, but not a direct call of a typed forward: call it as strata::call(",
+               example, ", x) instead of ", example, "->forward(x) (ignore this if the module was not used)");
+}
 
 void check_compute_dtype(const FSDPOptions& options, const Precision& precision) {
   c10::ScalarType compute = options.compute_dtype.value_or(precision.compute_dtype());
@@ -76,6 +105,7 @@ void FSDPStrategy::set_precision(Precision precision) {
 }
 
 FSDPStrategy::~FSDPStrategy() {
+  routes_.clear();
   for (const auto& state : states_) state->unhook();
 }
 
@@ -124,6 +154,9 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
     set_forward_hooks(*m, std::make_shared<FSDPForwardHooks>(state, std::nullopt, true));
     state->checkpointed.push_back(m);
   }
+  // The calls a Sequential makes to its children, and its own forward, now
+  // reach the hooks (core/container_calls.h).
+  routes_.push_back(route_container_calls(*module));
   return module;
 }
 
@@ -180,6 +213,7 @@ void FSDPStrategy::backward(const at::Tensor& loss) {
   // this step has nothing to reduce.
   for (const auto& state : states_) state->finalize_backward();
   report_step_communication(++step_, options_.debug);
+  for (const auto& state : states_) warn_unseen_recomputation(*state);
 }
 
 Scope FSDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
@@ -196,6 +230,7 @@ at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
 }
 
 void FSDPStrategy::teardown() {
+  routes_.clear();
   for (const auto& state : states_) {
     for (size_t u = 0; u < state->units.size(); ++u) state->reshard(u);
     state->unhook();

@@ -50,21 +50,23 @@ void FSDPState::reshard(size_t u) {
 }
 
 void FSDPState::explain_failed_forward(const c10::Error& error) const {
-  std::string idle;
+  std::string idle, first;
   for (const Unit& unit : units) {
     if (unit.training_state != TrainingState::kIdle || unit.params.empty() ||
         unit.sharded_state == ShardedState::kUnsharded) {
       continue;
     }
     idle += (idle.empty() ? "" : ", ") + ("'" + unit.name + "' (" + unit.type + ")");
+    if (first.empty()) first = unit.name.substr(unit.name.rfind('.') + 1);
   }
   if (idle.empty()) return;
   std::string what = error.what_without_backtrace();
   throw ConfigError("[fsdp] the forward failed: " + what.substr(0, what.find('\n')) +
-                    ". Under FSDP a unit's parameters are empty until its forward starts, through "
-                    "strata::hooked_forward (strata/core/module_hooks.h); units whose forward had not started: " +
-                    idle + ". If one of them was in use, run its forward through hooked_forward, or choose units "
-                    "whose forwards do (a container such as ModuleList has no forward)");
+                    ". Under FSDP a unit's parameters are empty until its forward starts through strata's hooks; "
+                    "units whose forward had not started: " + idle + ". strata sees the calls a torch::nn::Sequential "
+                    "makes, but not a direct call of a module's typed forward: opt in where the model calls it, "
+                    "with strata::call(" + first + ", x) instead of " + first + "->forward(x) "
+                    "(strata/core/module_hooks.h), or run that module's forward through strata::hooked_forward");
 }
 
 void FSDPState::pre_forward(size_t u) {
@@ -77,17 +79,20 @@ void FSDPState::pre_forward(size_t u) {
     // The units around this one must be computing: their parameters may be
     // used around this forward. One that is not never ran hooked_forward.
     for (std::optional<size_t> a = unit.parent; a; a = units[*a].parent) {
+      // The root's forward starts every step, even without parameters.
       const Unit& around = units[*a];
-      if (around.training_state != TrainingState::kIdle || around.params.empty() ||
+      if (around.training_state != TrainingState::kIdle || (around.params.empty() && !around.root) ||
           around.sharded_state == ShardedState::kUnsharded) {
         continue;
       }
-      std::string which = around.root ? "the module passed to setup_module ('" + around.type + "')"
+      std::string which = around.root ? "the module passed to setup_module (" + around.type + ")"
                                       : "unit '" + around.name + "' (" + around.type + ")";
+      std::string call = around.root ? "model" : around.name.substr(around.name.rfind('.') + 1);
       throw ConfigError("[fsdp] the forward of unit '" + unit.name + "' ran, but the forward of " + which +
-                        " around it did not go through strata::hooked_forward, so its parameters were never "
-                        "gathered. Run that module's forward through hooked_forward (strata/core/module_hooks.h), "
-                        "or choose units whose forwards do (a container such as ModuleList has no forward)");
+                        " around it did not go through strata's hooks, so it never started. strata sees the calls a "
+                        "torch::nn::Sequential makes, but not a direct call of a module's typed forward: call it as "
+                        "strata::call(" + call + ", x) instead of " + call + "->forward(x) "
+                        "(strata/core/module_hooks.h), or run its forward through strata::hooked_forward");
     }
   }
   wait_for_unshard(u);

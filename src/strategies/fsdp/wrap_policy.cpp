@@ -1,6 +1,8 @@
 // The auto-wrap policy (a set of module types, or a predicate).
 #include "wrap_policy.h"
 
+#include <string>
+#include <string_view>
 #include <unordered_set>
 
 #include "strata/core/module_hooks.h"
@@ -31,8 +33,19 @@ int64_t apply_policy(torch::nn::Module& module, const AutoWrapPolicy& policy, bo
 
 }  // namespace
 
+std::string short_type_name(const std::string& name) {
+  // "torch::nn::LinearImpl" -> "Linear"
+  size_t colon = name.rfind("::");
+  std::string last = colon == std::string::npos ? name : name.substr(colon + 2);
+  constexpr std::string_view kImpl = "Impl";
+  if (last.size() > kImpl.size() && last.ends_with(kImpl)) last.resize(last.size() - kImpl.size());
+  return last;
+}
+
 bool matches(const ModuleTypes& types, const torch::nn::Module& module) {
-  return !types.empty() && types.count(module.name()) > 0;
+  if (types.empty()) return false;
+  const std::string& name = module.name();
+  return types.count(name) > 0 || types.count(short_type_name(name)) > 0;
 }
 
 bool wraps(const AutoWrapPolicy& policy, const torch::nn::Module& module, int64_t nonwrapped_numel) {
@@ -40,6 +53,24 @@ bool wraps(const AutoWrapPolicy& policy, const torch::nn::Module& module, int64_
   if (auto* predicate = std::get_if<WrapPredicate>(&policy)) return (*predicate)(module, false, nonwrapped_numel);
   return false;
 }
+
+}  // namespace strata::strategies::detail
+
+namespace strata::strategies {
+
+WrapPredicate wrap_every_leaf() {
+  return [](const torch::nn::Module& module, bool recurse, int64_t nonwrapped_numel) {
+    if (recurse) return true;
+    for (const auto& child : module.children()) {
+      if (!is_forward_hooks_holder(*child)) return false;
+    }
+    return nonwrapped_numel > 0;
+  };
+}
+
+}  // namespace strata::strategies
+
+namespace strata::strategies::detail {
 
 int64_t numel_of(const torch::nn::Module& module, bool recurse) {
   std::unordered_set<const c10::TensorImpl*> seen;

@@ -5,13 +5,19 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "strata/strategies/fsdp.h"
 
 namespace strata::strategies::detail {
 
-/// True when `module`'s type (module.name()) is in `types`.
+/// The short form of a module type name: the last component without a
+/// trailing "Impl" ("torch::nn::LinearImpl" -> "Linear").
+std::string short_type_name(const std::string& name);
+
+/// True when `module`'s type (module.name()) or its short form is in
+/// `types`.
 bool matches(const ModuleTypes& types, const torch::nn::Module& module);
 
 /// Whether `policy` makes `module` a unit, given the elements of its
