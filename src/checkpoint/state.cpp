@@ -12,18 +12,13 @@
 
 #include "state_messages.h"
 #include "strata/core/error.h"
+#include "strata/core/strings.h"
 
 namespace strata::checkpoint {
 
 using ::strata::detail::cat;
 
 namespace state_messages {
-
-std::string shape_string(at::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 // "'a', 'b', ... and K more" (the first kListedKeys names).
 std::string key_list(const std::vector<std::string>& keys) {

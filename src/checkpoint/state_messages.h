@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "strata/checkpoint/state.h"
+#include "strata/core/strings.h"
 
 namespace strata::checkpoint::state_messages {
 
 /// Keys a message lists before "and K more".
 inline constexpr size_t kListedKeys = 10;
 
-/// "[2, 3]".
-std::string shape_string(at::IntArrayRef shape);
+using ::strata::shape_string;  // "[2, 3]" (core/strings.h)
 
 /// "'a', 'b', ... and K more" (the first kListedKeys names).
 std::string key_list(const std::vector<std::string>& keys);
