@@ -15,7 +15,7 @@
 #
 # Sizes (per-rank batch, warm-up + timed steps):
 #   full:    gpt-small 16, 5+30; gpt-medium 4, 2+10; mlp 64, 5+30
-#   --short: gpt-small 8, 1+4;   gpt-medium 1, 1+2;  mlp 64, 2+8; bf16-mixed
+#   --short: gpt-small 4, 1+3;   gpt-medium 1, 1+2;  mlp 64, 2+8; bf16-mixed
 #            only on --bf16-models (default "gpt-small mlp": a bf16 matmul
 #            can be 50x slower than fp32 on CPUs without native bf16)
 # Filters: --models "gpt-small gpt-medium mlp", --strategies "ddp fsdp",
@@ -69,7 +69,7 @@ fi
 # The per-model flags: "batch warmup steps".
 sizes() {
   case "$1:$short" in
-    gpt-small:0) echo "16 5 30" ;;  gpt-small:1) echo "8 1 4" ;;
+    gpt-small:0) echo "16 5 30" ;;  gpt-small:1) echo "4 1 3" ;;
     gpt-medium:0) echo "4 2 10" ;;  gpt-medium:1) echo "1 1 2" ;;
     mlp:0) echo "64 5 30" ;;        mlp:1) echo "64 2 8" ;;
     *) echo "[bench] unknown model '$1' (gpt-small, gpt-medium, mlp)" >&2; exit 2 ;;

@@ -211,7 +211,10 @@ def matrix_table(runs, matmul_gflops=None, markdown=False):
     for (model, strategy, precision), impls in groups.items():
         step = {impl: statistics.median(r["step_ms_median"] for r in rs) for impl, rs in impls.items()}
         base = {kind: next((i for i in step if i.startswith(kind)), None) for kind in ("pytorch", "fabric")}
-        for impl, rs in impls.items():
+        kinds = ("strata", "pytorch", "fabric")
+        ordered = sorted(impls, key=lambda i: next((k for k, kind in enumerate(kinds) if i.startswith(kind)), 3))
+        for impl in ordered:
+            rs = impls[impl]
             best = min(rs, key=lambda r: abs(r["step_ms_median"] - step[impl]))
             per_s_key = "tokens_per_s" if "tokens_per_s" in best else "samples_per_s"
             items_per_s = statistics.median(r[per_s_key] for r in rs)

@@ -30,11 +30,15 @@
 // - a parameter that got no gradient on any rank ends as it began, without
 //   one, as in single-process training;
 // - non-contiguous parameters keep their own gradients (copied in and out).
+// The gradient shares the bucket's storage but is not an autograd view
+// (grad_slot), so optimizers' zero_grad, which detaches it, works.
 #include "strata/strategies/ddp.h"
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "strata/core/error.h"
 #include "strata/core/log.h"
@@ -119,13 +123,30 @@ struct DDPStrategy::Reducer {
       at::Tensor& grad = params[i].mutable_grad();
       if (!grad.defined() || !viewable[i]) continue;
       slot(i).copy_(grad.reshape({-1}));
-      grad = slot(i).view(params[i].sizes());
+      grad = grad_slot(i);
     }
   }
 
   at::Tensor slot(size_t index) {
     auto [b, s] = location[index];
     return buckets[b].buffer.narrow(0, buckets[b].offsets[s], params[index].numel());
+  }
+
+  // The gradient tensor of a viewable params[index]: its slot, with the
+  // parameter's shape, sharing the bucket's storage. Made with set_ rather
+  // than view(), so autograd does not see a view: LibTorch's
+  // Optimizer::zero_grad calls detach_() on every gradient, which views
+  // refuse.
+  at::Tensor grad_slot(size_t index) {
+    auto [b, s] = location[index];
+    const at::Tensor& buffer = buckets[b].buffer;
+    const at::IntArrayRef sizes = params[index].sizes();
+    std::vector<int64_t> strides(sizes.size(), 1);
+    for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+    torch::NoGradGuard no_grad;
+    at::Tensor grad = at::empty({0}, buffer.options());
+    grad.set_(buffer.storage(), buffer.storage_offset() + buckets[b].offsets[s], sizes, strides);
+    return grad;
   }
 
   bool is_slot(size_t index) {
@@ -146,7 +167,7 @@ struct DDPStrategy::Reducer {
       for (size_t i : bucket.params) {
         if (!viewable[i] || params[i].grad().defined()) continue;
         if (!all_unset) slot(i).zero_();
-        params[i].mutable_grad() = slot(i).view(params[i].sizes());
+        params[i].mutable_grad() = grad_slot(i);
         prepointed[i] = true;
       }
     }
@@ -170,7 +191,7 @@ struct DDPStrategy::Reducer {
       slot(index).zero_();
     } else if (!is_slot(index)) {
       slot(index).copy_(grad.reshape({-1}));  // the fall-back: one copy, then .grad is the slot
-      if (viewable[index]) grad = slot(index).view(params[index].sizes());
+      if (viewable[index]) grad = grad_slot(index);
     }
     ready[index] = true;
     --buckets[location[index].first].pending;
@@ -209,7 +230,7 @@ struct DDPStrategy::Reducer {
       if (none_here[i] && averaged.abs().max().item<double>() == 0.0) {
         grad.reset();  // no rank had one: none, as in single-process training
       } else if (!grad.defined()) {
-        grad = viewable[i] ? averaged : averaged.clone();
+        grad = viewable[i] ? grad_slot(i) : averaged.clone();
       } else if (!is_slot(i)) {
         grad.copy_(averaged);
       }
@@ -231,7 +252,8 @@ struct DDPStrategy::Reducer {
     if (params.empty()) return;
     const int64_t n = static_cast<int64_t>(params.size());
     at::Tensor observed = at::full({n}, -1, at::kLong);
-    for (size_t k = 0; k < ready_order.size(); ++k) observed[static_cast<int64_t>(k)] = static_cast<int64_t>(ready_order[k]);
+    int64_t* slots = observed.data_ptr<int64_t>();
+    for (size_t k = 0; k < ready_order.size() && k < params.size(); ++k) slots[k] = static_cast<int64_t>(ready_order[k]);
     ready_order.clear();
     at::Tensor shared = observed.to(params.front().device());
     group.broadcast(shared, 0);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
 
 #include <iostream>
 #include <sstream>
@@ -71,7 +72,7 @@ STRATA_WORKER(ddp_bucket_views) {
   auto reference = std::make_shared<Chain>();
   {
     torch::NoGradGuard no_grad;
-    for (auto& [name, p] : model->named_parameters()) reference->named_parameters()[name].copy_(p);
+    for (const auto& item : model->named_parameters()) reference->named_parameters()[item.key()].copy_(item.value());
   }
   const std::vector<at::Tensor> params = model->parameters();
   const std::vector<at::Tensor> ref_params = reference->parameters();
@@ -124,9 +125,12 @@ STRATA_WORKER(ddp_bucket_views) {
   check(layout_text(strategy.bucket_layout(*model)) == "{0}{1}{2}{3}",
         "rebuilt layout (rank 0's ready order): " + layout_text(strategy.bucket_layout(*model)));
 
-  // 2. An optimizer's zero_grad (set_to_none), then a backward: the zeroed
-  //    slots are the gradients autograd accumulates into; no second rebuild.
-  set_to_none(params);
+  // 2. An optimizer's zero_grad (LibTorch's detaches, then sets to none),
+  //    then a backward: the zeroed slots are the gradients autograd
+  //    accumulates into; no second rebuild.
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.1));
+  optimizer.zero_grad();
+  check(!params[0].grad().defined(), "step 2: zero_grad left a gradient");
   set_to_none(ref_params);
   strategy.backward(model->loss(input(2), order));
   reference->loss(input(2), order).backward();
