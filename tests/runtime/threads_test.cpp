@@ -79,19 +79,25 @@ TEST(ThreadsTest, TheLauncherSplitsTheCoresWhenTheUserDidNotChoose) {
   }
 }
 
+// One worker would get every usable core; the user's 1 wins, from the
+// launcher's environment or from its options.
 TEST(ThreadsTest, OmpNumThreadsOfTheUserWins) {
-  OmpEnv three(std::string("3"));
-  auto run = strata::testing::run_workers(2, "print_threads", {}, LaunchOptions().with_timeout_s(120));
-  ASSERT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
-  for (int r = 0; r < 2; ++r) {
-    const std::string line = "[rank " + std::to_string(r) + "] threads omp=3 aten=3\n";
-    EXPECT_NE(run.output.find(line), std::string::npos) << line << "not in:\n" << run.output;
+  {
+    OmpEnv one(std::string("1"));
+    auto run = strata::testing::run_workers(1, "print_threads", {}, LaunchOptions().with_timeout_s(120));
+    ASSERT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+    EXPECT_NE(run.output.find("[rank 0] threads omp=1 aten=1\n"), std::string::npos) << run.output;
   }
   OmpEnv unset(std::nullopt);
-  auto chosen = strata::testing::run_workers(2, "print_threads", {},
-                                             LaunchOptions().with_timeout_s(120).with_env("OMP_NUM_THREADS", "2"));
+  auto chosen = strata::testing::run_workers(1, "print_threads", {},
+                                             LaunchOptions().with_timeout_s(120).with_env("OMP_NUM_THREADS", "1"));
   ASSERT_TRUE(chosen.ok()) << chosen.launch.summary << "\n" << chosen.output;
-  EXPECT_NE(chosen.output.find("[rank 1] threads omp=2 aten=2\n"), std::string::npos) << chosen.output;
+  EXPECT_NE(chosen.output.find("[rank 0] threads omp=1 aten=1\n"), std::string::npos) << chosen.output;
+  auto split = strata::testing::run_workers(1, "print_threads", {}, LaunchOptions().with_timeout_s(120));
+  ASSERT_TRUE(split.ok()) << split.launch.summary << "\n" << split.output;
+  const std::string all = std::to_string(usable_cores());
+  EXPECT_NE(split.output.find("[rank 0] threads omp=" + all + " aten=" + all + "\n"), std::string::npos)
+      << split.output;
 }
 
 }  // namespace
