@@ -1,6 +1,7 @@
 // The GPT TrainModule and the callbacks of `strata train` (cli/gpt_job.h).
 #include "cli/gpt_job.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -84,7 +85,10 @@ double gpt_flops_per_token(const models::GPTConfig& config) {
 
 double measure_matmul_gflops() {
   constexpr int64_t n = 512;
-  at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
+  // A private generator: the run's random state (saved in checkpoints) must
+  // not depend on this measurement.
+  at::Generator gen = at::detail::createCPUGenerator(12345);
+  at::Tensor a = at::randn({n, n}, gen), b = at::randn({n, n}, gen), c = at::empty({n, n});
   for (int i = 0; i < 2; ++i) at::mm_out(c, a, b);
   std::vector<double> secs;
   for (int i = 0; i < 9; ++i) {
