@@ -105,6 +105,7 @@ struct BenchConfig {
   int64_t bucket_cap_mb = 25;
   bool phases = false;  ///< also report forward / backward / optimizer times
   std::string impl = "strata";  ///< the "impl" field of the result (run_ddp.sh tags variants)
+  std::string precision = "32-true";  ///< or "bf16-mixed": forward (and loss) under bf16 autocast
 
   std::string label() const {
     if (model != "gpt") return "mlp-512-2048-512";
@@ -162,14 +163,15 @@ int64_t full_numel(torch::nn::Module& module, const strata::strategies::FSDPStra
 
 std::shared_ptr<strata::strategies::Strategy> make_strategy(const BenchConfig& c) {
   using namespace strata::strategies;
+  Precision precision = Precision::parse(c.precision, "cpu");
   if (c.strategy == "ddp") {
-    return std::make_shared<DDPStrategy>(cpu_accelerator(), std::nullopt,
+    return std::make_shared<DDPStrategy>(cpu_accelerator(), precision,
                                          DDPOptions().with_bucket_cap_mb(c.bucket_cap_mb));
   }
   FSDPOptions options;
   options.with_auto_wrap_policy(ModuleTypes{"Block"});
   if (c.activation_checkpointing) options.with_activation_checkpointing_policy({"Block"});
-  return std::make_shared<FSDPStrategy>(cpu_accelerator(), std::nullopt, options);
+  return std::make_shared<FSDPStrategy>(cpu_accelerator(), precision, options);
 }
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -241,6 +243,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   fabric.setup_optimizer(optimizer);
 
   auto loss_of = [&](int64_t i) {
+    auto autocast = fabric.autocast();  // bf16-mixed: forward and loss under autocast, as the peers
     const at::Tensor& x = inputs[i % c.pool];
     const at::Tensor& y = targets[i % c.pool];
     return gpt ? gpt->loss(x, y) : torch::nn::functional::mse_loss(mlp->forward(x), y);
@@ -282,6 +285,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   nlohmann::json out = {{"impl", c.impl},
                         {"strategy", c.strategy + (c.activation_checkpointing ? "+ac" : "")},
                         {"init", c.sharded_init ? "sharded" : "plain"},
+                        {"precision", fabric.strategy().precision().name()},
                         {"model", c.label()},
                         {"params", full_numel(module, fsdp)},
                         {"world", world},
@@ -337,6 +341,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "Seed of the data and the initial weights")->capture_default_str();
   app.add_option("--lr", c.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP gradient bucket size")->capture_default_str();
+  app.add_option("--precision", c.precision, "32-true, or bf16-mixed (fp32 weights, forward under bf16 autocast)")
+      ->check(CLI::IsMember({"32-true", "bf16-mixed"}))
+      ->capture_default_str();
   app.add_option("--impl-label", c.impl, "The \"impl\" field of the result")->capture_default_str();
   app.add_flag("--phases", c.phases, "Also report forward / backward / optimizer medians of rank 0");
   CLI11_PARSE(app, argc, argv);

@@ -43,6 +43,7 @@ gradients and AdamW's moments: FSDP2's local shards).
 Usage: $STRATA_PYTHON bench/ddp_peer.py --peer pytorch-fsdp2 --model gpt --size small --batch 16 --steps 30
 """
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -255,9 +256,19 @@ def shard_fsdp2(model, mesh=None):
     return model
 
 
-def run_rank(args, rank, world, wrap, make_optimizer, backward):
+def torch_autocast(args):
+    """The forward context of --precision for the PyTorch peers: bf16-mixed
+    runs forward and loss under CPU autocast to bf16 (fp32 weights and
+    optimizer), as strata's bf16-mixed and Fabric's do."""
+    if args.precision == "bf16-mixed":
+        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def run_rank(args, rank, world, wrap, make_optimizer, backward, autocast=contextlib.nullcontext):
     """Trains and, on rank 0, prints the JSON line. wrap(model) -> the model
-    to call; make_optimizer(params) -> the optimizer; backward(loss)."""
+    to call; make_optimizer(params) -> the optimizer; backward(loss);
+    autocast() -> the context forward and loss run in (--precision)."""
     torch.set_num_threads(args.threads)
     # Load what the peers would load lazily during set-up (DDP's constructor
     # imports torch._dynamo, FSDP2 is torch.distributed.fsdp: about 75 MB of
@@ -278,10 +289,11 @@ def run_rank(args, rank, world, wrap, make_optimizer, backward):
 
     def loss_of(i):
         x, y = inputs[i % args.pool], targets[i % args.pool]
-        if args.model == "gpt":
-            logits = model(x)
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
-        return F.mse_loss(model(x), y)
+        with autocast():
+            if args.model == "gpt":
+                logits = model(x)
+                return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+            return F.mse_loss(model(x), y)
 
     step_ms, fwd_ms, bwd_ms, opt_ms = [], [], [], []
     last_loss = 0.0
@@ -321,6 +333,7 @@ def run_rank(args, rank, world, wrap, make_optimizer, backward):
             "peer": args.peer,
             "strategy": PEERS[args.peer][1],
             "init": "plain",
+            "precision": args.precision,
             "model": label(args),
             "params": params,
             "world": world,
@@ -377,12 +390,12 @@ def pytorch_worker(rank, args, port):
         wrap = lambda m: DistributedDataParallel(m, bucket_cap_mb=args.bucket_cap_mb)  # noqa: E731
     else:
         wrap = shard_fsdp2
-    run_rank(args, rank, args.devices, wrap, adamw(args), lambda loss: loss.backward())
+    run_rank(args, rank, args.devices, wrap, adamw(args), lambda loss: loss.backward(), torch_autocast(args))
 
 
 def error_line(args, **errors):
     return json.dumps({"impl": args.impl_label, "peer": args.peer, "strategy": PEERS[args.peer][1],
-                       "model": label(args), "world": args.devices, "threads": args.threads, "batch": args.batch,
+                       "precision": args.precision, "model": label(args), "world": args.devices, "threads": args.threads, "batch": args.batch,
                        **errors})
 
 
@@ -420,7 +433,8 @@ def run_fabric(args):
 
         strategy = CPUFSDPStrategy(auto_wrap_policy={Block}, state_dict_type="sharded")
     try:
-        fabric = L.Fabric(accelerator="cpu", devices=args.devices, num_nodes=1, strategy=strategy)
+        fabric = L.Fabric(accelerator="cpu", devices=args.devices, num_nodes=1, strategy=strategy,
+                          precision=args.precision)
     except Exception as e:  # noqa: BLE001
         print(error_line(args, error=first_line(e)), flush=True)
         return
@@ -433,10 +447,12 @@ def run_fabric(args):
             return fabric.setup_optimizers(adamw(args)(params))
 
         if args.peer != "fabric-fsdp":
-            run_rank(args, fabric.global_rank, fabric.world_size, wrap, make_optimizer, fabric.backward)
+            run_rank(args, fabric.global_rank, fabric.world_size, wrap, make_optimizer, fabric.backward,
+                     fabric.autocast)
             return
         try:
-            run_rank(args, fabric.global_rank, fabric.world_size, wrap, make_optimizer, fabric.backward)
+            run_rank(args, fabric.global_rank, fabric.world_size, wrap, make_optimizer, fabric.backward,
+                     fabric.autocast)
         except Exception as e:  # noqa: BLE001
             if fabric.global_rank == 0:
                 print(error_line(args, error=refused or "(Fabric accepted strategy='fsdp' on CPU)",
@@ -469,6 +485,8 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--bucket-cap-mb", type=int, default=25, help="pytorch-ddp")
+    p.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
+                   help="bf16-mixed: fp32 weights, forward and loss under bf16 autocast")
     p.add_argument("--impl-label", help='the "impl" field of the result (default: from --peer, e.g. "pytorch ddp")')
     p.add_argument("--phases", action="store_true", help="also report forward / backward / optimizer medians")
     p.add_argument("--table", metavar="FILE", help="print the table of the JSON lines in FILE and exit")

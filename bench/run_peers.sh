@@ -62,31 +62,9 @@ started=$SECONDS
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# The C++ matmul check, against the LibTorch strata links (the venv's).
-matmul_bin="$build_dir/bench/matmul_rate"
-if [ ! -x "$matmul_bin" ] || [ bench/matmul_rate.cc -nt "$matmul_bin" ]; then
-  echo "[bench] compiling $matmul_bin ..." >&2
-  mkdir -p "$(dirname "$matmul_bin")"
-  if ! c++ -O2 -std=c++20 -w -I"$torch_lib/../include" bench/matmul_rate.cc -o "$matmul_bin" \
-      -L"$torch_lib" -Wl,-rpath,"$torch_lib" -ltorch_cpu -lc10 >&2; then
-    echo "[bench] could not compile bench/matmul_rate.cc; the MFU uses the Python measurement" >&2
-    rm -f "$matmul_bin"
-  fi
-fi
-
-# One round: $ranks copies of each measurement, started together.
-matmul_round() {
-  local out="$1" at pids=()
-  if [ -x "$matmul_bin" ]; then
-    at=$(($(date +%s) + 2))
-    for ((i = 0; i < ranks; i++)); do "$matmul_bin" --threads "$threads" --start-at "$at" >> "$out" & pids+=($!); done
-    wait "${pids[@]}"
-  fi
-  pids=()
-  at=$(($(date +%s) + 5))
-  for ((i = 0; i < ranks; i++)); do "$python" bench/matmul_rate.py --threads "$threads" --start-at "$at" >> "$out" & pids+=($!); done
-  wait "${pids[@]}"
-}
+# The matmul rate (the MFU's denominator): matmul_round FILE.
+# shellcheck source=bench/matmul.sh
+source bench/matmul.sh
 
 config="--model gpt --size small --batch 16 --devices $ranks --threads $threads --steps $steps --warmup $warmup"
 rows=("strata ddp" "strata fsdp" "pytorch ddp" "pytorch fsdp2" "fabric ddp" "fabric fsdp" "fabric model-parallel")

@@ -10,6 +10,12 @@ FSDP2, Lightning Fabric).
       each row's model FLOP/s and its fraction of the machine's matmul rate
       (MFU), from the JSON lines of bench/matmul_rate.{cc,py} (one FILE per
       measurement round); lines with an "error" are listed below the table;
+  matrix FILE [--matmul FILE ...] [--markdown]
+      bench/run_matrix.sh's table: per model, strategy and precision, each
+      impl's median step, its ratio to the PyTorch row and to the Fabric
+      row of the same model, strategy and precision, throughput, MFU (of
+      the fp32 matmul rate, every row alike), loss after K and the training
+      peak over the start;
   memory FILE
       per world size and strategy, the training state per rank (parameters,
       gradients, AdamW moments), the peak RSS over the worker's starting RSS
@@ -73,7 +79,9 @@ def matmul_rates(paths):
         per_impl = {}
         for r in load(path):
             if r.get("kind") == "matmul":
-                per_impl.setdefault(r["impl"], []).append(r["gflops_median"])
+                # fp32 rows keep the plain impl name (the MFU's denominator).
+                key = r["impl"] + ("" if r.get("dtype", "fp32") == "fp32" else f" {r['dtype']}")
+                per_impl.setdefault(key, []).append(r["gflops_median"])
         for impl, xs in per_impl.items():
             rates.setdefault(impl, []).append(sum(xs))
     return rates
@@ -185,6 +193,47 @@ def speed_table(runs, against=("pytorch",), train_peak=False, matmul_gflops=None
             seen.add(text)
 
 
+def matrix_table(runs, matmul_gflops=None, markdown=False):
+    """Prints bench/run_matrix.sh's table: one row per (model, strategy,
+    precision, impl), the median over repeats of each run's median step,
+    with its ratio to the "pytorch ..." and the "fabric ..." row of the same
+    model, strategy and precision. Lines with an "error" follow."""
+    errors = [r for r in runs if "error" in r]
+    groups = {}
+    for r in runs:
+        if "error" in r or "step_ms_median" not in r:
+            continue
+        key = (r["model"], r["strategy"], r.get("precision", "32-true"))
+        groups.setdefault(key, {}).setdefault(r["impl"], []).append(r)
+    header = ["model", "strategy", "precision", "impl", "step ms", "x pytorch", "x fabric", "throughput", "MFU",
+              "loss after K", "train peak over start MB"]
+    rows = []
+    for (model, strategy, precision), impls in groups.items():
+        step = {impl: statistics.median(r["step_ms_median"] for r in rs) for impl, rs in impls.items()}
+        base = {kind: next((i for i in step if i.startswith(kind)), None) for kind in ("pytorch", "fabric")}
+        kinds = ("strata", "pytorch", "fabric")
+        ordered = sorted(impls, key=lambda i: next((k for k, kind in enumerate(kinds) if i.startswith(kind)), 3))
+        for impl in ordered:
+            rs = impls[impl]
+            best = min(rs, key=lambda r: abs(r["step_ms_median"] - step[impl]))
+            per_s_key = "tokens_per_s" if "tokens_per_s" in best else "samples_per_s"
+            items_per_s = statistics.median(r[per_s_key] for r in rs)
+            tput = f"{items_per_s:,.0f} {'tok' if per_s_key == 'tokens_per_s' else 'samples'}/s"
+            ratios = [f"{step[impl] / step[base[k]]:.2f}" if base[k] else "-" for k in ("pytorch", "fabric")]
+            per_item = flops_per_item(model)
+            mfu = f"{per_item * items_per_s / 1e9 / matmul_gflops:.1%}" if per_item and matmul_gflops else "-"
+            peak = f"{statistics.median(over_start(r, 'train_peak') for r in rs):.0f}" if "memory" in best else "-"
+            rows.append([model, strategy, precision, impl, f"{step[impl]:.1f}", *ratios, tput, mfu,
+                         f"{best['loss_after_k']:.4f} (K={best['k']})", peak])
+    print_rows(header, rows, markdown)
+    seen = set()
+    for e in errors:
+        text = f"{e['impl']} ({e['model']}, {e.get('strategy', '?')}, {e.get('precision', '32-true')}): {e['error']}"
+        if text not in seen:
+            print(text)
+            seen.add(text)
+
+
 def memory_table(runs):
     """Prints per world size and strategy/init the memory figures of each run
     (the first run of a kind, if repeated), with ratios to plain DDP's."""
@@ -218,7 +267,7 @@ def memory_table(runs):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("kind", choices=["speed", "memory"])
+    p.add_argument("kind", choices=["speed", "matrix", "memory"])
     p.add_argument("file", help="JSON lines of bench_ddp / ddp_peer.py")
     p.add_argument("--against", nargs="+", default=["pytorch"], help="impls to give step-time ratios to")
     p.add_argument("--train-peak", action="store_true", help="speed: add the training peak over the start")
@@ -227,7 +276,7 @@ def main():
     p.add_argument("--markdown", action="store_true", help="speed: print a Markdown table")
     args = p.parse_args()
     runs = load(args.file)
-    if args.kind == "speed":
+    if args.kind in ("speed", "matrix"):
         rate = None
         if args.matmul:
             rates = matmul_rates(args.matmul)
@@ -237,7 +286,10 @@ def main():
             if rate:
                 print(f"machine rate used for MFU: {rate:.1f} GFLOP/s ({source}, mean over rounds)")
             print()
-        speed_table(runs, args.against, args.train_peak, rate, args.markdown)
+        if args.kind == "speed":
+            speed_table(runs, args.against, args.train_peak, rate, args.markdown)
+        else:
+            matrix_table(runs, rate, args.markdown)
     else:
         memory_table(runs)
 

@@ -1,8 +1,10 @@
 // The GPT TrainModule and the callbacks of `strata train` (cli/gpt_job.h).
 #include "cli/gpt_job.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -74,10 +76,48 @@ data::Example WindowRange::get(size_t index) const {
   return all_->get(begin_ + index);
 }
 
+double gpt_flops_per_token(const models::GPTConfig& config) {
+  const double d = static_cast<double>(config.n_embd());
+  const double layers = static_cast<double>(config.n_layer());
+  const double matmul_weights = layers * 12.0 * d * d + static_cast<double>(config.vocab_size()) * d;
+  return 6.0 * matmul_weights + 12.0 * layers * static_cast<double>(config.block_size()) * d;
+}
+
+double measure_matmul_gflops() {
+  constexpr int64_t n = 512;
+  // A private generator: the run's random state (saved in checkpoints) must
+  // not depend on this measurement.
+  at::Generator gen = at::detail::createCPUGenerator(12345);
+  at::Tensor a = at::randn({n, n}, gen), b = at::randn({n, n}, gen), c = at::empty({n, n});
+  for (int i = 0; i < 2; ++i) at::mm_out(c, a, b);
+  std::vector<double> secs;
+  for (int i = 0; i < 9; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+  }
+  std::sort(secs.begin(), secs.end());
+  return 2.0 * n * n * n / std::max(secs[secs.size() / 2], 1e-9) / 1e9;
+}
+
 MetricsFile::MetricsFile(std::string path, int64_t tokens_per_step)
     : path_(std::move(path)), tokens_per_step_(tokens_per_step), last_loss_(std::numeric_limits<double>::quiet_NaN()) {}
 
-void MetricsFile::on_train_start(Trainer& trainer, TrainModule&) {
+// Note [MFU of strata train]
+// Model FLOP utilisation: the model's training FLOP/s (gpt_flops_per_token
+// times the tokens of the median step) over the machine's fp32 matmul
+// rate, measured here at the start: every rank times a few 512^3 products
+// on its own threads at the same time (as the ranks will compute during
+// training) and the rates are summed over ranks. About 0.1 s, so measured
+// afresh each run: a rate cached on a shared machine would be stale. CPU
+// only; bf16-mixed runs are divided by the same fp32 rate.
+void MetricsFile::on_train_start(Trainer& trainer, TrainModule& module) {
+  if (auto* job = dynamic_cast<GPTJob*>(&module)) flops_per_token_ = gpt_flops_per_token(job->gpt->config());
+  if (trainer.strategy().root_device().is_cpu()) {
+    at::Tensor rate = at::full({1}, measure_matmul_gflops(), at::kDouble);
+    machine_gflops_ = trainer.strategy().all_reduce(rate, comm::ReduceOp::kSum).item<double>();
+  }
+  step_s_.clear();
   start_ = last_ = std::chrono::steady_clock::now();
   last_step_ = trainer.global_step();
   if (trainer.is_global_zero() && !path_.empty()) {
@@ -91,22 +131,49 @@ void MetricsFile::on_train_batch_end(Trainer& trainer, TrainModule&, const at::T
   last_step_ = trainer.global_step();
   // Every rank: the step's loss averaged over ranks (a collective).
   last_loss_ = trainer.strategy().all_reduce(at::scalar_tensor(trainer.last_loss(), at::kFloat)).item<double>();
-  if (!out_.is_open()) return;
   const auto now = std::chrono::steady_clock::now();
   const double step_s = std::max(std::chrono::duration<double>(now - last_).count(), 1e-9);
+  const bool first = last_ == start_;
   last_ = now;
+  if (!first) step_s_.push_back(step_s);  // the first step warms up
+  if (!out_.is_open()) return;
   nlohmann::json line{{"step", trainer.global_step()},
                       {"loss", last_loss_},
                       {"lr", trainer.optimizers().front()->param_groups()[0].options().get_lr()},
                       {"epoch", trainer.current_epoch()},
                       {"tokens_per_s", static_cast<double>(tokens_per_step_) / step_s},
                       {"elapsed_s", std::chrono::duration<double>(now - start_).count()}};
+  if (flops_per_token_ > 0 && machine_gflops_ > 0) {
+    line["mfu"] = flops_per_token_ * static_cast<double>(tokens_per_step_) / step_s / 1e9 / machine_gflops_;
+  }
   auto val = trainer.callback_metrics().find("val_loss");
   if (val != trainer.callback_metrics().end()) line["val_loss"] = val->second;
   out_ << line.dump() << "\n";
   out_.flush();
   STRATA_CHECK(out_.good(), Error, "[train] writing --metrics-file ", path_, " failed at step ", trainer.global_step(),
                " (is the disk full?)");
+}
+
+void MetricsFile::on_train_end(Trainer& trainer, TrainModule&) {
+  if (!trainer.is_global_zero() || step_s_.empty()) return;
+  std::vector<double> sorted = step_s_;
+  std::sort(sorted.begin(), sorted.end());
+  const double median_s = sorted[sorted.size() / 2];
+  const double tokens_per_s = static_cast<double>(tokens_per_step_) / median_s;
+  char buf[320];
+  std::snprintf(buf, sizeof(buf), "throughput: %.0f tokens/s (median of %zu steps, %.3f s each)", tokens_per_s,
+                sorted.size(), median_s);
+  std::string text = buf;
+  if (flops_per_token_ > 0 && machine_gflops_ > 0) {
+    const double model_gflops = flops_per_token_ * tokens_per_s / 1e9;
+    std::snprintf(buf, sizeof(buf), "; model %.1f GFLOP/s, MFU %.1f%% of the %.1f GFLOP/s fp32 matmul rate measured at "
+                  "start-up (%d rank%s)", model_gflops, 100.0 * model_gflops / machine_gflops_, machine_gflops_,
+                  trainer.world_size(), trainer.world_size() == 1 ? "" : "s");
+    text += buf;
+  } else if (flops_per_token_ > 0) {
+    text += "; MFU: no matmul rate measured for this device";
+  }
+  std::cout << text << std::endl;
 }
 
 FinalSave::FinalSave(std::string dir, int64_t every, std::string resumed_from)

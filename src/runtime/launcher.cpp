@@ -15,10 +15,12 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <optional>
 
 #include "launch_internal.h"
 #include "strata/core/error.h"
 #include "strata/runtime/env.h"
+#include "strata/runtime/process.h"
 #include "strata/runtime/store.h"
 
 namespace strata::runtime {
@@ -101,6 +103,12 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
   SignalScope signals;
   std::vector<Worker> workers(options.nproc_per_node);
   ExecArgs exec_argv(argv);
+  // Note [Threads per worker] (process.cpp): split the cores, unless the
+  // user chose a thread count.
+  std::optional<std::string> omp_threads;
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && !options.extra_env.contains("OMP_NUM_THREADS")) {
+    omp_threads = std::to_string(threads_per_worker(usable_cores(), options.nproc_per_node));
+  }
   try {
     for (int local = 0; local < options.nproc_per_node; ++local) {
       Worker& w = workers[local];
@@ -115,6 +123,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
         vars[kEnvHeartbeatMs] = std::to_string(heartbeat_interval(options).count());
       }
       for (const auto& [name, value] : options.extra_env) vars[name] = value;
+      if (omp_threads) vars["OMP_NUM_THREADS"] = *omp_threads;
       ExecArgs envp(worker_environment(vars));
       int out[2], err[2];
       STRATA_CHECK_SYSCALL(::pipe2(out, O_CLOEXEC), LaunchError, "[launcher] cannot create a pipe");

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <malloc.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,14 +14,29 @@
 
 namespace strata::runtime {
 
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Note [Threads per worker]
+// N workers on one host would each default to all cores, oversubscribing
+// the machine N times over. The launcher, which knows
+// how many workers it starts, exports OMP_NUM_THREADS = cores / N to each
+// (the cores of its own affinity mask), unless the user set
+// OMP_NUM_THREADS, which then wins; LibTorch reads it when its thread pool
+// starts. A process started by another launcher keeps what that launcher
+// (torchrun sets OMP_NUM_THREADS=1) or the user chose: a library must not
+// change the thread count of the program it runs in.
+int threads_per_worker(int cores, int local_workers) {
+  return std::max(1, cores / std::max(1, local_workers));
+}
+
 void apply_worker_settings(const Environment& env, const std::string& device_type) {
-  // Note [Threads per worker]
-  // N CPU workers on one host each default to all cores, oversubscribing
-  // the machine N times over. Split the cores unless the user chose.
-  if (device_type == "cpu" && env.local_world_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    int cores = static_cast<int>(std::thread::hardware_concurrency());
-    at::set_num_threads(std::max(1, cores / env.local_world_size));
-  }
+  (void)env;
+  (void)device_type;
   // Note [Allocator settings]
   // glibc returns freed memory at the top of the heap to the kernel after
   // every step (trim) and serves large tensors with fresh mmaps, so each

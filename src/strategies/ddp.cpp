@@ -1,22 +1,44 @@
-// DDPStrategy: bucketed gradient all-reduce overlapped with backward.
+// DDPStrategy: bucketed gradient all-reduce overlapped with backward, the
+// gradients living in their buckets.
 //
 // Note [Gradient buckets]
-// Parameters are grouped, in reverse registration order (roughly the order
-// backward produces their gradients), into buckets of at most
-// bucket_cap_mb. A post hook on each parameter's gradient accumulator
-// copies the accumulated gradient into its bucket's flat buffer; when a
-// bucket is full and every earlier bucket has been started, its sum
-// all-reduce starts on the group's communication thread while autograd
-// goes on computing. Buckets start strictly in index order on every rank,
-// so ranks never disagree on the order of collectives, even when some
-// parameter gets no gradient on some rank: backward() ends by starting
-// whatever is left (unused parameters count as zero), waits for all
-// buckets and writes the averages back into the gradients.
+// Parameters are grouped into buckets of at most bucket_cap_mb (the first
+// at most 1 MB, Note [First bucket]), at first in reverse registration
+// order (roughly the order backward produces their gradients), and once
+// more after the first synchronised backward in the order its gradients
+// were really ready (Note [Rebuilt bucket order]). A post hook on each
+// parameter's gradient accumulator marks the gradient ready; when every
+// gradient of a bucket is ready and every earlier bucket has been started,
+// its sum all-reduce starts on the group's communication thread while
+// autograd goes on computing. Buckets start strictly in index order on
+// every rank, so ranks never disagree on the order of collectives, even
+// when some parameter gets no gradient on some rank: backward() ends by
+// starting whatever is left (unused parameters count as zero), waits for
+// all buckets and scales them to the average.
+//
+// Note [Gradients as bucket views]
+// As PyTorch's gradient_as_bucket_view, each parameter's .grad is a view of
+// its slot in the bucket's flat buffer, so gradients are neither copied in
+// before the all-reduce nor out after it, and exist once in memory:
+// - before a synchronised backward, a parameter without a gradient (an
+//   optimizer's zero_grad, which sets them to none since LibTorch 2) gets
+//   its zeroed slot as .grad, so autograd accumulates straight into the
+//   bucket (0 + g is g, bit for bit);
+// - a gradient that is not its slot when the hook runs (the user replaced
+//   .grad, or no_sync steps accumulated into a fresh tensor) is copied into
+//   the slot once and .grad re-pointed to it: the fall-back;
+// - a parameter that got no gradient on any rank ends as it began, without
+//   one, as in single-process training;
+// - non-contiguous parameters keep their own gradients (copied in and out).
+// The gradient shares the bucket's storage but is not an autograd view
+// (grad_slot), so optimizers' zero_grad, which detaches it, works.
 #include "strata/strategies/ddp.h"
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "strata/core/error.h"
 #include "strata/core/log.h"
@@ -28,8 +50,8 @@ constexpr int64_t kFirstBucketBytes = 1024 * 1024;
 
 struct DDPStrategy::Reducer {
   struct Bucket {
-    std::vector<size_t> params;   // indices into Reducer::params
-    std::vector<int64_t> offsets; // element offset of each param in buffer
+    std::vector<size_t> params;    // indices into Reducer::params
+    std::vector<int64_t> offsets;  // element offset of each param in buffer
     at::Tensor buffer;
     size_t pending = 0;
     comm::WorkPtr work;
@@ -37,17 +59,34 @@ struct DDPStrategy::Reducer {
 
   comm::Group group;
   std::vector<at::Tensor> params;
+  int64_t bucket_cap_bytes;
+  std::vector<bool> viewable;                       // contiguous: .grad may be a view of its slot
   std::vector<std::pair<size_t, size_t>> location;  // param -> (bucket, slot)
   std::vector<Bucket> buckets;
-  std::vector<bool> ready;
+  std::vector<bool> ready;       // the hook (or finish) marked it this backward
+  std::vector<bool> prepointed;  // had no gradient; got its zeroed slot before this backward
+  std::vector<size_t> ready_order;  // the order of the first synchronised backward
+  bool order_rebuilt = false;
   size_t next_to_launch = 0;
   bool sync_enabled = true;
   std::mutex mutex;
 
-  Reducer(comm::Group g, std::vector<at::Tensor> ps, int64_t bucket_cap_bytes)
-      : group(std::move(g)), params(std::move(ps)) {
-    location.resize(params.size());
+  Reducer(comm::Group g, std::vector<at::Tensor> ps, int64_t cap_bytes)
+      : group(std::move(g)), params(std::move(ps)), bucket_cap_bytes(cap_bytes) {
     ready.assign(params.size(), false);
+    prepointed.assign(params.size(), false);
+    for (const at::Tensor& p : params) viewable.push_back(p.layout() == at::kStrided && p.is_contiguous());
+    std::vector<size_t> order;
+    for (size_t k = params.size(); k-- > 0;) order.push_back(k);
+    build_buckets(order);
+  }
+
+  // Groups params in `order` (first ready first) into buckets and moves
+  // every gradient into its slot (Note [Gradients as bucket views]).
+  void build_buckets(const std::vector<size_t>& order) {
+    std::vector<Bucket> old = std::move(buckets);  // keeps the old slots alive while gradients move
+    buckets.clear();
+    location.assign(params.size(), {0, 0});
     Bucket current;
     int64_t current_bytes = 0;
     auto flush = [&] {
@@ -57,13 +96,14 @@ struct DDPStrategy::Reducer {
         current.offsets.push_back(numel);
         numel += params[i].numel();
       }
+      // The bucket lives where its parameters do (every device alike).
       current.buffer = at::zeros({numel}, params[current.params.front()].options().requires_grad(false));
       current.pending = current.params.size();
       buckets.push_back(std::move(current));
       current = Bucket();
       current_bytes = 0;
     };
-    for (size_t k = params.size(); k-- > 0;) {
+    for (size_t k : order) {
       const at::Tensor& p = params[k];
       int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
       bool other_kind = !current.params.empty() &&
@@ -78,6 +118,13 @@ struct DDPStrategy::Reducer {
       current_bytes += bytes;
     }
     flush();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor& grad = params[i].mutable_grad();
+      if (!grad.defined() || !viewable[i]) continue;
+      slot(i).copy_(grad.reshape({-1}));
+      grad = grad_slot(i);
+    }
   }
 
   at::Tensor slot(size_t index) {
@@ -85,23 +132,66 @@ struct DDPStrategy::Reducer {
     return buckets[b].buffer.narrow(0, buckets[b].offsets[s], params[index].numel());
   }
 
+  // The gradient tensor of a viewable params[index]: its slot, with the
+  // parameter's shape, sharing the bucket's storage. Made with set_ rather
+  // than view(), so autograd does not see a view: LibTorch's
+  // Optimizer::zero_grad calls detach_() on every gradient, which views
+  // refuse.
+  at::Tensor grad_slot(size_t index) {
+    auto [b, s] = location[index];
+    const at::Tensor& buffer = buckets[b].buffer;
+    const at::IntArrayRef sizes = params[index].sizes();
+    std::vector<int64_t> strides(sizes.size(), 1);
+    for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+    torch::NoGradGuard no_grad;
+    at::Tensor grad = at::empty({0}, buffer.options());
+    grad.set_(buffer.storage(), buffer.storage_offset() + buckets[b].offsets[s], sizes, strides);
+    return grad;
+  }
+
+  bool is_slot(size_t index) {
+    const at::Tensor& grad = params[index].grad();
+    return grad.defined() && grad.data_ptr() == slot(index).data_ptr() && grad.is_contiguous();
+  }
+
+  // Before a synchronised backward: parameters without a gradient get their
+  // zeroed slot, so autograd accumulates into the bucket.
+  void prepare_backward() {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::fill(prepointed.begin(), prepointed.end(), false);
+    if (!sync_enabled) return;
+    for (Bucket& bucket : buckets) {
+      bool all_unset = true;
+      for (size_t i : bucket.params) all_unset = all_unset && viewable[i] && !params[i].grad().defined();
+      if (all_unset) bucket.buffer.zero_();
+      for (size_t i : bucket.params) {
+        if (!viewable[i] || params[i].grad().defined()) continue;
+        if (!all_unset) slot(i).zero_();
+        params[i].mutable_grad() = grad_slot(i);
+        prepointed[i] = true;
+      }
+    }
+  }
+
   // Called by the gradient hook of params[index] during backward; false
   // when it was ignored (synchronisation off, or seen already).
   bool on_grad_ready(size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!sync_enabled || ready[index]) return false;
+    if (!order_rebuilt) ready_order.push_back(index);
     mark_ready(index);
     launch_ready_buckets();
     return true;
   }
 
-  // Copies params[index]'s gradient (zero when it has none) into its bucket.
+  // Puts params[index]'s gradient (zero when it has none) in its slot.
   void mark_ready(size_t index) {
-    const at::Tensor& grad = params[index].grad();
-    if (grad.defined()) {
-      slot(index).copy_(grad.reshape({-1}));
-    } else {
+    at::Tensor& grad = params[index].mutable_grad();
+    if (!grad.defined()) {
       slot(index).zero_();
+    } else if (!is_slot(index)) {
+      slot(index).copy_(grad.reshape({-1}));  // the fall-back: one copy, then .grad is the slot
+      if (viewable[index]) grad = grad_slot(index);
     }
     ready[index] = true;
     --buckets[location[index].first].pending;
@@ -115,12 +205,16 @@ struct DDPStrategy::Reducer {
     }
   }
 
-  // After loss.backward(): start what is left, wait, write the averages back.
+  // After loss.backward(): start what is left, wait, scale to the average.
   void finish() {
     std::lock_guard<std::mutex> lock(mutex);
     if (!sync_enabled) return;
+    // No gradient from this backward on this rank: it counts as zero here.
+    std::vector<bool> none_here(params.size(), false);
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!ready[i]) mark_ready(i);  // no gradient from this backward: counts as its current grad or zero
+      if (ready[i]) continue;
+      none_here[i] = prepointed[i] || !params[i].grad().defined();
+      mark_ready(i);
     }
     launch_ready_buckets();
     double scale = 1.0 / group.size();
@@ -131,15 +225,54 @@ struct DDPStrategy::Reducer {
     }
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor& p = params[i];
-      at::Tensor averaged = slot(i).view(p.sizes());
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(averaged);
-      } else if (averaged.abs().max().item<double>() != 0.0) {
-        p.mutable_grad() = averaged.clone();
+      at::Tensor& grad = params[i].mutable_grad();
+      at::Tensor averaged = slot(i).view(params[i].sizes());
+      if (none_here[i] && averaged.abs().max().item<double>() == 0.0) {
+        grad.reset();  // no rank had one: none, as in single-process training
+      } else if (!grad.defined()) {
+        grad = viewable[i] ? grad_slot(i) : averaged.clone();
+      } else if (!is_slot(i)) {
+        grad.copy_(averaged);
       }
     }
+    if (!order_rebuilt) rebuild_order();
     reset();
+  }
+
+  // Note [Rebuilt bucket order]
+  // After the first synchronised backward, the buckets are rebuilt in the
+  // order its gradients became ready, so that the first bucket fills (and
+  // its all-reduce starts) as early as it can. Ranks may observe different
+  // orders (data-dependent control flow, thread timing); all take rank 0's,
+  // broadcast, so they keep launching the same buckets in the same order.
+  // Parameters rank 0 did not see ready come last, in reverse registration
+  // order. Done once, as PyTorch's DDP does.
+  void rebuild_order() {
+    order_rebuilt = true;
+    if (params.empty()) return;
+    const int64_t n = static_cast<int64_t>(params.size());
+    at::Tensor observed = at::full({n}, -1, at::kLong);
+    int64_t* slots = observed.data_ptr<int64_t>();
+    for (size_t k = 0; k < ready_order.size() && k < params.size(); ++k) slots[k] = static_cast<int64_t>(ready_order[k]);
+    ready_order.clear();
+    at::Tensor shared = observed.to(params.front().device());
+    group.broadcast(shared, 0);
+    observed = shared.cpu();
+    std::vector<size_t> order;
+    std::vector<bool> placed(params.size(), false);
+    const int64_t* seen = observed.data_ptr<int64_t>();
+    for (int64_t k = 0; k < n; ++k) {
+      int64_t i = seen[k];
+      if (i < 0 || i >= n || placed[static_cast<size_t>(i)]) continue;
+      placed[static_cast<size_t>(i)] = true;
+      order.push_back(static_cast<size_t>(i));
+    }
+    for (size_t k = params.size(); k-- > 0;) {
+      if (!placed[k]) order.push_back(k);
+    }
+    std::vector<size_t> current;
+    for (const Bucket& bucket : buckets) current.insert(current.end(), bucket.params.begin(), bucket.params.end());
+    if (order != current) build_buckets(order);
   }
 
   void reset() {
@@ -210,7 +343,10 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
 }
 
 void DDPStrategy::backward(const at::Tensor& loss) {
-  for (const auto& replica : replicas_) replica->hooks->check_no_stray_backward("ddp");
+  for (const auto& replica : replicas_) {
+    replica->hooks->check_no_stray_backward("ddp");
+    replica->reducer->prepare_backward();
+  }
   Strategy::backward(loss);
   if (replicas_.empty()) return;
   // Every module's buckets, in set-up order on every rank: a module this
@@ -240,6 +376,22 @@ size_t DDPStrategy::num_buckets() const {
   size_t n = 0;
   for (const auto& replica : replicas_) n += replica->reducer->buckets.size();
   return n;
+}
+
+std::vector<std::vector<size_t>> DDPStrategy::bucket_layout(const torch::nn::Module& module) const {
+  Replica* replica = replica_of(module);
+  STRATA_CHECK(replica != nullptr, ConfigError, "[ddp] bucket_layout: the module was not set up by this strategy");
+  std::vector<std::vector<size_t>> layout;
+  for (const auto& bucket : replica->reducer->buckets) layout.push_back(bucket.params);
+  return layout;
+}
+
+std::vector<at::Tensor> DDPStrategy::bucket_buffers(const torch::nn::Module& module) const {
+  Replica* replica = replica_of(module);
+  STRATA_CHECK(replica != nullptr, ConfigError, "[ddp] bucket_buffers: the module was not set up by this strategy");
+  std::vector<at::Tensor> buffers;
+  for (const auto& bucket : replica->reducer->buckets) buffers.push_back(bucket.buffer);
+  return buffers;
 }
 
 }  // namespace strata::strategies

@@ -10,10 +10,20 @@
 
 namespace strata::runtime {
 
+/// Cores this process may run on: its CPU affinity mask
+/// (sched_getaffinity, which taskset, cgroup cpusets and container limits
+/// narrow), or std::thread::hardware_concurrency() where that fails; >= 1.
+int usable_cores();
+
+/// Note [Threads per worker]: the intra-op threads of each of
+/// `local_workers` workers sharing `cores` cores: cores / local_workers,
+/// at least 1. strata's launcher exports it to its workers as
+/// OMP_NUM_THREADS unless the user set OMP_NUM_THREADS; the library itself
+/// never changes a process's thread count.
+int threads_per_worker(int cores, int local_workers);
+
 /// Settings for one worker among `env.local_world_size` on this host that
 /// trains on `device_type` ("cpu", "cuda"):
-/// - Note [Threads per worker]: CPU workers split the cores unless
-///   OMP_NUM_THREADS is set;
 /// - Note [Allocator settings]: glibc keeps freed memory (no trim, large
 ///   mmap threshold) unless MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_
 ///   is set.

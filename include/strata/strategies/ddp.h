@@ -1,10 +1,12 @@
 // Data-parallel training (the seeds' XLAStrategy): every rank holds the
 // whole model; gradients are averaged across ranks by bucketed all-reduces
-// started from per-parameter hooks while backward is still running.
+// started from per-parameter hooks while backward is still running. Each
+// parameter's gradient is a view into its bucket (no copies in or out).
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "strata/strategies/strategy.h"
 
@@ -57,6 +59,16 @@ class DDPStrategy : public Strategy {
 
   /// Number of gradient buckets of the modules set up (for tests and reports).
   size_t num_buckets() const;
+  /// The buckets of `module`, in the order their all-reduces start: each
+  /// lists its parameters as indices into the module's parameters() that
+  /// require grad. Reverse registration order until the first synchronised
+  /// backward, then the order that backward produced the gradients in (rank
+  /// 0's, on every rank: Note [Rebuilt bucket order] in ddp.cpp).
+  std::vector<std::vector<size_t>> bucket_layout(const torch::nn::Module& module) const;
+  /// The flat gradient buffer of each bucket of `module`, in the same order.
+  /// Parameters' gradients are views of these (Note [Gradients as bucket
+  /// views] in ddp.cpp).
+  std::vector<at::Tensor> bucket_buffers(const torch::nn::Module& module) const;
 
  private:
   struct Reducer;
