@@ -123,6 +123,8 @@ fi
 # ---- 1. build ----------------------------------------------------------------------
 targets=(strata_cuda_tests strata_comm_tests bench_gpu)
 if [ "$mode" = dry ]; then
+  # The comm suite is the CPU suite's own; here its NCCL tests would only skip.
+  targets=(strata_cuda_tests bench_gpu)
   [ -f "$build/CMakeCache.txt" ] || { log "no $build: run scripts/build.sh first (or set BUILD_DIR)"; exit 2; }
 else
   torch_prefix="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')" || { log "cannot import torch"; exit 2; }
