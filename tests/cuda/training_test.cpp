@@ -70,7 +70,11 @@ GptRun train(Fabric& fabric, int64_t steps, int64_t global_batch, double dropout
       batch = batches->next();
     }
     EXPECT_EQ(batch->input.device(), fabric.device());
-    at::Tensor loss = model->loss(batch->input, batch->target);
+    at::Tensor loss;
+    {
+      auto autocast = fabric.autocast();  // bf16-mixed: the forward in bf16
+      loss = model->loss(batch->input, batch->target);
+    }
     fabric.backward(loss);
     optimizer.step();
     optimizer.zero_grad();
