@@ -129,7 +129,9 @@ at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim
   at::Tensor total;
   bool is_max = std::isinf(norm_type);
   // On the gradients' device, which the process group's backend takes.
-  const c10::Device device = grads.empty() ? root_device() : grads.front().device();
+  const c10::Device device = !grads.empty() ? grads.front().device()
+                            : launched_      ? root_device()
+                                             : c10::Device(c10::kCPU);
   if (is_max) {
     std::vector<at::Tensor> maxes{at::zeros({}, at::TensorOptions(at::kFloat).device(device))};
     for (const at::Tensor& g : grads) maxes.push_back(g.detach().abs().max().to(at::kFloat));

@@ -79,6 +79,12 @@ void buffers_to(torch::nn::Module& module, c10::Device device) {
   }
 }
 
+// Where the shards go: the root device, or, for a strategy used before
+// launch (one process, no process group yet), local rank 0's device.
+c10::Device shard_device(const Strategy& strategy) {
+  return strategy.launched() ? strategy.root_device() : strategy.accelerator().device(0);
+}
+
 void check_compute_dtype(const FSDPOptions& options, const Precision& precision) {
   c10::ScalarType compute = options.compute_dtype.value_or(precision.compute_dtype());
   STRATA_CHECK(compute == c10::kFloat || compute == c10::kBFloat16 || compute == c10::kHalf, ConfigError,
@@ -134,7 +140,7 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   auto state = std::make_shared<FSDPState>(group_, options_, compute, options_.reduce_dtype.value_or(compute));
   state->root_module = module;
   {
-    const c10::Device device = root_device();
+    const c10::Device device = shard_device(*this);
     detail::SetupDeviceScope on_device(device);
     buffers_to(*module, device);
     state->build(*module, options_, presharded_.get());
@@ -215,7 +221,7 @@ Scope FSDPStrategy::module_sharded_context() {
   ModuleBuiltHandler previous = set_module_built_handler(
       detail::shard_when_built(presharded_, options_.auto_wrap_policy, world_size(), global_rank(), compute));
   // Units built inside are sharded on the root device (Note [Setup device]).
-  auto on_device = std::make_shared<detail::SetupDeviceScope>(root_device());
+  auto on_device = std::make_shared<detail::SetupDeviceScope>(shard_device(*this));
   return Scope([previous, on_device]() mutable {
     on_device.reset();
     set_module_built_handler(std::move(previous));
