@@ -115,26 +115,33 @@ ParamNames param_names(const torch::nn::Module& module) {
 
 // ---- RNG state ------------------------------------------------------------------
 
-at::Tensor cpu_rng_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
+namespace {
+
+// Note [Generator state]
+// Every device's default generator exposes its state as a uint8 CPU
+// tensor (CPU: the mt19937 state; CUDA: the Philox seed and offset) through
+// at::Generator, so one pair of functions serves every device. The state
+// is checked before it reaches the generator, whose own checks report
+// device-specific text; a refused state leaves the generator as it was.
+at::Tensor rng_state_of(at::Generator generator) {
   std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get_state();
 }
 
-void set_cpu_rng_state(const at::Tensor& state, const std::string& source) {
-  auto generator = at::detail::getDefaultCPUGenerator();
+void set_rng_state_of(at::Generator generator, const std::string& what, const at::Tensor& state,
+                      const std::string& source) {
   std::lock_guard<std::mutex> lock(generator.mutex());
-  const int64_t expected = generator.get_state().numel();
+  const at::Tensor previous = generator.get_state();
+  const int64_t expected = previous.numel();
   STRATA_CHECK(state.defined() && state.scalar_type() == at::kByte && state.dim() == 1 &&
                    state.numel() == expected,
-               CheckpointError, "[checkpoint] ", source, ": CPU RNG state must be a 1-D uint8 tensor of ",
+               CheckpointError, "[checkpoint] ", source, ": ", what, " RNG state must be a 1-D uint8 tensor of ",
                expected, " bytes, got ",
                state.defined() ? cat(c10::toString(state.scalar_type()), " ",
                                      shape_string(state.sizes()))
                                : std::string("an undefined tensor"));
-  // The generator checks the contents (an all-zero state is refused as
+  // The generator checks the contents (an all-zero CPU state is refused as
   // "Invalid mt19937 state"); report that as a checkpoint error.
-  const at::Tensor previous = generator.get_state();
   try {
     generator.set_state(state.cpu().contiguous());
   } catch (const c10::Error& e) {
@@ -142,9 +149,27 @@ void set_cpu_rng_state(const at::Tensor& state, const std::string& source) {
       generator.set_state(previous);
     } catch (const c10::Error&) {
     }
-    throw CheckpointError(cat("[checkpoint] ", source, ": not a valid CPU generator state (",
+    throw CheckpointError(cat("[checkpoint] ", source, ": not a valid ", what, " generator state (",
                               e.what_without_backtrace(), ")"));
   }
+}
+
+}  // namespace
+
+at::Tensor cpu_rng_state() { return rng_state_of(at::detail::getDefaultCPUGenerator()); }
+
+void set_cpu_rng_state(const at::Tensor& state, const std::string& source) {
+  set_rng_state_of(at::detail::getDefaultCPUGenerator(), "CPU", state, source);
+}
+
+at::Tensor device_rng_state(c10::Device device) {
+  if (device.is_cpu()) return cpu_rng_state();
+  return rng_state_of(at::globalContext().defaultGenerator(device));
+}
+
+void set_device_rng_state(c10::Device device, const at::Tensor& state, const std::string& source) {
+  if (device.is_cpu()) return set_cpu_rng_state(state, source);
+  set_rng_state_of(at::globalContext().defaultGenerator(device), device.str(), state, source);
 }
 
 }  // namespace strata::checkpoint

@@ -33,9 +33,12 @@ Command make_train_command() {
                     "writes only this)");
     sub->add_flag("--sequential-save", c.sequential_save,
                   "fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
-    sub->add_option("--accelerator", c.accelerator, "Device kind: cpu, cuda, auto")->capture_default_str();
+    sub->add_option("--accelerator", c.accelerator,
+                    "Device kind: cpu, cuda (one worker per GPU, worker i on cuda:i), auto")
+        ->capture_default_str();
     NumericFlags& n = *numbers;
-    n.add_integer(sub, "--devices", "Workers on this host", 1, 1024, [&c](int64_t v) { c.devices = int(v); }, "2");
+    n.add_integer(sub, "--devices", "Workers on this host (-1: one per visible GPU)", -1, 1024,
+                  [&c](int64_t v) { c.devices = int(v); }, "2");
     n.add_integer(sub, "--num-nodes", "Hosts (start each with strata launch)", 1, 1024,
                   [&c](int64_t v) { c.num_nodes = int(v); }, "1");
     sub->add_option("--precision", c.precision, "32-true or bf16-mixed")->capture_default_str();

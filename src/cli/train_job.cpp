@@ -243,7 +243,8 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config,
 }  // namespace
 
 void TrainConfig::validate() const {
-  STRATA_CHECK(devices >= 1, ConfigError, "[train] --devices must be >= 1, got ", devices);
+  STRATA_CHECK(devices >= 1, ConfigError, "[train] --devices must be >= 1 (or -1 for every visible GPU), got ",
+               devices);
   STRATA_CHECK(num_nodes >= 1, ConfigError, "[train] --num-nodes must be >= 1, got ", num_nodes);
   STRATA_CHECK(max_steps >= 1, ConfigError, "[train] --max-steps must be >= 1, got ", max_steps);
   STRATA_CHECK(batch_size >= 1, ConfigError, "[train] --batch-size must be >= 1, got ", batch_size);
@@ -391,7 +392,13 @@ void check_paths(const TrainConfig& config) {
   }
 }
 
-int run_train(const TrainConfig& config) {
+int run_train(const TrainConfig& requested) {
+  // --devices -1: one worker per visible GPU; more GPUs than there are is
+  // refused before any worker starts (Note [Device placement]).
+  TrainConfig config = requested;
+  STRATA_CHECK(config.devices == -1 || config.devices >= 1, ConfigError,
+               "[train] --devices must be >= 1 (or -1 for every visible GPU), got ", config.devices);
+  config.devices = strategies::resolve_devices(*strategies::make_accelerator(config.accelerator), config.devices);
   config.validate();
   check_paths(config);
   FabricOptions options;

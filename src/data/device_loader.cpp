@@ -2,6 +2,9 @@
 // loader onto the training device through a bounded queue.
 #include "strata/data/device_loader.h"
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "strata/core/error.h"
 
 namespace strata::data {
@@ -15,20 +18,55 @@ DeviceLoader::DeviceLoader(std::shared_ptr<Loader> loader, at::Device device, si
 
 DeviceLoader::~DeviceLoader() { stop(); }
 
-// Note [Asynchronous copies]: to a CUDA device, batches are staged in
-// pinned host memory and copied with non_blocking on the producer thread's
-// current stream, which is the device's default stream unless the caller
-// changed it on that thread; the training step's kernels on the default
-// stream are therefore ordered after the copy. A consumer that computes on
-// another stream must synchronise with the default stream first. Other
-// targets (CPU) copy synchronously; a batch already on the device is
-// passed through unchanged.
-Batch DeviceLoader::to_device(const Batch& batch) const {
-  if (device_.is_cuda() && batch.input.device().is_cpu() && batch.target.device().is_cpu()) {
-    return {batch.input.pin_memory().to(device_, /*non_blocking=*/true),
-            batch.target.pin_memory().to(device_, /*non_blocking=*/true)};
+// Batches for the CPU, and batches already on the device, pass through.
+Batch DeviceLoader::to_device(const Batch& batch) const { return batch.to(device_); }
+
+// Note [One batch ahead]: page-locked host memory, so that the copy to the
+// device can run asynchronously (from pageable memory a non_blocking copy
+// is synchronous).
+Batch DeviceLoader::pin(const Batch& batch) const {
+  auto pinned = [](const at::Tensor& t) { return t.device().is_cpu() && !t.is_pinned() ? t.pin_memory() : t; };
+  return {pinned(batch.input), pinned(batch.target)};
+}
+
+std::optional<DeviceLoader::Item> DeviceLoader::pop(bool wait) {
+  std::optional<Item> item;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (wait) not_empty_.wait(lock, [&] { return !queue_.empty(); });
+    if (queue_.empty()) return std::nullopt;
+    item = std::move(queue_.front());
+    queue_.pop_front();
   }
-  return batch.to(device_);
+  not_full_.notify_one();
+  return item;
+}
+
+// Queues the copy of `item`'s batch to the device on the copy stream and
+// records an event after it; returns at once.
+DeviceLoader::Item DeviceLoader::start_copy(Item item) {
+  if (!item.batch) return item;
+  const Batch& batch = *item.batch;
+  if (batch.input.device() == device_ && batch.target.device() == device_) return item;
+  c10::impl::VirtualGuardImpl device_impl(device_.type());
+  if (!copy_stream_) copy_stream_ = device_impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+  c10::StreamGuard on_copy_stream(*copy_stream_);
+  item.batch = batch.to(device_, /*non_blocking=*/true);
+  item.copied = std::make_shared<c10::Event>(device_.type());
+  item.copied->record(*copy_stream_);
+  return item;
+}
+
+// The consumer's current stream waits for the copy (on the device, not on
+// the host), and the batch's memory is marked as used by that stream.
+void DeviceLoader::order_after_copy(const Item& item) const {
+  if (!item.copied) return;
+  c10::impl::VirtualGuardImpl device_impl(device_.type());
+  const c10::Stream compute = device_impl.getStream(device_);
+  item.copied->block(compute);
+  for (const at::Tensor& t : {item.batch->input, item.batch->target}) {
+    device_impl.recordDataPtrOnStream(t.storage().data_ptr(), compute);
+  }
 }
 
 void DeviceLoader::produce() {
@@ -41,7 +79,7 @@ void DeviceLoader::produce() {
       }
       std::optional<Batch> batch = loader_->next();
       Item item;
-      if (batch) item.batch = to_device(*batch);
+      if (batch) item.batch = staged() ? pin(*batch) : to_device(*batch);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         queue_.push_back(std::move(item));
@@ -65,6 +103,7 @@ void DeviceLoader::stop() {
   }
   not_full_.notify_all();
   if (thread_.joinable()) thread_.join();
+  ahead_.reset();
   std::lock_guard<std::mutex> lock(mutex_);
   queue_.clear();
   stop_requested_ = false;
@@ -88,14 +127,20 @@ std::optional<Batch> DeviceLoader::next() {
   if (phase_ == Phase::kIdle) reset();
   if (phase_ != Phase::kRunning) return std::nullopt;
   Item item;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    not_empty_.wait(lock, [&] { return !queue_.empty(); });
-    item = std::move(queue_.front());
-    queue_.pop_front();
+  if (ahead_) {
+    item = std::move(*ahead_);
+    ahead_.reset();
+  } else {
+    item = *pop(/*wait=*/true);
+    if (staged()) item = start_copy(std::move(item));
   }
-  not_full_.notify_one();
   if (item.batch) {
+    // Note [One batch ahead]: start the next copy (when the producer has a
+    // batch ready) so that it overlaps the step that uses this one.
+    if (staged() && !ahead_) {
+      if (std::optional<Item> next = pop(/*wait=*/false)) ahead_ = start_copy(std::move(*next));
+    }
+    order_after_copy(item);
     ++consumed_;
     return std::move(item.batch);
   }

@@ -3,6 +3,9 @@
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <cstdlib>
 
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
@@ -19,16 +22,77 @@ class CpuAccelerator : public Accelerator {
   int auto_device_count() const override { return 1; }
 };
 
+int visible_gpus() { return static_cast<int>(at::detail::getCUDAHooks().getNumGPUs()); }
+
 class CudaAccelerator : public Accelerator {
  public:
   std::string name() const override { return "cuda"; }
   c10::Device device(int local_rank) const override {
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+    const int index = cuda_device_index(local_rank, visible_gpus(), std::getenv("CUDA_VISIBLE_DEVICES"));
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
-  int auto_device_count() const override { return static_cast<int>(at::detail::getCUDAHooks().getNumGPUs()); }
+  int auto_device_count() const override { return visible_gpus(); }
 };
 
+// ", CUDA_VISIBLE_DEVICES=..." or ", CUDA_VISIBLE_DEVICES unset", for messages.
+std::string visible_note(const char* visible_devices) {
+  if (visible_devices == nullptr) return "CUDA_VISIBLE_DEVICES is unset";
+  std::string value(visible_devices);
+  if (value.size() > 200) value = value.substr(0, 200) + "...";
+  return "CUDA_VISIBLE_DEVICES='" + value + "'";
+}
+
+// CUDA_VISIBLE_DEVICES names exactly one device ("3", "GPU-<uuid>", "MIG-...").
+bool names_one_device(const char* visible_devices) {
+  if (visible_devices == nullptr) return false;
+  std::string value(visible_devices);
+  const size_t first = value.find_first_not_of(" \t");
+  return first != std::string::npos && value.find(',') == std::string::npos;
+}
+
+std::string gpus(int n) { return std::to_string(n) + (n == 1 ? " GPU" : " GPUs"); }
+
 }  // namespace
+
+int resolve_devices(const std::string& kind, int requested, int available, const char* visible_devices) {
+  STRATA_CHECK(requested == -1 || requested >= 1, ConfigError, "[accelerator] devices must be >= 1 (or -1 for "
+               "every visible device), got ", requested);
+  if (lower(kind) == "cpu") return requested == -1 ? 1 : requested;
+  STRATA_CHECK(available >= 1, ConfigError, "[accelerator] devices=", requested, " on '", kind,
+               "', but this process sees no GPU (", visible_note(visible_devices),
+               "); check nvidia-smi and CUDA_VISIBLE_DEVICES, or use accelerator 'cpu'");
+  if (requested == -1) return available;
+  STRATA_CHECK(requested <= available, ConfigError, "[accelerator] devices=", requested, " asks for ",
+               gpus(requested), ", but this host has ", available, " visible (", visible_note(visible_devices),
+               "); ask for at most ", available, ", or -1 for all of them");
+  return requested;
+}
+
+int resolve_devices(const Accelerator& accelerator, int requested) {
+  return resolve_devices(accelerator.name(), requested, accelerator.auto_device_count(),
+                         std::getenv("CUDA_VISIBLE_DEVICES"));
+}
+
+int cuda_device_index(int local_rank, int available, const char* visible_devices) {
+  STRATA_CHECK(local_rank >= 0, ConfigError, "[accelerator] local rank ", local_rank, " is negative");
+  STRATA_CHECK(available >= 1, ConfigError, "[accelerator] local rank ", local_rank,
+               " trains on a GPU, but this process sees none (", visible_note(visible_devices),
+               "); check nvidia-smi and CUDA_VISIBLE_DEVICES, or use accelerator 'cpu'");
+  if (local_rank < available) return local_rank;
+  // A launcher gave each worker its own GPU: the one it sees is cuda:0.
+  if (available == 1 && names_one_device(visible_devices)) return 0;
+  throw ConfigError(::strata::detail::cat(
+      "[accelerator] local rank ", local_rank, " would train on cuda:", local_rank, ", but this process sees ",
+      gpus(available), " (cuda:0..cuda:", available - 1, "; ", visible_note(visible_devices), "); start at most ",
+      available, " worker", available == 1 ? "" : "s", " per host, or give each worker one GPU with "
+      "CUDA_VISIBLE_DEVICES"));
+}
+
+void set_current_device(c10::Device device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl guard(device.type());
+  guard.setDevice(device);
+}
 
 std::shared_ptr<Accelerator> cpu_accelerator() { return std::make_shared<CpuAccelerator>(); }
 
@@ -36,9 +100,12 @@ std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {
   std::string n = lower(name);
   if (n == "cpu") return cpu_accelerator();
   if (n == "cuda" || n == "gpu") {
-    STRATA_CHECK(at::hasCUDA(), ConfigError, "[accelerator] '", name,
-                 "' asked for, but this LibTorch has no CUDA (or no GPU is visible); use accelerator 'cpu' "
-                 "or build strata against a CUDA LibTorch");
+    STRATA_CHECK(at::detail::getCUDAHooks().isBuilt(), ConfigError, "[accelerator] '", name,
+                 "' asked for, but this LibTorch has no CUDA; use accelerator 'cpu' or build strata against a "
+                 "CUDA LibTorch");
+    STRATA_CHECK(at::hasCUDA(), ConfigError, "[accelerator] '", name, "' asked for, but no GPU is visible (",
+                 visible_note(std::getenv("CUDA_VISIBLE_DEVICES")),
+                 "); check nvidia-smi and CUDA_VISIBLE_DEVICES, or use accelerator 'cpu'");
     return std::make_shared<CudaAccelerator>();
   }
   if (n == "auto") return at::hasCUDA() ? std::make_shared<CudaAccelerator>() : cpu_accelerator();

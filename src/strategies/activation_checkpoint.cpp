@@ -8,42 +8,83 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "strata/checkpoint/state.h"
 
 namespace strata::strategies {
 namespace {
 
-// What the recomputation needs, kept in the autograd context.
-struct Recompute : torch::CustomClassHolder {
-  ForwardFn body;
+// Note [Replaying the forward]
+// The recomputation must draw the same random numbers (dropout) and cast
+// to the same dtypes as the forward it replaces, as PyTorch's checkpoint
+// does with preserve_rng_state: the CPU generator's state, and the state of
+// the default generator of every other device the inputs live on (the
+// current GPU's, on CUDA: at::globalContext().defaultGenerator, the
+// device-generic API, so no CUDA header is needed), are taken before the
+// forward and put back around the recomputation, together with the
+// autocast settings of the CPU and of those devices. The caller's states
+// are put back afterwards, so the recomputation's own draws leave no trace
+// in the random streams.
+struct DeviceReplay {
+  c10::Device device;
   at::Tensor rng_state;
   bool autocast = false;
   c10::ScalarType autocast_dtype = c10::kBFloat16;
 };
 
-// Restores autocast and the CPU generator for the recomputation, and puts
-// the caller's state back afterwards.
+// The devices (other than the CPU) that `inputs` live on, each once.
+std::vector<c10::Device> devices_of(const TensorList& inputs) {
+  std::vector<c10::Device> devices;
+  for (const at::Tensor& input : inputs) {
+    if (!input.defined() || input.device().is_cpu() || input.is_meta()) continue;
+    c10::Device device = input.device();
+    if (std::find(devices.begin(), devices.end(), device) == devices.end()) devices.push_back(device);
+  }
+  return devices;
+}
+
+DeviceReplay capture(c10::Device device) {
+  DeviceReplay replay{device, checkpoint::device_rng_state(device)};
+  replay.autocast = at::autocast::is_autocast_enabled(device.type());
+  replay.autocast_dtype = at::autocast::get_autocast_dtype(device.type());
+  return replay;
+}
+
+void apply(const DeviceReplay& replay) {
+  checkpoint::set_device_rng_state(replay.device, replay.rng_state, "activation checkpoint replay");
+  at::autocast::set_autocast_dtype(replay.device.type(), replay.autocast_dtype);
+  at::autocast::set_autocast_enabled(replay.device.type(), replay.autocast);
+}
+
+// What the recomputation needs, kept in the autograd context.
+struct Recompute : torch::CustomClassHolder {
+  ForwardFn body;
+  std::vector<DeviceReplay> states;  // the CPU first, then the inputs' devices
+};
+
+// Restores the saved generators and autocast settings for the
+// recomputation, and puts the caller's back afterwards.
 class ReplayState {
  public:
   explicit ReplayState(const Recompute& saved) {
-    was_autocast_ = at::autocast::is_autocast_enabled(c10::kCPU);
-    previous_dtype_ = at::autocast::get_autocast_dtype(c10::kCPU);
-    rng_ = checkpoint::cpu_rng_state();
-    checkpoint::set_cpu_rng_state(saved.rng_state);
-    at::autocast::set_autocast_dtype(c10::kCPU, saved.autocast_dtype);
-    at::autocast::set_autocast_enabled(c10::kCPU, saved.autocast);
+    for (const DeviceReplay& state : saved.states) previous_.push_back(capture(state.device));
+    for (const DeviceReplay& state : saved.states) apply(state);
   }
   ~ReplayState() {
     at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(c10::kCPU, was_autocast_);
-    at::autocast::set_autocast_dtype(c10::kCPU, previous_dtype_);
-    checkpoint::set_cpu_rng_state(rng_);
+    for (const DeviceReplay& state : previous_) {
+      try {
+        apply(state);
+      } catch (const std::exception&) {
+        // A state this process itself read back cannot be refused.
+      }
+    }
   }
 
  private:
-  bool was_autocast_;
-  c10::ScalarType previous_dtype_;
-  at::Tensor rng_;
+  std::vector<DeviceReplay> previous_;
 };
 
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -94,12 +135,15 @@ TensorList checkpointed_forward(const ForwardFn& body, const TensorList& inputs)
   if (!c10::GradMode::is_enabled()) return body(inputs);
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->body = body;
-  recompute->rng_state = checkpoint::cpu_rng_state();
-  recompute->autocast = at::autocast::is_autocast_enabled(c10::kCPU);
-  recompute->autocast_dtype = at::autocast::get_autocast_dtype(c10::kCPU);
+  recompute->states.push_back(capture(c10::Device(c10::kCPU)));
+  for (c10::Device device : devices_of(inputs)) recompute->states.push_back(capture(device));
   bool any_input_grad = false;
   for (const at::Tensor& input : inputs) any_input_grad = any_input_grad || input.requires_grad();
-  at::Tensor anchor = at::empty({0}).requires_grad_(!any_input_grad);
+  // On the inputs' device, so that backward reaches this node on that
+  // device's autograd thread like the rest of the unit's graph.
+  const c10::Device device = inputs.empty() || !inputs.front().defined() ? c10::Device(c10::kCPU)
+                                                                         : inputs.front().device();
+  at::Tensor anchor = at::empty({0}, at::TensorOptions().device(device)).requires_grad_(!any_input_grad);
   return CheckpointFunction::apply(at::TensorList(inputs), anchor, recompute);
 }
 

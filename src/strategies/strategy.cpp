@@ -58,6 +58,11 @@ void Strategy::setup_environment() {
   env_ = runtime::Environment::from_env();
   runtime::apply_worker_settings(env_, accelerator_->name());
   log::set_rank(env_.rank);
+  // Note [Device placement] (accelerator.h): the worker's device becomes
+  // the current one before the process group starts (NCCL binds its
+  // communicator to the current device) and before any CUDA allocation,
+  // so nothing lands on cuda:0 by default.
+  set_current_device(accelerator_->device(env_.local_rank));
   comm::ProcessGroupOptions options;
   options.device_type = accelerator_->name();
   options.group.timeout = collective_timeout_;
@@ -137,12 +142,16 @@ at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim
   // max where each holds a shard.
   at::Tensor total;
   bool is_max = std::isinf(norm_type);
+  // On the gradients' device, which the process group's backend takes.
+  const c10::Device device = !grads.empty() ? grads.front().device()
+                            : launched_      ? root_device()
+                                             : c10::Device(c10::kCPU);
   if (is_max) {
-    std::vector<at::Tensor> maxes{at::zeros({}, at::kFloat)};
+    std::vector<at::Tensor> maxes{at::zeros({}, at::TensorOptions(at::kFloat).device(device))};
     for (const at::Tensor& g : grads) maxes.push_back(g.detach().abs().max().to(at::kFloat));
     total = reduce_norm(at::stack(maxes).max(), true);
   } else {
-    std::vector<at::Tensor> powers{at::zeros({}, at::kDouble)};
+    std::vector<at::Tensor> powers{at::zeros({}, at::TensorOptions(at::kDouble).device(device))};
     for (const at::Tensor& g : grads) powers.push_back(g.detach().to(at::kDouble).norm(norm_type).pow(norm_type));
     total = reduce_norm(at::stack(powers).sum(), false).pow(1.0 / norm_type).to(at::kFloat);
   }

@@ -57,7 +57,8 @@ void check_limit(const BatchLimit& l, const char* field) {
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   const TrainerOptions& o = options_;
-  STRATA_CHECK(o.devices >= 1, ConfigError, "[trainer] devices must be >= 1, got ", o.devices);
+  STRATA_CHECK(o.devices == -1 || o.devices >= 1, ConfigError,
+               "[trainer] devices must be >= 1 (or -1 for every visible GPU), got ", o.devices);
   STRATA_CHECK(o.num_nodes >= 1, ConfigError, "[trainer] num_nodes must be >= 1, got ", o.num_nodes);
   STRATA_CHECK(o.max_steps >= -1, ConfigError, "[trainer] max_steps must be >= -1 (-1: no limit), got ", o.max_steps);
   STRATA_CHECK(!o.max_epochs || *o.max_epochs >= -1, ConfigError,
@@ -92,6 +93,9 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   else max_epochs_ = o.max_steps == -1 ? 1000 : -1;
 
   std::shared_ptr<strategies::Accelerator> accelerator = strategies::make_accelerator(o.accelerator);
+  // -1: one worker per visible GPU; more than there are is refused here,
+  // before any worker starts (Note [Device placement]).
+  options_.devices = strategies::resolve_devices(*accelerator, o.devices);
   runtime::Environment env = runtime::Environment::from_env();
   const int world = env.launched() ? env.world_size : o.devices * o.num_nodes;
   if (env.launched()) {

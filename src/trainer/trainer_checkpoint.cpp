@@ -6,6 +6,10 @@
 //   "module"       the TrainModule (FSDP: sharded, or full, as configured)
 //   "optimizer_<i>" each optimizer of configure_optimizers
 //   "rng"          the CPU generator (dropout draws continue identically)
+//   "rng_cuda"     only when training on a GPU: the generator of this
+//                  rank's GPU (rank 0's is saved, as for "rng"); a CPU
+//                  run writes exactly the entries it wrote before, and
+//                  ignores this one when resuming from a GPU checkpoint
 //   "trainer"      a value: {"format", "epoch", "global_step",
 //                  "loops": {"fit": {"batches_done", "epoch_done",
 //                  "world_size", "results"}}, "lr_schedulers": [...],
@@ -57,6 +61,18 @@ nlohmann::json trainer_value(const std::string& path) {
   return entries["trainer"].value("value", nlohmann::json());
 }
 
+// The entry that holds the generator of `device`, for a device other than
+// the CPU ("rng_cuda").
+std::string device_rng_key(c10::Device device) {
+  return "rng_" + c10::DeviceTypeName(device.type(), /*lower_case=*/true);
+}
+
+bool has_entry(const std::string& path, const std::string& key) {
+  checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open(path);
+  const nlohmann::json& entries = reader.metadata().value("entries", nlohmann::json::object());
+  return entries.is_object() && entries.contains(key);
+}
+
 }  // namespace
 
 void Trainer::save_checkpoint(const std::string& filepath) {
@@ -89,6 +105,8 @@ void Trainer::save_checkpoint(const std::string& filepath) {
   strategies::State state{{"module", strategies::ModulePtr(module_)},
                           {"trainer", value},
                           {"rng", checkpoint::cpu_rng_state()}};
+  const c10::Device device = strategy_->root_device();
+  if (!device.is_cpu()) state.emplace(device_rng_key(device), checkpoint::device_rng_state(device));
   for (size_t i = 0; i < optimizers_.size(); ++i) {
     state.emplace("optimizer_" + std::to_string(i), strategies::StateValue(*optimizers_[i]));
   }
@@ -167,9 +185,13 @@ std::string Trainer::resolve_ckpt_path(const std::string& ckpt_path) {
 
 void Trainer::restore(const std::string& path, bool training) {
   strategies::State state{{"module", strategies::ModulePtr(module_)}};
+  const c10::Device device = strategy_->root_device();
   if (training) {
     state.emplace("trainer", strategies::StateValue(nlohmann::json()));
     state.emplace("rng", strategies::StateValue(checkpoint::cpu_rng_state()));
+    if (!device.is_cpu() && has_entry(path, device_rng_key(device))) {
+      state.emplace(device_rng_key(device), strategies::StateValue(checkpoint::device_rng_state(device)));
+    }
     for (size_t i = 0; i < optimizers_.size(); ++i) {
       state.emplace("optimizer_" + std::to_string(i), strategies::StateValue(*optimizers_[i]));
     }
@@ -206,6 +228,9 @@ void Trainer::restore(const std::string& path, bool training) {
   }
   module_->on_load_checkpoint(value.value("module_extra", nlohmann::json::object()));
   checkpoint::set_cpu_rng_state(state.at("rng").tensor(), path + " entry 'rng'");
+  if (auto it = state.find(device_rng_key(device)); !device.is_cpu() && it != state.end()) {
+    checkpoint::set_device_rng_state(device, it->second.tensor(), path + " entry '" + it->first + "'");
+  }
   epoch_ = epoch_done ? epoch + 1 : epoch;
   resume_position_ = epoch_done ? 0 : done;
   // Checkpoints from before "results" existed resume with the epoch's

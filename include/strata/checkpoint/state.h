@@ -107,4 +107,15 @@ at::Tensor cpu_rng_state();
 /// `source` names where it came from, for messages.
 void set_cpu_rng_state(const at::Tensor& state, const std::string& source = "CPU RNG state");
 
+/// The state of `device`'s default generator (a 1-D uint8 CPU tensor, a
+/// copy), through LibTorch's device-generic generator API: for "cpu" the
+/// same as cpu_rng_state(), for "cuda:i" GPU i's Philox seed and offset.
+at::Tensor device_rng_state(c10::Device device);
+
+/// Restores `device`'s default generator from a tensor returned by
+/// device_rng_state(device). Throws CheckpointError, naming `source`, when
+/// it is not a 1-D uint8 tensor of that generator's size or the generator
+/// refuses it.
+void set_device_rng_state(c10::Device device, const at::Tensor& state, const std::string& source);
+
 }  // namespace strata::checkpoint

@@ -1,9 +1,12 @@
 // The device loader (torch_xla's MpDeviceLoader role): a background thread
-// pulls batches from another loader into a bounded queue, already moved to
-// the training device, so data loading overlaps the training step.
+// pulls batches from another loader into a bounded queue, so data loading
+// overlaps the training step, and they reach the training device without
+// stalling it (Note [One batch ahead]).
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 
 #include <condition_variable>
 #include <cstddef>
@@ -19,6 +22,25 @@
 namespace strata::data {
 
 /// Wraps a Loader; yields exactly its batches, in order, on `device`.
+///
+/// Note [One batch ahead]
+/// To the CPU a batch is handed over as the wrapped loader made it. To an
+/// accelerator (a GPU) the producer thread copies each CPU batch into
+/// pinned (page-locked) host memory, and the consumer copies it to the
+/// device with non_blocking on a copy stream of its own, one batch ahead:
+/// next() returns batch i (copied during the previous step) and starts the
+/// copy of batch i+1, which then overlaps step i. Before returning a batch,
+/// next() makes the calling thread's current stream on `device` (the
+/// stream the training step computes on) wait for that batch's copy
+/// through an event, and records the batch's memory as used by that
+/// stream, so the caching allocator does not reuse it while the step still
+/// reads it. No host synchronisation happens. A consumer that moves the
+/// batch to yet another stream orders that stream itself (for example by
+/// making it wait on the current one). At most two batches live on the
+/// device: the one handed out and the one in flight; the queue of
+/// queue_depth batches is pinned host memory. These device-generic streams
+/// and events (c10::Stream, c10::Event) need no CUDA header, so the same
+/// code serves any device LibTorch has a stream implementation for.
 ///
 /// Each pass (reset(), or a new range-for) stops the previous producer
 /// thread, resets the wrapped loader and starts a new thread that fills a
@@ -77,10 +99,17 @@ class DeviceLoader : public Loader {
   struct Item {
     std::optional<Batch> batch;  // empty: end of pass (or error)
     std::exception_ptr error;
+    std::shared_ptr<c10::Event> copied;  // recorded after the copy to the device
   };
   void produce();
   void stop();
   Batch to_device(const Batch& batch) const;
+  // Note [One batch ahead]: the producer pins, the consumer copies.
+  bool staged() const { return !device_.is_cpu(); }
+  Batch pin(const Batch& batch) const;
+  std::optional<Item> pop(bool wait);
+  Item start_copy(Item item);
+  void order_after_copy(const Item& item) const;
 
   std::shared_ptr<Loader> loader_;
   at::Device device_;
@@ -93,6 +122,8 @@ class DeviceLoader : public Loader {
   bool stop_requested_ = false;
 
   std::thread thread_;
+  std::optional<c10::Stream> copy_stream_;  // made at the first copy to the device
+  std::optional<Item> ahead_;               // the batch whose copy is in flight
   // Consumer-side state: kIdle until the first next()/reset() (or after
   // set_epoch/load_state), kRunning during a pass, kFinished after its end
   // (or its error), kClosed after close().

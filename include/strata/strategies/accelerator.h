@@ -18,9 +18,45 @@ class Accelerator {
   virtual std::string name() const = 0;
   /// The device worker `local_rank` trains on.
   virtual c10::Device device(int local_rank) const = 0;
-  /// How many workers to start on this host when the user asks for "auto".
+  /// How many workers to start on this host when the user asks for "auto"
+  /// (devices=-1): every visible GPU for "cuda", 1 for "cpu".
   virtual int auto_device_count() const = 0;
 };
+
+/// Note [Device placement]
+/// One worker per device. Worker LOCAL_RANK trains on cuda:LOCAL_RANK and
+/// makes it the current device before any collective starts. The index
+/// counts the GPUs this process can see: CUDA_VISIBLE_DEVICES (read by the
+/// CUDA runtime, never changed by strata) picks and orders them, so
+/// CUDA_VISIBLE_DEVICES=2,3 puts local rank 0 on physical GPU 2. When a
+/// launcher gives each worker exactly one GPU (CUDA_VISIBLE_DEVICES naming
+/// one device, as SLURM's --gpus-per-task does), every local rank uses
+/// cuda:0, the only one it sees. Anything else that points past the
+/// visible GPUs is a ConfigError that says how many there are.
+
+/// The number of workers per host for `requested` devices of `kind`
+/// ("cpu" or "cuda") when `available` devices of that kind are visible:
+/// -1 means one per visible device (1 on "cpu", where a worker is a
+/// process and any number may run). Throws ConfigError when no GPU is
+/// visible, or when more GPUs are asked for than there are, naming how
+/// many there are and CUDA_VISIBLE_DEVICES (`visible_devices`, unset:
+/// nullptr).
+int resolve_devices(const std::string& kind, int requested, int available,
+                    const char* visible_devices = nullptr);
+
+/// resolve_devices for `accelerator` on this machine (its auto_device_count
+/// and this process's CUDA_VISIBLE_DEVICES).
+int resolve_devices(const Accelerator& accelerator, int requested);
+
+/// The index of the GPU worker `local_rank` uses when the process sees
+/// `available` GPUs (Note [Device placement]); `visible_devices` is
+/// CUDA_VISIBLE_DEVICES (nullptr: unset). Throws ConfigError when that GPU
+/// does not exist.
+int cuda_device_index(int local_rank, int available, const char* visible_devices);
+
+/// Makes `device` the current device of the calling thread (cudaSetDevice
+/// for CUDA, through LibTorch's device-generic guard); nothing for CPU.
+void set_current_device(c10::Device device);
 
 /// Every worker on the CPU.
 std::shared_ptr<Accelerator> cpu_accelerator();

@@ -91,7 +91,7 @@ class DataSource {
 /// except that there is no default logger.
 struct TrainerOptions {
   std::string accelerator = "cpu";  ///< "cpu", "cuda", "auto"
-  int devices = 1;                  ///< workers on this host
+  int devices = 1;                  ///< workers on this host (-1: one per visible GPU)
   int num_nodes = 1;
   /// The strategy: a name ("auto", "ddp", "fsdp", "single_device"), built
   /// with default options, or a strategy object.

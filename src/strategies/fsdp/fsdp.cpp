@@ -80,6 +80,40 @@ void warn_unseen_recomputation(const FSDPState& state) {
                example, ", x) instead of ", example, "->forward(x) (ignore this if the module was not used)");
 }
 
+// Note [Shards on the device]
+// Units keep their flat shard, and with it every parameter's shard, on the
+// root device. Construction makes the full values there one tensor at a
+// time (Note [Setup device]); a flat shard it made elsewhere moves here,
+// and each shard (the same tensor object, which the module and the
+// optimizer hold) is pointed at its slice of the moved flat shard with
+// set_data, so it stays a view of what the unit's all-gather sends.
+void place_shards(detail::FSDPState& state, c10::Device device) {
+  torch::NoGradGuard no_grad;
+  for (detail::Unit& unit : state.units) {
+    if (!unit.flat_shard.defined() || unit.flat_shard.device() == device) continue;
+    unit.flat_shard = unit.flat_shard.to(device);
+    for (size_t i : unit.params) {
+      detail::ShardedParam& p = state.params[i];
+      p.shard.set_data(unit.flat_shard.narrow(0, p.offset, p.chunk));
+    }
+  }
+}
+
+// Buffers are kept whole, on the root device (before construction, which
+// broadcasts them from rank 0 through the process group's backend).
+void buffers_to(torch::nn::Module& module, c10::Device device) {
+  torch::NoGradGuard no_grad;
+  for (at::Tensor buffer : module.buffers()) {
+    if (!buffer.is_meta() && buffer.device() != device) buffer.set_data(buffer.to(device));
+  }
+}
+
+// Where the shards go: the root device, or, for a strategy used before
+// launch (one process, no process group yet), local rank 0's device.
+c10::Device shard_device(const Strategy& strategy) {
+  return strategy.launched() ? strategy.root_device() : strategy.accelerator().device(0);
+}
+
 void check_compute_dtype(const FSDPOptions& options, const Precision& precision) {
   c10::ScalarType compute = options.compute_dtype.value_or(precision.compute_dtype());
   STRATA_CHECK(compute == c10::kFloat || compute == c10::kBFloat16 || compute == c10::kHalf, ConfigError,
@@ -135,7 +169,13 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
   auto state = std::make_shared<FSDPState>(group_, options_, compute, options_.reduce_dtype.value_or(compute));
   state->root_module = module;
-  state->build(*module, options_, presharded_.get());
+  {
+    const c10::Device device = shard_device(*this);
+    detail::SetupDeviceScope on_device(device);
+    buffers_to(*module, device);
+    state->build(*module, options_, presharded_.get());
+    place_shards(*state, device);
+  }
   if (presharded_ && presharded_->by_shard.empty()) presharded_.reset();
   states_.push_back(state);
   for (size_t u = 0; u < state->units.size(); ++u) {
@@ -203,7 +243,12 @@ Scope FSDPStrategy::module_sharded_context() {
   const c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
   ModuleBuiltHandler previous = set_module_built_handler(
       detail::shard_when_built(presharded_, options_.auto_wrap_policy, world_size(), global_rank(), compute));
-  return Scope([previous]() mutable { set_module_built_handler(std::move(previous)); });
+  // Units built inside are sharded on the root device (Note [Setup device]).
+  auto on_device = std::make_shared<detail::SetupDeviceScope>(shard_device(*this));
+  return Scope([previous, on_device]() mutable {
+    on_device.reset();
+    set_module_built_handler(std::move(previous));
+  });
 }
 
 void FSDPStrategy::backward(const at::Tensor& loss) {

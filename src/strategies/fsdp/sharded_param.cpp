@@ -2,6 +2,9 @@
 #include "sharded_param.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "strata/core/error.h"
 
 namespace strata::strategies::detail {
 namespace {
@@ -21,28 +24,56 @@ at::Tensor alias_storage(const at::Tensor& of) {
   return alias;
 }
 
+// Note [Storage on any device]
 // Frees (bytes == 0) or allocates again the storage that a full value and
 // every view autograd saved of it share, on any device: the storage keeps
 // its identity and takes new memory from its own allocator (the old bytes
-// are not copied; the gather overwrites them).
+// are not copied; the gather overwrites them). The allocator is the
+// device's (LibTorch's caching allocator on CUDA), and a GPU allocator
+// allocates on the *current* device, so the storage's own device is made
+// current around the allocation (a device-generic guard: a no-op on the
+// CPU). Freeing hands the block back to that allocator; on CUDA the caching
+// allocator reuses it only for work queued after the free on the stream
+// that allocated it (the compute stream), so kernels already queued that
+// read the full value finish first. A collective on another stream that
+// reads or writes this memory must record that stream on it (the process
+// group's backend does so for its buffers).
 void resize_storage(const c10::Storage& storage, size_t bytes) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (bytes == 0) {
     impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
   } else {
-    impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+    c10::Allocator* allocator = impl->allocator();
+    STRATA_CHECK(allocator != nullptr, Error, "[fsdp] the full value of a parameter on ", impl->device(),
+                 " has a storage without an allocator, so it cannot be allocated again after forward");
+    c10::OptionalDeviceGuard on_device;
+    if (!impl->device().is_cpu()) on_device.reset_device(impl->device());
+    c10::DataPtr data = allocator->allocate(bytes);
+    STRATA_CHECK(data.device() == impl->device(), Error, "[fsdp] allocating the full value of a parameter on ",
+                 impl->device(), " returned memory on ", data.device());
+    impl->set_data_ptr_noswap(std::move(data));
   }
   impl->set_nbytes(bytes);
 }
 
+thread_local c10::Device setup_device{c10::kCPU};
+
 }  // namespace
+
+SetupDeviceScope::SetupDeviceScope(c10::Device device) : previous_(setup_device) { setup_device = device; }
+
+SetupDeviceScope::~SetupDeviceScope() { setup_device = previous_; }
+
+c10::Device SetupDeviceScope::current() { return setup_device; }
 
 torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& module) {
   return ModuleAccess::parameters_of(module);
 }
 
 at::Tensor value_at_setup(const at::Tensor& t) {
-  return t.is_meta() ? at::zeros(t.sizes(), t.options().device(at::kCPU).requires_grad(false)) : t.detach();
+  const c10::Device device = SetupDeviceScope::current();
+  if (t.is_meta()) return at::zeros(t.sizes(), t.options().device(device).requires_grad(false));
+  return t.detach().to(device);
 }
 
 void leave_meta(at::Tensor& t, c10::Device device) {

@@ -19,8 +19,30 @@ namespace strata::strategies::detail {
 /// shards replace the module's own tensors.
 torch::OrderedDict<std::string, at::Tensor>& parameters_of(torch::nn::Module& module);
 
-/// A module tensor's value at setup: itself, or zeros for one built on the
-/// meta device (Note [Meta-device construction]).
+/// Note [Setup device]
+/// FSDP keeps the shards, the full values and the gradients on the
+/// strategy's root device (a GPU, or the CPU). While the strategy shards a
+/// model (setup_module, or module_sharded_context as units are built) it
+/// names that device with a SetupDeviceScope; value_at_setup then hands out
+/// each tensor's value there, one tensor at a time, so a model built on the
+/// CPU (or on the meta device) never needs to fit on the GPU whole. The
+/// scope is per thread; without one the device is the CPU.
+class SetupDeviceScope {
+ public:
+  explicit SetupDeviceScope(c10::Device device);
+  ~SetupDeviceScope();
+  SetupDeviceScope(const SetupDeviceScope&) = delete;
+  SetupDeviceScope& operator=(const SetupDeviceScope&) = delete;
+  /// The device of the innermost scope of this thread (the CPU: none).
+  static c10::Device current();
+
+ private:
+  c10::Device previous_;
+};
+
+/// A module tensor's value at setup, on the setup device: itself (moved
+/// there when it lives elsewhere), or zeros for one built on the meta
+/// device (Note [Meta-device construction]).
 at::Tensor value_at_setup(const at::Tensor& t);
 
 /// Lets a tensor built on the meta device take a value on `device` through

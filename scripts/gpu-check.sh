@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# The GPU check: one command for a machine with one NVIDIA GPU and a CUDA
+# PyTorch (made for the H200 machine: python3 with torch 2.11+cu130,
+# lightning 2.6, cmake, ninja, nvcc 13, nvidia-nccl-cu13; nothing can be
+# downloaded there). In under 8 minutes it
+#  1. builds strata against that Python's torch (its LibTorch, found with
+#     torch.utils.cmake_prefix_path), with the NCCL backend where the tree
+#     has it (src/comm/nccl/nccl.cpp), into ./build-gpu: the library, the
+#     CUDA tests, the comm tests and bench_gpu, not the whole suite;
+#  2. runs the CUDA tests (tests/cuda: DDP and FSDP on one GPU against
+#     single-device training, two ranks sharing the GPU, placement, RNG,
+#     the device loader) and the NCCL tests of the comm suite;
+#  3. benchmarks GPT medium and large on the GPU: strata single-device, DDP
+#     and FSDP at world size 1 (bench/bench_gpu.cpp) beside PyTorch (plain,
+#     DDP, FSDP2) and Lightning Fabric (DDP, FSDP) on the same GPU
+#     (bench/gpu_peer.py), and prints ONE table (bench/gpu_table.py).
+# docs/cuda.md says how to run it and what it printed.
+#
+# Usage:
+#   scripts/gpu-check.sh [--xla-probe] [--out DIR]   on the GPU machine
+#   scripts/gpu-check.sh --dry-run                   here, without a GPU
+#   scripts/gpu-check.sh --stage-deps                here, before a device run
+#  --xla-probe   also runs scripts/xla-gpu-probe.sh, in the background while
+#                strata builds (the GPU is idle then), so both checks fit
+#                in one device call; its report lands beside the table.
+#  --dry-run     every part that runs without a GPU: builds the CUDA tests
+#                and bench_gpu into ./build (BUILD_DIR) against the
+#                project's CPU LibTorch, runs the tests (those that need a
+#                GPU skip), and the benchmark and table on the CPU with the
+#                tiny GPT, both sides, through the same code paths.
+#  --stage-deps  copies the headers, CMake files and static libraries of
+#                nlohmann-json, CLI11, GoogleTest and zlib from this
+#                machine into .gpu-deps/ (ignored by git), for a GPU
+#                machine that lacks them and cannot download: name
+#                .gpu-deps in the device run's carry list.
+# Output: the table on stdout; with --out DIR or $OUT set, DIR gets
+# gpu-check-table.md, gpu-check.log, gpu-results.jsonl (and the XLA
+# probe's xla-gpu-probe.json, xla-probe.log, xla-env.txt).
+# Environment: PYTHON (default python3; --dry-run: the project's venv),
+#   BUILD_DIR, JOBS (default: all cores).
+# Exit status: 0 when every step passed, 1 when one failed (the table is
+# still printed with what ran), 2 for bad usage.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo="$(pwd)"
+start=$(date +%s)
+mode=gpu xla_probe=0 out_dir="${OUT:-}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) mode=dry; shift ;;
+    --stage-deps) mode=stage; shift ;;
+    --xla-probe) xla_probe=1; shift ;;
+    --out) out_dir="${2:?--out needs a folder}"; shift 2 ;;
+    -h|--help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "[gpu-check] unknown argument '$1'; see --help" >&2; exit 2 ;;
+  esac
+done
+log() { echo "[gpu-check $(( $(date +%s) - start ))s] $*" >&2; }
+
+# ---- --stage-deps ---------------------------------------------------------------
+if [ "$mode" = stage ]; then
+  deps="$repo/.gpu-deps"
+  rm -rf "$deps"
+  mkdir -p "$deps/include" "$deps/share/cmake" "$deps/lib/x86_64-linux-gnu/cmake" "$deps/lib"
+  copy() { [ -e "$1" ] || { echo "[gpu-check] missing $1 (apt-get install $3)" >&2; exit 1; }; cp -a "$1" "$2"; }
+  copy /usr/include/nlohmann "$deps/include/" nlohmann-json3-dev
+  copy /usr/share/cmake/nlohmann_json "$deps/share/cmake/" nlohmann-json3-dev
+  copy /usr/include/CLI "$deps/include/" libcli11-dev
+  copy /usr/share/cmake/CLI11 "$deps/share/cmake/" libcli11-dev
+  copy /usr/include/gtest "$deps/include/" libgtest-dev
+  copy /usr/include/gmock "$deps/include/" libgmock-dev
+  copy /usr/lib/x86_64-linux-gnu/cmake/GTest "$deps/lib/x86_64-linux-gnu/cmake/" libgtest-dev
+  for lib in gtest gtest_main gmock gmock_main; do
+    copy "/usr/lib/x86_64-linux-gnu/lib$lib.a" "$deps/lib/x86_64-linux-gnu/" libgtest-dev
+  done
+  copy /usr/include/zlib.h "$deps/include/" zlib1g-dev
+  copy /usr/include/zconf.h "$deps/include/" zlib1g-dev
+  cp -L /usr/lib/x86_64-linux-gnu/libz.so "$deps/lib/libz.so"
+  grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || grep -qx '/.gpu-deps/' .gitignore ||
+    echo "[gpu-check] note: .gpu-deps/ is not ignored by git here" >&2
+  echo "[gpu-check] staged $(du -sh "$deps" | cut -f1) in .gpu-deps/; carry it: run(..., carry=[\".gpu-deps\"])" >&2
+  exit 0
+fi
+
+status=0
+fail() { log "FAILED: $*"; status=1; }
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+results="$tmp/gpu-results.jsonl"
+: > "$results"
+logfile="$tmp/gpu-check.log"
+exec > >(tee -a "$logfile") 2> >(tee -a "$logfile" >&2)
+
+if [ "$mode" = dry ]; then
+  source scripts/env.sh
+  python="${PYTHON:-$STRATA_PYTHON}"
+  build="${BUILD_DIR:-build}"
+  jobs="${JOBS:-2}"
+  device=cpu sizes=tiny bench_args=(--batch 4 --steps 2 --warmup 1)
+else
+  python="${PYTHON:-python3}"
+  build="${BUILD_DIR:-build-gpu}"
+  jobs="${JOBS:-$(nproc)}"
+  device=cuda sizes=medium,large bench_args=(--batch 32 --steps 10 --warmup 3)
+fi
+command -v "$python" >/dev/null || { log "no Python '$python' (set PYTHON)"; exit 2; }
+log "mode $mode; python $python; build dir $build; $jobs jobs"
+"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' >&2
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2
+
+# ---- the XLA probe, in the background while strata builds -----------------------
+xla_pid=
+if [ "$xla_probe" = 1 ]; then
+  if [ "$mode" = dry ]; then
+    log "--xla-probe: skipped in a dry run (it needs the GPU and JAX's CUDA plugin)"
+  else
+    PYTHON="$python" scripts/xla-gpu-probe.sh "$tmp/xla" > "$tmp/xla-stdout.txt" 2> "$tmp/xla-stderr.txt" &
+    xla_pid=$!
+    log "XLA probe started (pid $xla_pid)"
+  fi
+fi
+
+# ---- 1. build ----------------------------------------------------------------------
+targets=(strata_cuda_tests strata_comm_tests bench_gpu)
+if [ "$mode" = dry ]; then
+  # The comm suite is the CPU suite's own; here its NCCL tests would only skip.
+  targets=(strata_cuda_tests bench_gpu)
+  [ -f "$build/CMakeCache.txt" ] || { log "no $build: run scripts/build.sh first (or set BUILD_DIR)"; exit 2; }
+else
+  torch_prefix="$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')" || { log "cannot import torch"; exit 2; }
+  prefix="$torch_prefix"
+  [ -d .gpu-deps ] && prefix="$prefix;$repo/.gpu-deps"
+  nccl=OFF
+  if [ -f src/comm/nccl/nccl.cpp ]; then nccl=ON; else log "no src/comm/nccl/nccl.cpp in this tree: building without NCCL"; fi
+  generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    log "configuring against $torch_prefix (NCCL $nccl)"
+    timeout 180 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$prefix" -DSTRATA_PYTHON="$(command -v "$python")" -DSTRATA_WITH_NCCL="$nccl" \
+      -DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_CUDA_STANDARD=17 -DSTRATA_BUILD_BENCH=ON -DSTRATA_BUILD_TESTS=ON \
+      > "$tmp/configure.log" 2>&1 || { tail -n 40 "$tmp/configure.log" >&2; fail "configure"; }
+  fi
+fi
+if [ -f "$build/CMakeCache.txt" ]; then
+  log "building ${targets[*]}"
+  build_limit=$([ "$mode" = dry ] && echo 3600 || echo 330)
+  timeout "$build_limit" cmake --build "$build" --target "${targets[@]}" --parallel "$jobs" > "$tmp/build.log" 2>&1 ||
+    { grep -E 'error|Error' "$tmp/build.log" | head -n 30 >&2; tail -n 20 "$tmp/build.log" >&2; fail "build"; }
+  log "built"
+fi
+find_binary() { find "$build" -maxdepth 3 -type f -name "$1" -perm -u+x 2>/dev/null | head -n1; }
+
+# ---- 2. tests ----------------------------------------------------------------------
+cuda_tests="$(find_binary strata_cuda_tests)"
+if [ -n "$cuda_tests" ]; then
+  log "CUDA tests"
+  timeout 300 "$cuda_tests" --gtest_color=no > "$tmp/cuda-tests.txt" 2>&1
+  tests_status=$?
+  cat "$tmp/cuda-tests.txt" >> "$logfile"
+  grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure$|^\[==========\]' "$tmp/cuda-tests.txt" >&2
+  [ "$tests_status" = 0 ] || fail "CUDA tests (status $tests_status; the whole output is in gpu-check.log)"
+else
+  fail "no strata_cuda_tests binary"
+fi
+comm_tests="$(find_binary strata_comm_tests)"
+if [ -n "$comm_tests" ]; then
+  log "NCCL tests of the comm suite"
+  timeout 120 "$comm_tests" --gtest_color=no --gtest_brief=1 --gtest_filter='*Nccl*:*NCCL*:*nccl*' 2>&1 | tail -n 30 >&2 ||
+    fail "NCCL tests"
+fi
+
+# ---- 3. benchmark ------------------------------------------------------------------
+if [ -n "$xla_pid" ]; then
+  log "waiting for the XLA probe before timing anything"
+  wait "$xla_pid"; xla_status=$?
+  [ "$xla_status" = 0 ] || fail "XLA probe (status $xla_status)"
+  tail -n 15 "$tmp/xla-stderr.txt" >&2
+fi
+bench="$(find_binary bench_gpu)"
+if [ -n "$bench" ]; then
+  log "strata: single_device, ddp, fsdp on $device ($sizes)"
+  timeout 150 "$bench" --accelerator "$device" --sizes "$sizes" "${bench_args[@]}" >> "$results" || fail "bench_gpu"
+else
+  fail "no bench_gpu binary"
+fi
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+log "PyTorch: plain, DDP, FSDP2"
+timeout 150 "$python" bench/gpu_peer.py --device "$device" --sizes "$sizes" "${bench_args[@]}" \
+  --peers pytorch-single,pytorch-ddp,pytorch-fsdp2 >> "$results" || fail "PyTorch peers"
+log "Lightning Fabric: DDP, FSDP"
+timeout 150 "$python" bench/gpu_peer.py --device "$device" --sizes "$sizes" "${bench_args[@]}" \
+  --peers fabric-ddp,fabric-fsdp >> "$results" || fail "Fabric peers"
+
+echo
+"$python" bench/gpu_table.py "$results" --out "$tmp/gpu-check-table.md" || fail "table"
+log "done in $(( $(date +%s) - start ))s, status $status"
+
+if [ -n "$out_dir" ]; then
+  mkdir -p "$out_dir"
+  cp "$results" "$tmp/gpu-check-table.md" "$out_dir/" 2>/dev/null
+  [ -f "$tmp/xla/xla-gpu-probe.json" ] && cp "$tmp/xla/xla-gpu-probe.json" "$out_dir/"
+  [ -f "$tmp/xla/probe.log" ] && cp "$tmp/xla/probe.log" "$out_dir/xla-probe.log"
+  [ -f "$tmp/xla/env.txt" ] && cp "$tmp/xla/env.txt" "$out_dir/xla-env.txt"
+  sleep 0.2
+  cp "$logfile" "$out_dir/gpu-check.log"
+fi
+exit "$status"
