@@ -46,7 +46,9 @@ Fabric::Fabric(FabricOptions options) : options_(std::move(options)) {
   STRATA_CHECK(options_.collective_timeout.count() > 0, ConfigError,
                "[fabric] collective_timeout must be positive");
   std::shared_ptr<strategies::Accelerator> accelerator = strategies::make_accelerator(options_.accelerator);
-  if (options_.devices == -1) options_.devices = accelerator->auto_device_count();
+  // -1: one worker per visible device; more GPUs than there are is refused
+  // here, before any worker starts.
+  options_.devices = strategies::resolve_devices(*accelerator, options_.devices);
   runtime::Environment env = runtime::Environment::from_env();
   int world_size = env.launched() ? env.world_size : options_.devices * options_.num_nodes;
   if (env.launched()) {
