@@ -93,7 +93,7 @@ Comm::Comm(std::shared_ptr<runtime::Store> store, int rank, int size, c10::Devic
     if (comm_ != nullptr) (void)ncclCommAbort(comm_);
     throw CommError(cat("[nccl] rank ", rank_, " of ", size_, " could not create its communicator on ", device_, ": ",
                         ncclGetErrorString(r), last.empty() ? "" : " (" + last + ")",
-                        " (one GPU per rank: NCCL refuses two ranks on one device)"));
+                        "; each rank needs its own GPU (NCCL refuses two ranks on one), NCCL_DEBUG=INFO says more"));
   }
   cudaError_t e = cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming);
   if (e != cudaSuccess) {
