@@ -5,3 +5,9 @@ strata_cache="${STRATA_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/strata}"
 STRATA_VENV="${STRATA_VENV:-$strata_cache/venv-py311-torch2.13.0}"
 STRATA_PYTHON="$STRATA_VENV/bin/python"
 export STRATA_VENV STRATA_PYTHON
+# The CUDA build of torch (with its nvidia-* wheels, NCCL among them) that
+# scripts/build-cuda.sh compiles strata against, in its own venv beside the
+# first. Override with STRATA_CUDA_VENV.
+STRATA_CUDA_VENV="${STRATA_CUDA_VENV:-$strata_cache/venv-py311-torch2.14.1-cuda}"
+STRATA_CUDA_PYTHON="$STRATA_CUDA_VENV/bin/python"
+export STRATA_CUDA_VENV STRATA_CUDA_PYTHON

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +21,7 @@
 #include "strata/comm/gloo/backend.h"
 #include "strata/comm/group.h"
 #include "strata/comm/local.h"
+#include "strata/comm/nccl/backend.h"
 #include "strata/comm/shm/backend.h"
 #include "strata/runtime/env.h"
 #include "strata/runtime/store.h"
@@ -35,6 +38,11 @@ const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::k
 // bfloat16 (integers up to 256) at world size <= 4.
 double v(int64_t r, int64_t i) { return static_cast<double>((r * 5 + i * 3) % 11) - 5; }  // [-5, 5]
 double p(int64_t r, int64_t i) { return static_cast<double>((r + i) % 5) - 2; }            // [-2, 2]
+
+/// The device the checks put their tensors on: the group's (CPU, or the
+/// CUDA device of an NCCL group); run_conformance sets it.
+c10::Device g_device(c10::kCPU);
+at::TensorOptions on(at::ScalarType dt) { return at::TensorOptions(dt).device(g_device); }
 
 /// A float64 tensor of `shape` with element i = f(r, i) (row-major).
 template <class F>
@@ -85,7 +93,7 @@ class Checker {
       failures_.push_back(where_ + ": " + msg.str());
       return;
     }
-    at::Tensor a = actual.to(at::kDouble).contiguous().view(-1);
+    at::Tensor a = actual.cpu().to(at::kDouble).contiguous().view(-1);
     at::Tensor e = expected.contiguous().view(-1);
     const double* pa = a.data_ptr<double>();
     const double* pe = e.data_ptr<double>();
@@ -128,14 +136,14 @@ void check_all_reduce(Group& g, Checker& c) {
     for (ReduceOp op : kOps) {
       auto f = op == ReduceOp::kProduct ? p : v;
       const std::string what = "all_reduce " + to_string(op) + " " + name(dt);
-      at::Tensor t = filled(f, r, {5, 3}).to(dt);
+      at::Tensor t = filled(f, r, {5, 3}).to(on(dt));
       g.all_reduce(t, op);
       at::Tensor want = expected_reduce(op, n, {5, 3}, integral);
       c.expect_tensor(t, want, what, op == ReduceOp::kMean ? mean_tolerance(dt) : 0);
       c.expect(t.scalar_type() == dt, what + ": dtype changed to " + name(t.scalar_type()));
 
       // Non-contiguous: a transposed view of a (3, 5) buffer.
-      at::Tensor base = at::empty({3, 5}, dt);
+      at::Tensor base = at::empty({3, 5}, on(dt));
       at::Tensor view = base.t();
       view.copy_(filled(f, r, {5, 3}));
       g.all_reduce(view, op);
@@ -143,12 +151,12 @@ void check_all_reduce(Group& g, Checker& c) {
       c.expect_tensor(base, want.t(), what + " (transposed view's storage)", op == ReduceOp::kMean ? mean_tolerance(dt) : 0);
     }
     // A 0-d tensor.
-    at::Tensor scalar = at::scalar_tensor(v(r, 0), at::TensorOptions(dt));
+    at::Tensor scalar = at::scalar_tensor(v(r, 0), on(dt));
     g.all_reduce(scalar, ReduceOp::kSum);
     c.expect_tensor(scalar, expected_reduce(ReduceOp::kSum, n, {}, integral), "all_reduce sum 0-d " + name(dt));
   }
   // Large enough for Gloo's ring to split it into many segments.
-  at::Tensor big = filled(v, r, {100003}).to(at::kFloat);
+  at::Tensor big = filled(v, r, {100003}).to(on(at::kFloat));
   g.all_reduce(big, ReduceOp::kSum);
   c.expect_tensor(big, expected_reduce(ReduceOp::kSum, n, {100003}, false), "all_reduce sum float32 x100003");
 }
@@ -156,17 +164,17 @@ void check_all_reduce(Group& g, Checker& c) {
 void check_all_gather(Group& g, Checker& c) {
   const int n = g.size(), r = g.rank();
   for (at::ScalarType dt : kDtypes) {
-    at::Tensor x = filled(v, r, {2, 3}).to(dt);
+    at::Tensor x = filled(v, r, {2, 3}).to(on(dt));
     at::Tensor out = g.all_gather(x);
     std::vector<at::Tensor> parts;
     for (int q = 0; q < n; ++q) parts.push_back(filled(v, q, {2, 3}));
     c.expect_tensor(out, at::stack(parts), "all_gather " + name(dt));
 
-    at::Tensor base = at::empty({3, 2}, dt);
+    at::Tensor base = at::empty({3, 2}, on(dt));
     base.t().copy_(filled(v, r, {2, 3}));
     c.expect_tensor(g.all_gather(base.t()), at::stack(parts), "all_gather " + name(dt) + " (transposed view)");
 
-    at::Tensor scalar = at::scalar_tensor(v(r, 7), at::TensorOptions(dt));
+    at::Tensor scalar = at::scalar_tensor(v(r, 7), on(dt));
     std::vector<double> want;
     for (int q = 0; q < n; ++q) want.push_back(v(q, 7));
     c.expect_tensor(g.all_gather(scalar), at::tensor(want, at::kDouble), "all_gather 0-d " + name(dt));
@@ -182,9 +190,9 @@ void check_reduce_scatter(Group& g, Checker& c) {
       const std::string what = "reduce_scatter " + to_string(op) + " " + name(dt);
       const double tol = op == ReduceOp::kMean ? mean_tolerance(dt) : 0;
       at::Tensor want = expected_reduce(op, n, {2 * n, 3}, integral).narrow(0, 2 * r, 2);
-      c.expect_tensor(g.reduce_scatter(filled(f, r, {2 * n, 3}).to(dt), op), want, what, tol);
+      c.expect_tensor(g.reduce_scatter(filled(f, r, {2 * n, 3}).to(on(dt)), op), want, what, tol);
 
-      at::Tensor base = at::empty({3, 2 * n}, dt);
+      at::Tensor base = at::empty({3, 2 * n}, on(dt));
       base.t().copy_(filled(f, r, {2 * n, 3}));
       c.expect_tensor(g.reduce_scatter(base.t(), op), want, what + " (transposed view)", tol);
     }
@@ -192,7 +200,7 @@ void check_reduce_scatter(Group& g, Checker& c) {
   // Large, with a chunk size that is not a multiple of anything convenient.
   const int64_t rows = 30011;
   at::Tensor want = expected_reduce(ReduceOp::kSum, n, {n * rows}, false).narrow(0, r * rows, rows);
-  c.expect_tensor(g.reduce_scatter(filled(v, r, {n * rows}).to(at::kBFloat16), ReduceOp::kSum), want,
+  c.expect_tensor(g.reduce_scatter(filled(v, r, {n * rows}).to(on(at::kBFloat16)), ReduceOp::kSum), want,
                   "reduce_scatter sum bfloat16 x" + std::to_string(n * rows));
 }
 
@@ -200,11 +208,11 @@ void check_broadcast(Group& g, Checker& c) {
   const int n = g.size(), r = g.rank();
   for (at::ScalarType dt : kDtypes) {
     for (int src = 0; src < n; ++src) {
-      at::Tensor t = filled(v, r, {4, 2}).to(dt);
+      at::Tensor t = filled(v, r, {4, 2}).to(on(dt));
       g.broadcast(t, src);
       c.expect_tensor(t, filled(v, src, {4, 2}), "broadcast " + name(dt) + " from " + std::to_string(src));
     }
-    at::Tensor base = at::empty({2, 4}, dt);
+    at::Tensor base = at::empty({2, 4}, on(dt));
     base.t().copy_(filled(v, r, {4, 2}));
     at::Tensor view = base.t();
     g.broadcast(view, n - 1);
@@ -217,17 +225,17 @@ void check_async(Group& g, Checker& c) {
   std::vector<at::Tensor> tensors;
   std::vector<WorkPtr> works;
   for (at::ScalarType dt : kDtypes) {
-    tensors.push_back(filled(v, r, {6}).to(dt));
+    tensors.push_back(filled(v, r, {6}).to(on(dt)));
     works.push_back(g.all_reduce_async(tensors.back(), ReduceOp::kSum));
   }
-  at::Tensor base = at::empty({3, 4}, at::kFloat);
+  at::Tensor base = at::empty({3, 4}, on(at::kFloat));
   base.t().copy_(filled(v, r, {4, 3}));
   works.push_back(g.all_reduce_async(base.t(), ReduceOp::kMax));
-  at::Tensor gathered = at::empty({n, 5}, at::kLong);
-  works.push_back(g.all_gather_async(filled(v, r, {5}).to(at::kLong), gathered));
-  at::Tensor scattered = at::empty({3}, at::kDouble);
-  works.push_back(g.reduce_scatter_async(filled(v, r, {3 * n}), scattered, ReduceOp::kMin));
-  at::Tensor broadcasted = filled(v, r, {7}).to(at::kHalf);
+  at::Tensor gathered = at::empty({n, 5}, on(at::kLong));
+  works.push_back(g.all_gather_async(filled(v, r, {5}).to(on(at::kLong)), gathered));
+  at::Tensor scattered = at::empty({3}, on(at::kDouble));
+  works.push_back(g.reduce_scatter_async(filled(v, r, {3 * n}).to(on(at::kDouble)), scattered, ReduceOp::kMin));
+  at::Tensor broadcasted = filled(v, r, {7}).to(on(at::kHalf));
   works.push_back(g.broadcast_async(broadcasted, n - 1));
   for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();  // any order
   for (const WorkPtr& w : works) c.expect(w->is_completed(), "async work not completed after wait()");
@@ -283,6 +291,7 @@ void check_objects(Group& g, Checker& c) {
 
 /// Runs every check on `g`; returns the checker with the failures.
 Checker run_conformance(Group& g) {
+  g_device = g.device();
   Checker c(g.backend_name() + " rank " + std::to_string(g.rank()) + "/" + std::to_string(g.size()));
   g.reset_stats();
   check_all_reduce(g, c);
@@ -317,6 +326,7 @@ STRATA_WORKER(conformance) {
   options.backend = backend == "hierarchical" ? "auto" : backend;
   options.group.with_timeout(std::chrono::seconds(60)).with_debug(args.size() > 1 && args[1] == "debug");
   if (backend == "hierarchical") ::setenv("STRATA_HOST_ID", env.rank < env.world_size / 2 ? "a" : "b", 1);
+  if (backend == "nccl") c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(c10::Device(c10::kCUDA, env.local_rank));
   Group g = init_process_group(env, options);
   const std::string want = backend == "auto" ? "shm" : backend == "hierarchical" ? "shm+gloo" : backend;
   if (g.backend_name() != want) {
@@ -385,6 +395,47 @@ TEST(ShmConformance, FourRanksMatchClosedForm) { expect_workers_pass(4, {"shm"})
 
 TEST(HierarchicalConformance, TwoHostsOfTwoRanksMatchClosedForm) { expect_workers_pass(4, {"hierarchical"}); }
 TEST(HierarchicalConformance, HostsOfOneAndTwoRanksMatchClosedForm) { expect_workers_pass(3, {"hierarchical"}); }
+
+// NCCL: CUDA tensors on the group's device; one GPU per rank.
+std::string nccl_unavailable(int gpus) {
+  if (!nccl::is_available()) {
+    return "strata was built without NCCL (STRATA_WITH_NCCL=OFF; scripts/build-cuda.sh builds it)";
+  }
+  if (!torch::cuda::is_available()) return "no CUDA device is visible";
+  const int found = static_cast<int>(torch::cuda::device_count());
+  if (found < gpus) {
+    return "needs " + std::to_string(gpus) + " GPUs (NCCL refuses two ranks on one GPU), found " + std::to_string(found);
+  }
+  return "";
+}
+
+void expect_nccl_one_rank_passes(GroupOptions options) {
+  runtime::TcpStoreOptions o;
+  o.is_server = true;
+  o.timeout = std::chrono::seconds(30);
+  Group g(nccl::create(runtime::make_tcp_store(o), 0, 1, std::chrono::seconds(30)), options);
+  EXPECT_EQ(g.backend_name(), "nccl");
+  Checker c = run_conformance(g);
+  EXPECT_TRUE(c.failures().empty()) << joined(c.failures());
+  EXPECT_GT(c.checks(), 250);
+}
+
+TEST(NcclConformance, OneRankInProcessMatchesClosedForm) {
+  if (std::string why = nccl_unavailable(1); !why.empty()) GTEST_SKIP() << why;
+  expect_nccl_one_rank_passes(GroupOptions());
+}
+TEST(NcclConformance, OneRankWithDebugChecksMatchesClosedForm) {
+  if (std::string why = nccl_unavailable(1); !why.empty()) GTEST_SKIP() << why;
+  expect_nccl_one_rank_passes(GroupOptions().with_debug(true));
+}
+TEST(NcclConformance, TwoRanksOnTwoGpusMatchClosedForm) {
+  if (std::string why = nccl_unavailable(2); !why.empty()) GTEST_SKIP() << why;
+  expect_workers_pass(2, {"nccl"});
+}
+TEST(NcclConformance, TwoRanksWithDebugChecksMatchClosedForm) {
+  if (std::string why = nccl_unavailable(2); !why.empty()) GTEST_SKIP() << why;
+  expect_workers_pass(2, {"nccl", "debug"});
+}
 
 }  // namespace
 }  // namespace strata::comm

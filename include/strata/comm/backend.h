@@ -5,8 +5,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 namespace strata::comm {
@@ -21,6 +23,22 @@ ReduceOp parse_reduce_op(const std::string& name);
 
 /// "sum", "mean", "max", "min", "product".
 std::string to_string(ReduceOp op);
+
+/// Handle to an operation started with an *_async call of Group, or
+/// enqueued by a stream-ordered backend.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Blocks until the operation finished; rethrows its error (CommError,
+  /// TimeoutError) on the waiting thread. For a stream-ordered backend
+  /// (Backend::stream_ordered) it does not block the host: it makes the
+  /// calling thread's current device stream wait for the operation, so
+  /// work enqueued on that stream afterwards sees its result.
+  virtual void wait() = 0;
+  /// True once the operation finished (successfully or not).
+  virtual bool is_completed() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
 
 /// Synchronous collectives over this process's peers. Every call is made by
 /// every rank in the same order; tensors are contiguous and, for all ranks,
@@ -47,8 +65,32 @@ class Backend {
   virtual void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) = 0;
   /// Copies `tensor` of rank `src` into `tensor` on every other rank.
   virtual void broadcast(at::Tensor& tensor, int src) = 0;
-  /// Returns when every rank has called barrier().
+  /// Returns when every rank has called barrier(). Blocks the host on
+  /// every backend, stream-ordered ones included.
   virtual void barrier() = 0;
+
+  /// The device whose tensors the backend takes: CPU, or the CUDA device of
+  /// an NCCL backend. Group allocates its own buffers there (debug
+  /// descriptors, byte transfers).
+  virtual c10::Device device() const { return c10::Device(c10::kCPU); }
+
+  // Note [Stream-ordered backends]
+  // A stream-ordered backend (NCCL) does not run an operation when called:
+  // it enqueues it on its communication stream, ordered after the work
+  // already enqueued on the caller's current stream, and returns at once.
+  // take_work() then hands over the operation's completion. Group calls
+  // such a backend on the caller's thread (never its worker thread: the
+  // enqueue is cheap, and the caller's current stream is what orders it),
+  // and its Work::wait() orders the caller's current stream after the
+  // operation instead of blocking the host.
+
+  /// True for a stream-ordered backend (Note [Stream-ordered backends]);
+  /// false (the default) when every call returns with the operation done.
+  virtual bool stream_ordered() const { return false; }
+  /// Stream-ordered backends: the Work of the operation the last call
+  /// (all_reduce, all_gather, reduce_scatter, broadcast) enqueued. Called
+  /// once after each such call, on the same thread. Others return nullptr.
+  virtual WorkPtr take_work() { return nullptr; }
 };
 
 }  // namespace strata::comm

@@ -3,7 +3,10 @@
 // tensor layout, implements mean reductions, runs operations in call order
 // on a background thread so callers can overlap them with computation
 // (the *_async forms), checks calls across ranks in debug mode, and counts
-// time and bytes per operation.
+// time and bytes per operation. Over a stream-ordered backend (NCCL) it
+// enqueues every operation on the caller's thread instead, and waiting
+// orders the caller's device stream (Note [Stream-ordered backends] in
+// backend.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,18 +26,6 @@ struct Environment;
 
 namespace strata::comm {
 
-/// Handle to an operation started with an *_async call.
-class Work {
- public:
-  virtual ~Work() = default;
-  /// Blocks until the operation finished; rethrows its error (CommError,
-  /// TimeoutError) on the waiting thread.
-  virtual void wait() = 0;
-  /// True once the operation finished (successfully or not).
-  virtual bool is_completed() const = 0;
-};
-using WorkPtr = std::shared_ptr<Work>;
-
 /// Options of a group. Defaults follow PyTorch (30 min collective timeout).
 struct GroupOptions {
   /// How long one collective may wait for its peers.
@@ -52,7 +43,9 @@ struct CommStats {
   struct Entry {
     int64_t calls = 0;
     int64_t bytes = 0;        ///< payload bytes this rank passed in
-    double seconds = 0.0;     ///< time the operation ran on the worker thread
+    /// Time the operation ran on the worker thread; over a stream-ordered
+    /// backend, the time to enqueue it (the device runs it later).
+    double seconds = 0.0;
   };
   Entry all_reduce, all_gather, reduce_scatter, broadcast, barrier;
   /// Sum over every operation.
@@ -73,6 +66,9 @@ class Group {
   int size() const;
   /// The backend's name ("local", "shm", "gloo", "shm+gloo", "nccl").
   std::string backend_name() const;
+  /// The device whose tensors the collectives take: CPU, or the CUDA
+  /// device of an NCCL group.
+  c10::Device device() const;
   bool debug() const;
   /// Turns the cross-rank debug checks on or off; every rank must make the
   /// same call at the same point.
@@ -148,7 +144,9 @@ class Group {
   CommStats stats() const;
   void reset_stats();
 
-  /// Waits for every pending async operation; rethrows the first error.
+  /// Waits for every pending async operation (over a stream-ordered
+  /// backend: orders the current stream after them); rethrows the first
+  /// error.
   void synchronize();
 
  private:
