@@ -56,7 +56,10 @@ if [ ! -f build-cuda/CMakeCache.txt ]; then
   # torch's CMake config is talkative; its output is kept in
   # build-cuda/configure.log and shown when the configure fails.
   mkdir -p build-cuda
-  cmake -S . -B build-cuda "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  # A compile check, not a build to run: no optimisation and no debug
+  # information, which halves the compile time (give -DCMAKE_BUILD_TYPE=
+  # Release to build one to use).
+  cmake -S . -B build-cuda "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
     -DSTRATA_PYTHON="$STRATA_CUDA_PYTHON" -DSTRATA_WITH_NCCL=ON \
     -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_BENCH=OFF "$@" >build-cuda/configure.log 2>&1 || {
     cat build-cuda/configure.log >&2
