@@ -50,7 +50,7 @@ const std::vector<std::string> kAlwaysBad = {"", "abc", "0x10", "nan", "inf", " 
                                              "99999999999999999999", "1e300", "-1"};
 
 const std::vector<Flag> kFlags = {
-    {"train", "--devices", true, "an integer in 1..1024", {"0", "1025"}},
+    {"train", "--devices", true, "an integer in -1..1024", {"-2", "1025"}},
     {"train", "--num-nodes", true, "an integer in 1..1024", {"0"}},
     {"train", "--seq-len", true, "an integer in 1..4096", {"0", "4097"}},
     {"train", "--max-steps", true, "an integer in 1..1000000000", {"0", "1000000001"}},
