@@ -94,8 +94,10 @@ TEST_P(FlagsRangeTest, EveryNumericFlagRefusesValuesOutsideItsStatedRange) {
   for (const Flag& f : kFlags) {
     std::vector<std::string> values = kAlwaysBad;
     values.insert(values.end(), f.bad.begin(), f.bad.end());
-    for (const std::string& v : values)
+    for (const std::string& v : values) {
+      if (v == "-1" && f.range.find(" -1..") != std::string::npos) continue;  // a value this flag takes
       if (index++ % kQuarters == static_cast<size_t>(GetParam())) cases.push_back({&f, v});
+    }
   }
   // A few tools at a time: each case is a whole process start (LibTorch's
   // libraries load before any flag is read), and nearly all of it is waiting.
