@@ -18,6 +18,7 @@
 #include <map>
 #include <sstream>
 
+#include "nccl_skip.h"
 #include "strata/comm/gloo/backend.h"
 #include "strata/comm/group.h"
 #include "strata/comm/local.h"
@@ -396,18 +397,7 @@ TEST(ShmConformance, FourRanksMatchClosedForm) { expect_workers_pass(4, {"shm"})
 TEST(HierarchicalConformance, TwoHostsOfTwoRanksMatchClosedForm) { expect_workers_pass(4, {"hierarchical"}); }
 TEST(HierarchicalConformance, HostsOfOneAndTwoRanksMatchClosedForm) { expect_workers_pass(3, {"hierarchical"}); }
 
-// NCCL: CUDA tensors on the group's device; one GPU per rank.
-std::string nccl_unavailable(int gpus) {
-  if (!nccl::is_available()) {
-    return "strata was built without NCCL (STRATA_WITH_NCCL=OFF; scripts/build-cuda.sh builds it)";
-  }
-  if (!torch::cuda::is_available()) return "no CUDA device is visible";
-  const int found = static_cast<int>(torch::cuda::device_count());
-  if (found < gpus) {
-    return "needs " + std::to_string(gpus) + " GPUs (NCCL refuses two ranks on one GPU), found " + std::to_string(found);
-  }
-  return "";
-}
+using strata::testing::nccl_unavailable;
 
 void expect_nccl_one_rank_passes(GroupOptions options) {
   runtime::TcpStoreOptions o;

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <thread>
 
+#include "nccl_skip.h"
 #include "strata/comm/gloo/backend.h"
 #include "strata/comm/group.h"
 #include "strata/comm/nccl/backend.h"
@@ -28,18 +29,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// Why the NCCL tests cannot run here with `gpus` GPUs, or "" when they can.
-std::string nccl_unavailable(int gpus) {
-  if (!nccl::is_available()) {
-    return "strata was built without NCCL (STRATA_WITH_NCCL=OFF; scripts/build-cuda.sh builds it)";
-  }
-  if (!torch::cuda::is_available()) return "no CUDA device is visible";
-  const int found = static_cast<int>(torch::cuda::device_count());
-  if (found < gpus) {
-    return "needs " + std::to_string(gpus) + " GPUs (NCCL refuses two ranks on one GPU), found " + std::to_string(found);
-  }
-  return "";
-}
+using strata::testing::nccl_unavailable;
 
 Group one_rank_group(GroupOptions options = {}) {
   runtime::TcpStoreOptions o;
