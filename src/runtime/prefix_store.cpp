@@ -1,5 +1,6 @@
 // Stores and ports around the TCP store: a store that prefixes every key
-// (one namespace per group), and finding a free port for the rendezvous.
+// (one namespace per group), the backends' rendezvous, and finding a free
+// port for the rendezvous.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -46,6 +47,26 @@ class PrefixStore final : public Store {
 std::shared_ptr<Store> prefix_store(std::shared_ptr<Store> store, const std::string& prefix) {
   STRATA_CHECK(store != nullptr, ConfigError, "[store] prefix_store('", prefix, "') got no store");
   return std::make_shared<PrefixStore>(std::move(store), prefix);
+}
+
+void join_ranks(Store& store, const std::string& who, int rank, int size, std::chrono::milliseconds timeout) {
+  store.set("joined/" + std::to_string(rank), "1");
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back("joined/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    int count = 0;
+    for (int r = 0; r < size; ++r) {
+      if (store.check({keys[r]})) continue;
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      ++count;
+    }
+    throw TimeoutError(detail::cat("[", who, "] rendezvous timed out after ", timeout.count(), " ms on rank ", rank,
+                                   " of ", size, ": rank", count == 1 ? " " : "s ", missing,
+                                   " never joined (check that every worker started and reached init_process_group)"));
+  }
 }
 
 int find_free_port(const std::string& host) {

@@ -77,6 +77,13 @@ std::shared_ptr<Store> make_store(const Environment& env, std::chrono::milliseco
 /// A view of `store` whose keys are prefixed with `prefix` + "/".
 std::shared_ptr<Store> prefix_store(std::shared_ptr<Store> store, const std::string& prefix);
 
+/// A collectives backend's rendezvous: sets "joined/<rank>" and waits until
+/// all `size` ranks have, so that a rank that never starts is named rather
+/// than surfacing as a transport's connect error. Throws TimeoutError
+/// "[<who>] rendezvous timed out after T ms on rank R of N: rank(s) X never
+/// joined (...)".
+void join_ranks(Store& store, const std::string& who, int rank, int size, std::chrono::milliseconds timeout);
+
 /// Returns a TCP port on `host` that was free a moment ago (bind to port 0).
 int find_free_port(const std::string& host = "127.0.0.1");
 

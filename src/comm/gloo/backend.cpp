@@ -242,24 +242,7 @@ class GlooBackend final : public Backend {
  private:
   /// Every rank announces itself, then waits for the others, so a rank that
   /// never starts is named instead of surfacing as a Gloo connect error.
-  void join(milliseconds timeout) {
-    store_->set("joined/" + std::to_string(rank_), "1");
-    std::vector<std::string> keys;
-    for (int r = 0; r < size_; ++r) keys.push_back("joined/" + std::to_string(r));
-    try {
-      store_->wait(keys, timeout);
-    } catch (const TimeoutError&) {
-      std::vector<int> missing;
-      for (int r = 0; r < size_; ++r) {
-        if (!store_->check({keys[r]})) missing.push_back(r);
-      }
-      throw TimeoutError(detail::cat(
-          "[gloo] rendezvous timed out after ", timeout.count(), " ms on rank ", rank_, " of ", size_,
-          ": rank", missing.size() == 1 ? " " : "s ", rank_list(missing),
-          missing.size() == 1 ? " never joined" : " never joined",
-          " (check that every worker started and reached init_process_group)"));
-    }
-  }
+  void join(milliseconds timeout) { runtime::join_ranks(*store_, "gloo", rank_, size_, timeout); }
 
   int64_t begin(const char* op, const at::Tensor& t) {
     STRATA_CHECK(t.device().is_cpu(), ConfigError, "[gloo] ", op, ": tensor is on ", t.device(),

@@ -32,16 +32,6 @@ Op::~Op() {
   if (done != nullptr) (void)cudaEventDestroy(done);
 }
 
-namespace {
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-  return out;
-}
-
-}  // namespace
-
 Comm::Comm(std::shared_ptr<runtime::Store> store, int rank, int size, c10::Device device, milliseconds timeout,
            milliseconds connect_timeout)
     : store_(std::move(store)),
@@ -152,22 +142,7 @@ Comm::~Comm() {
   if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
 }
 
-void Comm::join(milliseconds timeout) {
-  store_->set("joined/" + std::to_string(rank_), "1");
-  std::vector<std::string> keys;
-  for (int r = 0; r < size_; ++r) keys.push_back("joined/" + std::to_string(r));
-  try {
-    store_->wait(keys, timeout);
-  } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < size_; ++r) {
-      if (!store_->check({keys[r]})) missing.push_back(r);
-    }
-    throw TimeoutError(cat("[nccl] rendezvous timed out after ", timeout.count(), " ms on rank ", rank_, " of ", size_,
-                           ": rank", missing.size() == 1 ? " " : "s ", rank_list(missing),
-                           " never joined (check that every worker started and reached init_process_group)"));
-  }
-}
+void Comm::join(milliseconds timeout) { runtime::join_ranks(*store_, "nccl", rank_, size_, timeout); }
 
 void Comm::throw_if_failed() const {
   std::lock_guard<std::mutex> lock(mu_);
