@@ -1,8 +1,6 @@
 // Process-wide worker settings and the end of a re-executed worker.
 #include "strata/runtime/process.h"
 
-#include <ATen/Parallel.h>
-
 #include <malloc.h>
 #include <sched.h>
 
@@ -34,9 +32,7 @@ int threads_per_worker(int cores, int local_workers) {
   return std::max(1, cores / std::max(1, local_workers));
 }
 
-void apply_worker_settings(const Environment& env, const std::string& device_type) {
-  (void)env;
-  (void)device_type;
+void apply_allocator_settings() {
   // Note [Allocator settings]
   // glibc returns freed memory at the top of the heap to the kernel after
   // every step (trim) and serves large tensors with fresh mmaps, so each

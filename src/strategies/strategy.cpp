@@ -56,7 +56,7 @@ Strategy::~Strategy() = default;
 void Strategy::setup_environment() {
   if (launched_) return;
   env_ = runtime::Environment::from_env();
-  runtime::apply_worker_settings(env_, accelerator_->name());
+  runtime::apply_allocator_settings();
   log::set_rank(env_.rank);
   // Note [Device placement] (accelerator.h): the worker's device becomes
   // the current one before the process group starts (NCCL binds its

@@ -1,7 +1,7 @@
 // Process-wide settings a training worker wants, and the end of a worker
-// that a launcher re-executed. These touch the whole process (thread pool,
-// allocator, exit), so they live here, apart from the strategies, which
-// only ask for them.
+// that a launcher re-executed. These touch the whole process (allocator,
+// exit; the launcher chooses each worker's threads), so they live here,
+// apart from the strategies, which only ask for them.
 #pragma once
 
 #include <string>
@@ -22,13 +22,10 @@ int usable_cores();
 /// never changes a process's thread count.
 int threads_per_worker(int cores, int local_workers);
 
-/// Settings for one worker among `env.local_world_size` on this host that
-/// trains on `device_type` ("cpu", "cuda"):
-/// - Note [Allocator settings]: glibc keeps freed memory (no trim, large
-///   mmap threshold) unless MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_
-///   is set.
-/// Idempotent.
-void apply_worker_settings(const Environment& env, const std::string& device_type);
+/// Note [Allocator settings]: a training worker's glibc keeps freed memory
+/// (no trim, large mmap threshold) unless MALLOC_MMAP_THRESHOLD_ or
+/// MALLOC_TRIM_THRESHOLD_ is set. Idempotent.
+void apply_allocator_settings();
 
 /// Ends a worker process that strata's launcher started by re-executing
 /// the program (Fabric::launch's workers), once its work is done: flushes
