@@ -63,6 +63,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -104,6 +105,7 @@ struct BenchConfig {
   double lr = 1e-3;
   int64_t bucket_cap_mb = 25;
   bool phases = false;  ///< also report forward / backward / optimizer times
+  int64_t memory_trace = 0;  ///< steps to trace memory phase by phase (Note [Per-phase memory trace])
   std::string impl = "strata";  ///< the "impl" field of the result (run_ddp.sh tags variants)
   std::string precision = "32-true";  ///< or "bf16-mixed": forward (and loss) under bf16 autocast
 
@@ -136,6 +138,46 @@ bool reset_peak_rss() {
   clear.flush();
   return static_cast<bool>(clear);
 }
+
+// Note [Per-phase memory trace]
+// With --memory-trace N, every rank records at each phase boundary of the
+// first N steps (after forward, backward, optimizer step, zero_grad):
+// - "rss": VmRSS at the boundary;
+// - "peak": VmHWM since the previous boundary (the mark is reset to the
+//   current RSS at each boundary), so the largest transient of the phase;
+// - "heap_in_use": bytes malloc has handed out and not yet had back
+//   (mallinfo2: arena in use + mmapped blocks): live tensors and everything
+//   else allocated;
+// - "heap_free": bytes freed into malloc's arenas and kept there. Pages of
+//   it that were touched stay in RSS until glibc trims them;
+// - "fsdp_held", "fsdp_idle": of heap_in_use, FSDP's buffer cache, all of
+//   it and what waits for the units' next gathers and reductions
+//   (FSDPStrategy::buffer_bytes).
+// The gap between rss and heap_in_use is kept heap plus the libraries'
+// own memory; the gap between peak and rss is the phase's transients.
+struct MemoryTrace {
+  int64_t steps = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  double max_peak = 0.0;  ///< VmHWM over the traced phases (each mark resets it)
+
+  void mark(int64_t step, const char* phase) {
+    if (step >= steps) return;
+    struct mallinfo2 info = ::mallinfo2();
+    constexpr double mb = 1024.0 * 1024.0;
+    const double peak = proc_status_mb("VmHWM");
+    const auto fsdp_buffers = strata::strategies::FSDPStrategy::buffer_bytes();
+    max_peak = std::max(max_peak, peak);
+    rows.push_back({{"step", step},
+                    {"phase", phase},
+                    {"rss", proc_status_mb("VmRSS")},
+                    {"peak", peak},
+                    {"heap_in_use", static_cast<double>(info.uordblks + info.hblkhd) / mb},
+                    {"heap_free", static_cast<double>(info.fordblks) / mb},
+                    {"fsdp_held", static_cast<double>(fsdp_buffers.held) / mb},
+                    {"fsdp_idle", static_cast<double>(fsdp_buffers.idle) / mb}});
+    reset_peak_rss();
+  }
+};
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
@@ -251,16 +293,22 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
 
   std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms;
   double last_loss = 0.0;
+  MemoryTrace trace{c.memory_trace};
+  trace.mark(0, "start");
   for (int64_t i = 0; i < c.warmup + c.steps; ++i) {
     if (i == c.warmup) fabric.barrier("timed steps");
     auto start = Clock::now();
     at::Tensor loss = loss_of(i);
     double t_fwd = ms_since(start);
+    trace.mark(i, "forward");
     fabric.backward(loss);
     double t_bwd = ms_since(start);
+    trace.mark(i, "backward");
     fabric.strategy().optimizer_step(optimizer);
+    trace.mark(i, "optimizer_step");
     optimizer.zero_grad();
     double t_all = ms_since(start);
+    trace.mark(i, "zero_grad");
     last_loss = loss.item<double>();
     if (i >= c.warmup) {
       step_ms.push_back(t_all);
@@ -274,7 +322,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   const double maxrss_mb = std::max(setup_maxrss_mb, peak_rss_mb());
   at::Tensor rss = fabric.all_gather(at::full({1}, maxrss_mb, at::kDouble)).reshape({-1});
   const double state_mb = static_cast<double>(training_state_bytes(module, optimizer)) / (1024.0 * 1024.0);
-  at::Tensor mine = at::tensor({baseline_mb, setup_peak_mb, proc_status_mb("VmHWM"), state_mb}, at::kDouble);
+  at::Tensor mine = at::tensor({baseline_mb, setup_peak_mb, std::max(proc_status_mb("VmHWM"), trace.max_peak), state_mb}, at::kDouble);
   at::Tensor memory = fabric.all_gather(mine).reshape({world, -1}).t().contiguous();
   auto per_rank = [&](int64_t i) {
     return std::vector<double>(memory[i].data_ptr<double>(), memory[i].data_ptr<double>() + world);
@@ -309,6 +357,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
     for (const auto& unit : fsdp->units()) largest = std::max(largest, unit.numel);
     out["largest_unit_mb"] = static_cast<double>(largest) * 4.0 / (1024.0 * 1024.0);
   }
+  if (c.memory_trace > 0) out["memory_trace_rank0"] = trace.rows;  // rank 0's (Note [Per-phase memory trace])
   if (c.phases) {
     // Rank-local medians (not reduced): where a step's time goes.
     out["phases_ms_median"] = {{"forward", median(fwd_ms)},
@@ -345,6 +394,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"32-true", "bf16-mixed"}))
       ->capture_default_str();
   app.add_option("--impl-label", c.impl, "The \"impl\" field of the result")->capture_default_str();
+  app.add_option("--memory-trace", c.memory_trace,
+                 "Record RSS, peak and malloc's heap at each phase of the first N steps (times include it)")
+      ->capture_default_str();
   app.add_flag("--phases", c.phases, "Also report forward / backward / optimizer medians of rank 0");
   CLI11_PARSE(app, argc, argv);
 

@@ -47,6 +47,8 @@ void apply_allocator_settings() {
   }
 }
 
+void release_free_memory() { ::malloc_trim(0); }
+
 void end_relaunched_worker(int exit_code, bool graceful) {
   std::cout.flush();
   std::cerr.flush();

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
@@ -522,3 +523,69 @@ TEST(FSDPTest, RootForwardWithoutHooksIsAClearError) {
 }
 
 }  // namespace
+
+// Note [FSDP's buffer cache]: units large enough for the cache (here 3 MB
+// gathered) train as one process does whether the optimizer drops the
+// gradients (set_to_none) or zeroes them in place (the shards' gradients
+// share the reduce-scatter's buffer without being autograd views), and
+// the cache reaches a steady size instead of growing step after step.
+STRATA_WORKER(fsdp_buffer_cache) {
+  Checks c;
+  const GPTConfig config = GPTConfig().n_layer(2).n_head(4).n_embd(256).block_size(16);
+  auto train = [&](GPT& model, torch::optim::Optimizer& optimizer, int step, auto&& backward) {
+    auto [input, target] = batch();
+    at::Tensor loss = model->loss(input, target);
+    backward(loss);
+    optimizer.step();
+    optimizer.zero_grad(/*set_to_none=*/step % 2 == 0);
+    return loss.item<double>();
+  };
+  std::vector<double> reference;
+  {
+    Fabric::seed_everything(5);
+    GPT model(config);
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    for (int step = 0; step < 6; ++step) {
+      reference.push_back(train(model, optimizer, step, [](const at::Tensor& loss) { loss.backward(); }));
+    }
+  }
+  Fabric fabric(FabricOptions().with_strategy(fsdp()));
+  fabric.launch([&](Fabric& f) {
+    c.rank = f.global_rank();
+    Fabric::seed_everything(5);
+    GPT model(config);
+    f.setup_module(model);
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    f.setup_optimizer(optimizer);
+    std::vector<size_t> held;
+    for (int step = 0; step < 6; ++step) {
+      // Every rank trains on the whole batch: the mean over ranks is it.
+      double loss = train(model, optimizer, step, [&](const at::Tensor& l) { f.backward(l); });
+      c.expect(std::abs(loss - reference[step]) < 1e-5 * std::abs(reference[step]),
+               "step " + std::to_string(step) + ": loss " + std::to_string(loss) + " vs one process " +
+                   std::to_string(reference[step]));
+      if (step % 2 == 1) {
+        for (const at::Tensor& p : model->parameters()) {
+          c.expect(p.grad().defined() && p.grad().abs().max().item<float>() == 0.0f,
+                   "zero_grad(false) zeroes each shard's gradient in place");
+        }
+      }
+      held.push_back(FSDPStrategy::buffer_bytes().held);
+    }
+    c.expect(FSDPStrategy::buffer_bytes().idle >= (size_t{1} << 20),
+             "the units' buffers are kept between steps (" + std::to_string(FSDPStrategy::buffer_bytes().idle) +
+                 " bytes idle)");
+    // How many buffers are alive at once depends on when the communication
+    // thread lets go of them, so the cache may take a block more in a later
+    // step, but it must not grow with the steps.
+    std::string sizes;
+    for (size_t h : held) sizes += std::to_string(h) + " ";
+    c.expect(held[5] <= held[1] + held[1] / 4, "the cache stops growing after the first steps; held: " + sizes);
+  });
+  return c.result();
+}
+
+TEST(FSDPTest, BufferCacheKeepsTrainingExactAndStaysSteady) {
+  auto run = strata::testing::run_workers(2, "fsdp_buffer_cache");
+  EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+}

@@ -27,6 +27,13 @@ int threads_per_worker(int cores, int local_workers);
 /// MALLOC_TRIM_THRESHOLD_ is set. Idempotent.
 void apply_allocator_settings();
 
+/// Hands the pages of the heap's free memory back to the kernel
+/// (glibc's malloc_trim), which the settings above otherwise keep: for
+/// after a phase that freed much that later phases will not allocate again
+/// in the same sizes, such as FSDP's set-up, which frees the unsharded
+/// model. Costs a walk over the heap's free blocks; no-op elsewhere.
+void release_free_memory();
+
 /// Ends a worker process that strata's launcher started by re-executing
 /// the program (Fabric::launch's workers), once its work is done: flushes
 /// the standard streams and leaves with `exit_code`, without running the

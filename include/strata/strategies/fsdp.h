@@ -179,6 +179,15 @@ class FSDPStrategy : public Strategy {
   /// in the order their forward first ran (registration order before the
   /// first forward).
   std::vector<FSDPUnitInfo> units() const;
+  /// Host memory of FSDP's buffer cache (its units' gathered parameters
+  /// and gather and reduce buffers, kept between uses; Note [FSDP's buffer
+  /// cache]): `held`, all its blocks; `idle`, those waiting for the next
+  /// use, freed at teardown. For memory reports.
+  struct BufferBytes {
+    size_t held = 0;
+    size_t idle = 0;
+  };
+  static BufferBytes buffer_bytes();
   /// Gathers the full value of a parameter of the modules set up, by its
   /// full name (the first module that has it; every rank must call it).
   /// For tests and tools.

@@ -10,12 +10,14 @@
 
 #include <unordered_set>
 
+#include "buffer_cache.h"
 #include "construction.h"
 #include "state.h"
 #include "strata/core/container_calls.h"
 #include "strata/core/error.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
+#include "strata/runtime/process.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "wrap_policy.h"
 
@@ -197,6 +199,9 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   // The calls a Sequential makes to its children, and its own forward, now
   // reach the hooks (core/container_calls.h).
   routes_.push_back(route_container_calls(*module));
+  // The unsharded values are gone; training allocates in other sizes
+  // (Note [FSDP's buffer cache]), so give their pages back.
+  runtime::release_free_memory();
   return module;
 }
 
@@ -283,6 +288,12 @@ void FSDPStrategy::teardown() {
   Strategy::teardown();
   states_.clear();
   presharded_.reset();
+  detail::BufferCache::host().release();
+}
+
+FSDPStrategy::BufferBytes FSDPStrategy::buffer_bytes() {
+  const detail::BufferCache& cache = detail::BufferCache::host();
+  return {cache.held_bytes(), cache.idle_bytes()};
 }
 
 std::vector<FSDPUnitInfo> FSDPStrategy::units() const {

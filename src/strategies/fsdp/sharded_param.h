@@ -85,7 +85,7 @@ struct ShardedParam {
   int64_t numel = 0;
   int64_t chunk = 0;           ///< shard length (padded) on every rank
   int64_t offset = 0;          ///< where the shard sits in its unit's flat shard
-  int64_t storage_bytes = 0;   ///< bytes of the full value's (padded) storage
+  int64_t storage_bytes = 0;   ///< bytes of the storage of the full value: its unit's block
   size_t unit = 0;
   bool trainable = false;
   bool grad_ready = false;     ///< its gradient of this backward arrived
@@ -94,9 +94,11 @@ struct ShardedParam {
   GradAccumulator accumulator;  ///< made at construction, until set-up hooks it
 
   /// Makes the compute tensor the full value, from `pieces` (world, chunk),
-  /// rank-major. `refill`: the storage was freed after forward and views
-  /// of it are saved for backward: allocate it again and fill it in place.
-  void unshard(const at::Tensor& pieces, int world, bool refill);
+  /// rank-major, in its place of `unit_block` (Note [One block per unit]).
+  /// `refill`: the storage was freed after forward and views of it are
+  /// saved for backward: allocate it again (the first of the unit's
+  /// parameters does, for all) and fill it in place; `unit_block` is unused.
+  void unshard(const at::Tensor& pieces, const at::Tensor& unit_block, int world, bool refill);
   /// Frees the full value's storage, keeping the tensor's shape.
   void free_storage();
   /// Makes the compute tensor a 0-element tensor of `dtype` again.
