@@ -393,6 +393,104 @@ WorkPtr Group::start_reduce_scatter(at::Tensor input, at::Tensor output, ReduceO
   return state_->submit(task, &input, static_cast<int64_t>(op), -1, "", sync);
 }
 
+namespace {
+
+/// Checks that `segments` cut a shard of `n` elements (Note [Segmented layouts]).
+void check_segments(const char* op, const std::vector<int64_t>& segments, int64_t n) {
+  int64_t sum = 0;
+  for (int64_t s : segments) {
+    STRATA_CHECK(s >= 0, ConfigError, "[comm] ", op, ": a segment length is ", s, "; lengths must be >= 0");
+    sum += s;
+  }
+  STRATA_CHECK(sum == n, ConfigError, "[comm] ", op, ": the segments sum to ", sum,
+               " elements, but this rank's shard has ", n);
+}
+
+/// Copies between a full buffer in the segmented layout and the rank-major
+/// one of all_gather and reduce_scatter ((world, n): rank r's shard in row r).
+void copy_segments(const at::Tensor& segmented, const at::Tensor& rank_major, const std::vector<int64_t>& segments,
+                   int world, bool to_segmented) {
+  const int64_t n = rank_major.numel() / world;
+  at::Tensor rows = rank_major.view({world, n});
+  int64_t begin = 0;
+  for (int64_t len : segments) {
+    if (len > 0) {
+      at::Tensor place = segmented.narrow(0, world * begin, world * len).view({world, len});
+      at::Tensor piece = rows.narrow(1, begin, len);
+      if (to_segmented) {
+        place.copy_(piece);
+      } else {
+        piece.copy_(place);
+      }
+    }
+    begin += len;
+  }
+}
+
+}  // namespace
+
+WorkPtr Group::all_gather_segmented_async(at::Tensor input, at::Tensor output, std::vector<int64_t> segments) {
+  check_dtype(OpKind::kAllGather, input);
+  STRATA_CHECK(output.scalar_type() == input.scalar_type(), ConfigError,
+               "[comm] all_gather_segmented: output dtype ", output.scalar_type(), " differs from input dtype ",
+               input.scalar_type());
+  STRATA_CHECK(input.is_contiguous() && output.is_contiguous() && output.numel() == size() * input.numel(),
+               ConfigError, "[comm] all_gather_segmented: input and output must be contiguous and the output hold ",
+               size() * input.numel(), " elements (size() * input.numel()), got ", output.numel());
+  check_segments("all_gather_segmented", segments, input.numel());
+  std::shared_ptr<Backend> backend = state_->backend;
+  std::shared_ptr<Task> task;
+  if (backend->supports_segmented()) {
+    task = make_task(OpKind::kAllGather, input.nbytes(), [backend, input, output, segments]() mutable {
+      backend->all_gather_segmented(input, output, segments);
+    });
+  } else {
+    auto gathered = std::make_shared<at::Tensor>();
+    task = make_task(
+        OpKind::kAllGather, input.nbytes(),
+        [backend, input, output, gathered] {
+          *gathered = at::empty({output.numel()}, output.options());
+          backend->all_gather(input, *gathered);
+        },
+        [backend, output, gathered, segments] {
+          copy_segments(output, *gathered, segments, backend->size(), /*to_segmented=*/true);
+          gathered->reset();
+        });
+  }
+  return state_->submit(task, &input, -1, -1, "", false);
+}
+
+WorkPtr Group::reduce_scatter_segmented_async(at::Tensor input, at::Tensor output, std::vector<int64_t> segments,
+                                              ReduceOp op) {
+  check_dtype(OpKind::kReduceScatter, input);
+  STRATA_CHECK(output.scalar_type() == input.scalar_type(), ConfigError,
+               "[comm] reduce_scatter_segmented: output dtype ", output.scalar_type(), " differs from input dtype ",
+               input.scalar_type());
+  STRATA_CHECK(input.is_contiguous() && output.is_contiguous() && input.numel() == size() * output.numel(),
+               ConfigError, "[comm] reduce_scatter_segmented: input and output must be contiguous and the input hold ",
+               size() * output.numel(), " elements (size() * output.numel()), got ", input.numel());
+  check_segments("reduce_scatter_segmented", segments, output.numel());
+  std::shared_ptr<Backend> backend = state_->backend;
+  const ReduceOp backend_op = op == ReduceOp::kMean ? ReduceOp::kSum : op;
+  auto packed = std::make_shared<at::Tensor>();  // kept until the result is in (stream-ordered backends)
+  auto task = make_task(
+      OpKind::kReduceScatter, input.nbytes(),
+      [backend, input, output, segments, backend_op, packed]() mutable {
+        if (backend->supports_segmented()) {
+          backend->reduce_scatter_segmented(input, output, segments, backend_op);
+          return;
+        }
+        *packed = at::empty({input.numel()}, input.options());
+        copy_segments(input, *packed, segments, backend->size(), /*to_segmented=*/false);
+        backend->reduce_scatter(*packed, output, backend_op);
+      },
+      [backend, output, op, packed]() mutable {
+        if (op == ReduceOp::kMean) divide(output, backend->size());
+        packed->reset();
+      });
+  return state_->submit(task, &input, static_cast<int64_t>(op), -1, "", false);
+}
+
 void Group::broadcast(at::Tensor& tensor, int src) { start_broadcast(tensor, src, true)->wait(); }
 
 WorkPtr Group::broadcast_async(at::Tensor tensor, int src) { return start_broadcast(std::move(tensor), src, false); }

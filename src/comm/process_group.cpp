@@ -29,6 +29,14 @@ std::string lower(std::string s) {
 
 }  // namespace
 
+void Backend::all_gather_segmented(const at::Tensor&, at::Tensor&, const std::vector<int64_t>&) {
+  throw ConfigError("[comm] the " + name() + " backend has no segmented all_gather (supports_segmented() is false)");
+}
+
+void Backend::reduce_scatter_segmented(const at::Tensor&, at::Tensor&, const std::vector<int64_t>&, ReduceOp) {
+  throw ConfigError("[comm] the " + name() + " backend has no segmented reduce_scatter (supports_segmented() is false)");
+}
+
 ReduceOp parse_reduce_op(const std::string& name) {
   const std::string n = lower(name);
   if (n == "sum") return ReduceOp::kSum;

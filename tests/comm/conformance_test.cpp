@@ -205,6 +205,49 @@ void check_reduce_scatter(Group& g, Checker& c) {
                   "reduce_scatter sum bfloat16 x" + std::to_string(n * rows));
 }
 
+// Note [Segmented layouts] in backend.h: a zero-length segment, odd
+// lengths, one segment, and (float32) more than one shared-memory slot.
+void check_segmented(Group& g, Checker& c) {
+  const int n = g.size(), r = g.rank();
+  const std::vector<std::vector<int64_t>> layouts = {{3, 0, 5, 1}, {7}, {300001, 2, 700000}};
+  for (at::ScalarType dt : kDtypes) {
+    const bool integral = at::isIntegralType(dt, false);
+    for (const std::vector<int64_t>& segments : layouts) {
+      const bool big = segments.size() == 3;
+      if (big && dt != at::kFloat) continue;
+      int64_t len = 0;
+      for (int64_t s : segments) len += s;
+      const std::string what = " " + name(dt) + " x" + std::to_string(segments.size()) + " segments of " +
+                               std::to_string(len);
+      // all_gather: segment i holds every rank's piece i in rank order.
+      at::Tensor full = at::empty({n * len}, on(dt));
+      g.all_gather_segmented_async(filled(v, r, {len}).to(on(dt)), full, segments)->wait();
+      std::vector<at::Tensor> parts;
+      int64_t begin = 0;
+      for (int64_t s : segments) {
+        for (int q = 0; q < n; ++q) parts.push_back(filled(v, q, {len}).narrow(0, begin, s));
+        begin += s;
+      }
+      c.expect_tensor(full, at::cat(parts), "all_gather_segmented" + what);
+      // reduce_scatter: this rank gets its pieces of the reduced full buffer.
+      for (ReduceOp op : big ? std::vector<ReduceOp>{ReduceOp::kSum} : kOps) {
+        auto f = op == ReduceOp::kProduct ? p : v;
+        at::Tensor reduced = expected_reduce(op, n, {n * len}, integral);
+        std::vector<at::Tensor> mine;
+        begin = 0;
+        for (int64_t s : segments) {
+          mine.push_back(reduced.narrow(0, n * begin + r * s, s));
+          begin += s;
+        }
+        at::Tensor out = at::empty({len}, on(dt));
+        g.reduce_scatter_segmented_async(filled(f, r, {n * len}).to(on(dt)), out, segments, op)->wait();
+        c.expect_tensor(out, at::cat(mine), "reduce_scatter_segmented " + to_string(op) + what,
+                        op == ReduceOp::kMean ? mean_tolerance(dt) : 0);
+      }
+    }
+  }
+}
+
 void check_broadcast(Group& g, Checker& c) {
   const int n = g.size(), r = g.rank();
   for (at::ScalarType dt : kDtypes) {
@@ -298,6 +341,7 @@ Checker run_conformance(Group& g) {
   check_all_reduce(g, c);
   check_all_gather(g, c);
   check_reduce_scatter(g, c);
+  check_segmented(g, c);
   check_broadcast(g, c);
   check_async(g, c);
   check_objects(g, c);

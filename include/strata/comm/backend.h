@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace strata::comm {
 
@@ -68,6 +69,30 @@ class Backend {
   /// Returns when every rank has called barrier(). Blocks the host on
   /// every backend, stream-ordered ones included.
   virtual void barrier() = 0;
+
+  // Note [Segmented layouts]
+  // FSDP keeps a unit's full parameters (and its full gradients) in one
+  // buffer, parameter after parameter, each the concatenation of the
+  // ranks' pieces of it; a rank's shard is its pieces back to back. With
+  // `segments` the piece lengths in elements (their sum is the shard's
+  // numel n), the full buffer holds size() * n elements, segment i at
+  // size() * (segments[0] + ... + segments[i-1]) and rank r's piece of it
+  // r * segments[i] further. A plain all_gather output is the one-segment
+  // case. A backend that can read and write that layout in place skips the
+  // pack and unpack copies Group otherwise makes around all_gather and
+  // reduce_scatter.
+
+  /// True when the backend implements the two *_segmented calls.
+  virtual bool supports_segmented() const { return false; }
+  /// all_gather whose `output` is in the segmented layout of `segments`
+  /// (contiguous tensors; the segments sum to input.numel()).
+  virtual void all_gather_segmented(const at::Tensor& input, at::Tensor& output,
+                                    const std::vector<int64_t>& segments);
+  /// reduce_scatter whose `input` is in the segmented layout of `segments`;
+  /// `output` gets this rank's pieces of the result back to back. op is
+  /// never kMean.
+  virtual void reduce_scatter_segmented(const at::Tensor& input, at::Tensor& output,
+                                        const std::vector<int64_t>& segments, ReduceOp op);
 
   /// The device whose tensors the backend takes: CPU, or the CUDA device of
   /// an NCCL backend. Group allocates its own buffers there (debug

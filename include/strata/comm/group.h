@@ -101,6 +101,20 @@ class Group {
   /// `output` (contiguous) gets this rank's piece.
   WorkPtr reduce_scatter_async(at::Tensor input, at::Tensor output, ReduceOp op = ReduceOp::kMean);
 
+  /// all_gather into the segmented layout of `segments` (Note [Segmented
+  /// layouts] in backend.h): `input` holds this rank's pieces back to back
+  /// (numel: the sum of `segments`), `output` (contiguous) size() times as
+  /// many elements. Over a backend without that layout it gathers into a
+  /// buffer and copies each piece into place.
+  WorkPtr all_gather_segmented_async(at::Tensor input, at::Tensor output, std::vector<int64_t> segments);
+  /// reduce_scatter from the segmented layout of `segments`: `input`
+  /// (contiguous, numel size() * n, n the sum of `segments`) is reduced
+  /// across ranks and this rank's pieces of the result land back to back
+  /// in `output` (contiguous, numel n). Over a backend without that layout
+  /// it packs the pieces rank-major first.
+  WorkPtr reduce_scatter_segmented_async(at::Tensor input, at::Tensor output, std::vector<int64_t> segments,
+                                         ReduceOp op = ReduceOp::kMean);
+
   /// Copies rank `src`'s `tensor` into `tensor` on every rank (in place;
   /// shapes and dtypes must match).
   void broadcast(at::Tensor& tensor, int src = 0);

@@ -25,6 +25,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdio>
@@ -64,6 +65,52 @@ kernels::ReduceFn reduce_fn(at::ScalarType t, ReduceOp op, const char* name) {
       throw ConfigError(strata::detail::cat("[shm] ", name, ": dtype ", t, " is not supported"));
   }
 }
+
+/// The segmented layout of a full buffer (Note [Segmented layouts] in
+/// backend.h), in bytes: where each part of a rank's shard lies in it.
+class Layout {
+ public:
+  Layout(const std::vector<int64_t>& segments, int64_t element_size, int world) : world_(world) {
+    int64_t at = 0;
+    for (int64_t n : segments) {
+      if (n > 0) {
+        begin_.push_back(at);
+        length_.push_back(n * element_size);
+      }
+      at += n * element_size;
+    }
+  }
+
+  /// Calls f(shard_offset, bytes, full_offset) for the parts of bytes
+  /// [lo, lo + count) of rank q's shard, in order.
+  template <class F>
+  void for_each_part(int q, int64_t lo, int64_t count, F&& f) const {
+    const int64_t hi = lo + count;
+    size_t i = static_cast<size_t>(std::upper_bound(begin_.begin(), begin_.end(), lo) - begin_.begin());
+    i = i == 0 ? 0 : i - 1;
+    for (; i < begin_.size() && begin_[i] < hi; ++i) {
+      const int64_t a = std::max(lo, begin_[i]);
+      const int64_t e = std::min(hi, begin_[i] + length_[i]);
+      if (a < e) f(a, e - a, world_ * begin_[i] + q * length_[i] + (a - begin_[i]));
+    }
+  }
+
+  /// Copies bytes [lo, lo + count) of rank q's shard from `src` to their
+  /// places in the full buffer `full`.
+  void place(char* full, int q, int64_t lo, int64_t count, const char* src) const {
+    for_each_part(q, lo, count, [&](int64_t a, int64_t n, int64_t at) { std::memcpy(full + at, src + (a - lo), n); });
+  }
+
+  /// Copies bytes [lo, lo + count) of rank q's shard from their places in
+  /// the full buffer `full` to `dst`.
+  void take(char* dst, int q, int64_t lo, int64_t count, const char* full) const {
+    for_each_part(q, lo, count, [&](int64_t a, int64_t n, int64_t at) { std::memcpy(dst + (a - lo), full + at, n); });
+  }
+
+ private:
+  int world_;
+  std::vector<int64_t> begin_, length_;  // the non-empty segments' places in a shard
+};
 
 class ShmBackend final : public Backend {
  public:
@@ -179,6 +226,66 @@ class ShmBackend final : public Backend {
       wait_all(publish_next());
       for (int q = 0; q < size_; ++q) srcs[q] = q == rank_ ? in + rank_ * piece + off : seg_.slot(b, q) + rank_ * round;
       fn(out + off, nullptr, srcs.data(), size_, c / es);
+      release(b);
+    }
+  }
+
+  bool supports_segmented() const override { return true; }
+
+  void all_gather_segmented(const at::Tensor& input, at::Tensor& output,
+                            const std::vector<int64_t>& segments) override {
+    begin("all_gather", input);
+    STRATA_ASSERT(output.is_contiguous() && output.nbytes() == input.nbytes() * size_);
+    const int64_t total = input.nbytes();
+    if (total == 0) return;
+    const Layout layout(segments, input.element_size(), size_);
+    const char* in = static_cast<const char*>(input.data_ptr());
+    char* out = static_cast<char*>(output.data_ptr());
+    for (int64_t off = 0; off < total; off += slot()) {
+      const int64_t c = std::min(slot(), total - off);
+      const int b = acquire(true);
+      std::memcpy(seg_.slot(b, rank_), in + off, c);
+      const uint32_t written = publish_next();
+      layout.place(out, rank_, off, c, in + off);  // while the peers copy in
+      wait_all(written);
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_) layout.place(out, q, off, c, seg_.slot(b, q));
+      }
+      release(b);
+    }
+  }
+
+  void reduce_scatter_segmented(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& segments,
+                                ReduceOp op) override {
+    begin("reduce_scatter", input);
+    STRATA_ASSERT(output.is_contiguous() && input.nbytes() == output.nbytes() * size_);
+    const int64_t piece = output.nbytes();
+    if (piece == 0) return;
+    kernels::ReduceFn fn = reduce_fn(input.scalar_type(), op, "reduce_scatter");
+    const int64_t es = output.element_size();
+    const Layout layout(segments, es, size_);
+    const char* in = static_cast<const char*>(input.data_ptr());
+    char* out = static_cast<char*>(output.data_ptr());
+    if (size_ == 1) {
+      layout.take(out, 0, 0, piece, in);
+      return;
+    }
+    // As reduce_scatter: each round stages, for every destination rank q,
+    // the same sub-range of q's pieces, gathered from their segments.
+    const int64_t round = std::max<int64_t>(es, slot() / size_ / 64 * 64 / es * es);
+    std::vector<const void*> srcs(size_);
+    for (int64_t off = 0; off < piece; off += round) {
+      const int64_t c = std::min(round, piece - off);
+      const int b = acquire(true);
+      char* mine = seg_.slot(b, rank_);
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_) layout.take(mine + q * round, q, off, c, in);
+      }
+      wait_all(publish_next());
+      layout.for_each_part(rank_, off, c, [&](int64_t a, int64_t n, int64_t at) {
+        for (int q = 0; q < size_; ++q) srcs[q] = q == rank_ ? in + at : seg_.slot(b, q) + rank_ * round + (a - off);
+        fn(out + a, nullptr, srcs.data(), size_, n / es);
+      });
       release(b);
     }
   }

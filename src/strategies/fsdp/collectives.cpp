@@ -4,53 +4,77 @@
 #include <ATen/ATen.h>
 
 #include "buffer_cache.h"
-#include "strata/checkpoint/sharded.h"
 
 namespace strata::strategies::detail {
 
-AllGatherWork start_all_gather(comm::Group& group, const at::Tensor& flat_shard, c10::ScalarType dtype) {
+AllGatherWork start_all_gather(comm::Group& group, const at::Tensor& flat_shard, const at::Tensor& block,
+                               const std::vector<int64_t>& segments, c10::ScalarType dtype) {
   AllGatherWork gather;
   gather.input = flat_shard.scalar_type() == dtype ? flat_shard : flat_shard.to(dtype);
-  gather.output = empty_buffer({group.size() * flat_shard.numel()}, gather.input.options());
-  gather.work = group.all_gather_async(gather.input, gather.output);
+  gather.block = block;
+  gather.work = group.all_gather_segmented_async(gather.input, block, segments);
   return gather;
 }
 
-void finish_all_gather(AllGatherWork& gather, const std::vector<ShardedParam*>& params, int world,
-                       int64_t shard_numel, bool refill) {
+void finish_all_gather(AllGatherWork& gather, const std::vector<ShardedParam*>& params, int world, bool refill) {
   gather.work->wait();
-  at::Tensor gathered = gather.output.view({world, shard_numel});
-  torch::NoGradGuard no_grad;
-  at::Tensor block;  // Note [One block per unit] in sharded_param.cpp
-  if (!refill) block = empty_buffer({world * shard_numel}, gather.output.options());
-  for (ShardedParam* p : params) {
-    p->unshard(gathered.narrow(1, p->offset, p->chunk), block, world, refill);  // (world, chunk), rank-major
+  if (!refill) {
+    torch::NoGradGuard no_grad;
+    for (ShardedParam* p : params) p->unshard(gather.block, world);
   }
   gather = AllGatherWork();
 }
 
-ReduceScatterWork start_reduce_scatter(comm::Group& group, const std::vector<ShardedParam*>& params,
-                                       const at::Tensor& flat_shard, c10::ScalarType dtype) {
-  const int world = group.size();
-  const int64_t shard_numel = flat_shard.numel();
+// Note [Gradient blocks]
+// A unit's full gradients are reduce-scattered from one block in the
+// layout of its gathered parameters (Note [One block per unit] in
+// sharded_param.cpp): parameter p's gradient at world x p.offset, then
+// zeros up to world x p.chunk. As each gradient arrives, the hook copies
+// it into its place and drops it (place_gradient), so the unit's full
+// gradients exist once and a backend with segmented collectives reduces
+// from the block itself, with no packing (Note [Segmented layouts] in
+// comm/backend.h). A second gradient of the same parameter in one
+// backward (a tied weight) adds into its place.
+void place_gradient(ShardedParam& p, at::Tensor& grad_block, const std::vector<ShardedParam*>& unit_params,
+                    int world, int64_t shard_numel, c10::ScalarType dtype) {
+  at::Tensor& grad = p.compute.mutable_grad();
+  if (!grad.defined()) return;
   torch::NoGradGuard no_grad;
-  at::Tensor packed = empty_buffer({world, shard_numel}, flat_shard.options().dtype(dtype)).zero_();
-  for (ShardedParam* p : params) {
-    if (!p->trainable) continue;
-    at::Tensor grad = p->compute.grad();
-    if (!grad.defined()) continue;  // no gradient on this rank in this step: counts as zero
-    at::Tensor flat = grad.reshape({-1});
-    for (int r = 0; r < world; ++r) {
-      checkpoint::FlatSlice slice = checkpoint::shard_slice(p->numel, world, r);
-      if (slice.size() == 0) continue;
-      packed[r].narrow(0, p->offset, slice.size()).copy_(flat.narrow(0, slice.begin, slice.size()));
+  if (!grad_block.defined()) {
+    grad_block = empty_buffer({world * shard_numel}, grad.options().dtype(dtype));
+    for (const ShardedParam* q : unit_params) {
+      const int64_t padding = world * q->chunk - q->numel;
+      if (padding > 0) grad_block.narrow(0, world * q->offset + q->numel, padding).zero_();
     }
-    p->compute.mutable_grad() = at::Tensor();
+  }
+  at::Tensor place = grad_block.narrow(0, world * p.offset, p.numel).view(p.shape);
+  if (p.grad_placed) {
+    place.add_(grad);
+  } else {
+    place.copy_(grad);
+    p.grad_placed = true;
+  }
+  grad = at::Tensor();
+}
+
+ReduceScatterWork start_reduce_scatter(comm::Group& group, const std::vector<ShardedParam*>& params,
+                                       at::Tensor grad_block, int64_t shard_numel,
+                                       const std::vector<int64_t>& segments, const at::TensorOptions& options) {
+  const int world = group.size();
+  torch::NoGradGuard no_grad;
+  if (!grad_block.defined()) grad_block = empty_buffer({world * shard_numel}, options).zero_();
+  const c10::ScalarType dtype = grad_block.scalar_type();
+  for (ShardedParam* p : params) {
+    // A gradient the hook did not see (accumulated under no_backward_sync
+    // for a parameter this backward did not reach) still counts.
+    if (p->trainable) place_gradient(*p, grad_block, params, world, shard_numel, dtype);
+    if (!p->grad_placed && p->numel > 0) grad_block.narrow(0, world * p->offset, p->numel).zero_();
+    p->grad_placed = false;
   }
   ReduceScatterWork reduce;
-  reduce.input = packed;
-  reduce.output = empty_buffer({shard_numel}, packed.options());
-  reduce.work = group.reduce_scatter_async(packed, reduce.output, comm::ReduceOp::kMean);
+  reduce.input = std::move(grad_block);
+  reduce.output = empty_buffer({shard_numel}, reduce.input.options());
+  reduce.work = group.reduce_scatter_segmented_async(reduce.input, reduce.output, segments, comm::ReduceOp::kMean);
   return reduce;
 }
 

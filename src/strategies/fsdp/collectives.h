@@ -13,20 +13,30 @@
 
 namespace strata::strategies::detail {
 
-/// An all-gather of a unit's flat shard, in flight.
+/// An all-gather of a unit's flat shard into its block (Note [One block
+/// per unit] in sharded_param.cpp), in flight.
 struct AllGatherWork {
-  at::Tensor input, output;
+  at::Tensor input, block;
   comm::WorkPtr work;
 };
 
 /// Starts gathering `flat_shard` (this rank's shards of a unit, back to
-/// back) from every rank, cast to `dtype`.
-AllGatherWork start_all_gather(comm::Group& group, const at::Tensor& flat_shard, c10::ScalarType dtype);
+/// back), cast to `dtype`, from every rank straight into `block` (the
+/// unit's full values, in the segmented layout of `segments`).
+AllGatherWork start_all_gather(comm::Group& group, const at::Tensor& flat_shard, const at::Tensor& block,
+                               const std::vector<int64_t>& segments, c10::ScalarType dtype);
 
-/// Waits for `gather` and copies the full values out into `params` (each
-/// ShardedParam::unshard, `refill` as there).
-void finish_all_gather(AllGatherWork& gather, const std::vector<ShardedParam*>& params, int world,
-                       int64_t shard_numel, bool refill);
+/// Waits for `gather`; unless `refill` (the block is the storage that the
+/// compute tensors and autograd's saved views already share), points each
+/// parameter's compute tensor at its place in the block.
+void finish_all_gather(AllGatherWork& gather, const std::vector<ShardedParam*>& params, int world, bool refill);
+
+/// Moves the gradient autograd left on `p`'s compute tensor into its place
+/// in `grad_block` (the unit's full gradients in the segmented layout,
+/// allocated with its padding zeroed when still undefined; Note [Gradient
+/// blocks]) and drops it from the compute tensor. Nothing without one.
+void place_gradient(ShardedParam& p, at::Tensor& grad_block, const std::vector<ShardedParam*>& unit_params,
+                    int world, int64_t shard_numel, c10::ScalarType dtype);
 
 /// A reduce-scatter of a unit's gradients, in flight.
 struct ReduceScatterWork {
@@ -34,12 +44,13 @@ struct ReduceScatterWork {
   comm::WorkPtr work;
 };
 
-/// Packs the gradients of `params` rank-major (row r: for every parameter
-/// the elements of rank r's shard) in `dtype`, drops them from the compute
-/// tensors and starts their reduce-scatter (mean): each rank receives the
-/// mean over ranks of its own shards' gradients.
+/// Places what gradients are left on the compute tensors of `params`,
+/// zeroes the places of those without one (no gradient on this rank counts
+/// as zero), and starts the reduce-scatter (mean) of `grad_block` (taken):
+/// each rank receives the mean over ranks of its own shards' gradients.
 ReduceScatterWork start_reduce_scatter(comm::Group& group, const std::vector<ShardedParam*>& params,
-                                       const at::Tensor& flat_shard, c10::ScalarType dtype);
+                                       at::Tensor grad_block, int64_t shard_numel,
+                                       const std::vector<int64_t>& segments, const at::TensorOptions& options);
 
 /// Waits for `reduce` and adds its result, cast to `shard_dtype`, to the
 /// gradients of the shards of `params`.

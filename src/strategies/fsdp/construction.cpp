@@ -134,6 +134,7 @@ void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options
     for (size_t i : unit.params) {
       params[i].offset = offset;
       offset += params[i].chunk;
+      unit.segments.push_back(params[i].chunk);
       if (params[i].trainable) ++unit.trainable;
     }
     unit.shard_numel = offset;

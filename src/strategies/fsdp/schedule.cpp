@@ -57,7 +57,9 @@ void FSDPState::launch_ready_reductions(bool all) {
 
 void FSDPState::launch_reduction(size_t u) {
   Unit& unit = units[u];
-  unit.reduce_work = start_reduce_scatter(group, params_of(unit), unit.flat_shard, reduce_dtype);
+  unit.reduce_work = start_reduce_scatter(group, params_of(unit), std::move(unit.grad_block), unit.shard_numel,
+                                         unit.segments, unit.flat_shard.options().dtype(reduce_dtype));
+  unit.grad_block = at::Tensor();
   reshard(u);
   // Keep two reductions in flight at most: each holds a unit's full
   // gradients, and holding them all would cost a whole model's worth.

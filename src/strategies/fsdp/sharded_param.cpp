@@ -96,25 +96,26 @@ GradAccumulator accumulator_then_empty(at::Tensor& compute, const at::Tensor& fu
 // Note [One block per unit]
 // The full values of a unit's parameters live in one block of the unit's
 // full size (world x its flat shard), parameter after parameter, each
-// padded to world x chunk: the same size as the unit's gather and reduce
-// buffers, so the buffer cache (Note [FSDP's buffer cache]) serves all
-// three from one size class, and freeing the unit after forward frees one
-// block. Parameter p sits at world x p.offset.
-void ShardedParam::unshard(const at::Tensor& pieces, const at::Tensor& unit_block, int world, bool refill) {
-  const int64_t place = world * offset;
-  if (refill) {
-    // Fill the storage autograd's saved views point at.
-    const c10::Storage& storage = compute.storage();
-    if (storage.nbytes() == 0) resize_storage(storage, storage_bytes);
-    at::Tensor padded = alias_storage(compute);
-    padded.set_(storage, place, {world, chunk}, {chunk, 1});
-    padded.copy_(pieces);
-  } else {
-    at::Tensor padded = unit_block.narrow(0, place, world * chunk).view({world, chunk});
-    padded.copy_(pieces);
-    storage_bytes = static_cast<int64_t>(unit_block.storage().nbytes());
-    compute.set_data(padded.view({-1}).narrow(0, 0, numel).view(shape));
-  }
+// padded to world x chunk: the segmented layout of the unit's chunks
+// (Note [Segmented layouts] in comm/backend.h), which the unit's
+// all-gather writes in place. The gather and reduce buffers have the same
+// size, so the buffer cache (Note [FSDP's buffer cache]) serves them from
+// one size class, and freeing the unit after forward frees one block.
+// Parameter p sits at world x p.offset.
+void ShardedParam::unshard(const at::Tensor& unit_block, int world) {
+  storage_bytes = static_cast<int64_t>(unit_block.storage().nbytes());
+  compute.set_data(unit_block.narrow(0, world * offset, numel).view(shape));
+}
+
+at::Tensor ShardedParam::reallocate_storage(int64_t numel) {
+  const c10::Storage& storage = compute.storage();
+  if (storage.nbytes() == 0) resize_storage(storage, storage_bytes);
+  STRATA_ASSERT(static_cast<int64_t>(storage.nbytes()) >= numel * compute.element_size(),
+                "[fsdp] the storage of '", name, "' holds ", storage.nbytes(), " bytes, its unit's block needs ",
+                numel * compute.element_size());
+  at::Tensor block = alias_storage(compute);
+  block.set_(storage, 0, {numel}, {1});
+  return block;
 }
 
 void ShardedParam::free_storage() { resize_storage(compute.storage(), 0); }

@@ -89,16 +89,19 @@ struct ShardedParam {
   size_t unit = 0;
   bool trainable = false;
   bool grad_ready = false;     ///< its gradient of this backward arrived
+  bool grad_placed = false;    ///< its place in the unit's gradient block holds this backward's gradient
   std::vector<std::pair<torch::nn::Module*, std::string>> owners;  ///< where it is registered
   at::Tensor preshard;          ///< this rank's piece when sharded at construction (until set-up ends)
   GradAccumulator accumulator;  ///< made at construction, until set-up hooks it
 
-  /// Makes the compute tensor the full value, from `pieces` (world, chunk),
-  /// rank-major, in its place of `unit_block` (Note [One block per unit]).
-  /// `refill`: the storage was freed after forward and views of it are
-  /// saved for backward: allocate it again (the first of the unit's
-  /// parameters does, for all) and fill it in place; `unit_block` is unused.
-  void unshard(const at::Tensor& pieces, const at::Tensor& unit_block, int world, bool refill);
+  /// Makes the compute tensor the full value: its place in `unit_block`,
+  /// the unit's gathered parameters (Note [One block per unit]).
+  void unshard(const at::Tensor& unit_block, int world);
+  /// The storage of the full value (its unit's block, shared by the unit's
+  /// parameters and the views autograd saved of them), freed after forward,
+  /// allocated again, as a flat tensor of `numel` elements: what the
+  /// backward's gather refills.
+  at::Tensor reallocate_storage(int64_t numel);
   /// Frees the full value's storage, keeping the tensor's shape.
   void free_storage();
   /// Makes the compute tensor a 0-element tensor of `dtype` again.

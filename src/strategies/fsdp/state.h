@@ -61,6 +61,8 @@ struct Unit {
   std::vector<size_t> params;
   int64_t shard_numel = 0;
   at::Tensor flat_shard;  ///< the shards of params, back to back
+  std::vector<int64_t> segments;  ///< each parameter's chunk: the layout of the unit's blocks
+  at::Tensor grad_block;  ///< its full gradients while its backward runs (Note [Gradient blocks])
   size_t trainable = 0;   ///< trainable parameters
   size_t grads_ready = 0; ///< of which the gradient arrived in this backward
   ShardedState sharded_state = ShardedState::kSharded;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include "buffer_cache.h"
 #include "state.h"
 #include "strata/core/error.h"
 
@@ -18,7 +19,13 @@ std::vector<ShardedParam*> FSDPState::params_of(const Unit& unit) {
 void FSDPState::unshard(size_t u) {
   Unit& unit = units[u];
   if (unit.sharded_state == ShardedState::kUnsharded || unit.unshard_work) return;
-  unit.unshard_work = start_all_gather(group, unit.flat_shard, compute_dtype);
+  const int64_t numel = world * unit.shard_numel;
+  // After forward the block's storage is kept (empty) for autograd's saved
+  // views: the gather refills it. Otherwise a fresh block.
+  at::Tensor block = unit.sharded_state == ShardedState::kShardedPostForward && !unit.params.empty()
+                         ? params[unit.params.front()].reallocate_storage(numel)
+                         : empty_buffer({numel}, unit.flat_shard.options().dtype(compute_dtype));
+  unit.unshard_work = start_all_gather(group, unit.flat_shard, block, unit.segments, compute_dtype);
 }
 
 void FSDPState::wait_for_unshard(size_t u) {
@@ -26,7 +33,7 @@ void FSDPState::wait_for_unshard(size_t u) {
   if (unit.sharded_state == ShardedState::kUnsharded) return;
   unshard(u);
   const bool refill = unit.sharded_state == ShardedState::kShardedPostForward;
-  finish_all_gather(*unit.unshard_work, params_of(unit), world, unit.shard_numel, refill);
+  finish_all_gather(*unit.unshard_work, params_of(unit), world, refill);
   unit.unshard_work.reset();
   unit.sharded_state = ShardedState::kUnsharded;
 }
@@ -43,6 +50,10 @@ void FSDPState::reshard(size_t u) {
   if (unit.unshard_work) {  // a prefetch nobody used: finish it so the group stays in order
     unit.unshard_work->work->wait();
     unit.unshard_work.reset();
+    // A refill nobody used: empty the storage again.
+    if (unit.sharded_state == ShardedState::kShardedPostForward && !unit.params.empty()) {
+      params[unit.params.front()].free_storage();
+    }
   }
   if (unit.sharded_state == ShardedState::kSharded) return;
   for (size_t i : unit.params) params[i].reshard(compute_dtype);
@@ -144,9 +155,15 @@ void FSDPState::pre_backward(size_t u) {
 
 bool FSDPState::post_backward(size_t i) {
   ShardedParam& p = params[i];
+  Unit& unit = units[p.unit];
+  // Every gradient autograd adds until the unit's reduction starts goes to
+  // the unit's block (Note [Gradient blocks]); under no_backward_sync they
+  // stay on the compute tensors, where the next synchronised backward adds.
+  if (sync && unit.training_state != TrainingState::kPostBackward) {
+    place_gradient(p, unit.grad_block, params_of(unit), world, unit.shard_numel, reduce_dtype);
+  }
   if (p.grad_ready) return false;
   p.grad_ready = true;
-  Unit& unit = units[p.unit];
   if (++unit.grads_ready < unit.trainable) return sync;
   // Every gradient of the unit is in: its parameters are not needed again
   // in this backward.
