@@ -55,6 +55,14 @@ class Task final : public Work {
     return device->is_completed();
   }
 
+  /// Drops `run` and `then`, and with them the tensors they hold, once
+  /// they have run: a finished task that someone still holds (its Work, the
+  /// group's list for synchronize()) keeps no buffer alive.
+  void release_closures() {
+    run = nullptr;
+    then = nullptr;
+  }
+
   /// Host backends, or a failed enqueue: the task is over.
   void finish(std::exception_ptr error) {
     {
@@ -116,6 +124,7 @@ class Task final : public Work {
     try {
       device->wait();
       if (then) then();
+      then = nullptr;
     } catch (...) {
       error = on_device_error ? on_device_error(std::current_exception()) : std::current_exception();
     }

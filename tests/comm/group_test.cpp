@@ -216,6 +216,25 @@ TEST(Group, RejectsUnsupportedDtypesAndBadShapesWithoutBreakingTheGroup) {
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(), "[comm] broadcast: source rank 2 is outside the group (size 2)");
   }
+  try {
+    g.all_gather_segmented_async(at::ones({5}), at::empty({10}), {2, 2});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "[comm] all_gather_segmented: the segments sum to 4 elements, but this rank's shard has 5");
+  }
+  try {
+    g.reduce_scatter_segmented_async(at::ones({6}), at::empty({3}), {4, -1});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "[comm] reduce_scatter_segmented: a segment length is -1; lengths must be >= 0");
+  }
+  try {
+    g.all_gather_segmented_async(at::ones({3}), at::empty({5}), {3});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "[comm] all_gather_segmented: input and output must be contiguous and the output hold 6 "
+                           "elements (size() * input.numel()), got 5");
+  }
   g.all_reduce(t, ReduceOp::kSum);
   EXPECT_TRUE(t.equal(at::ones({3})));
 }

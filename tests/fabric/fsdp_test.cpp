@@ -581,6 +581,22 @@ STRATA_WORKER(fsdp_buffer_cache) {
     std::string sizes;
     for (size_t h : held) sizes += std::to_string(h) + " ";
     c.expect(held[5] <= held[1] + held[1] / 4, "the cache stops growing after the first steps; held: " + sizes);
+    // Once zero_grad drops the shards' gradients, every block is idle, but
+    // only two of the largest keep their pages; the rest wait in the cache
+    // without counting in the resident set.
+    optimizer.zero_grad(/*set_to_none=*/true);
+    size_t largest = 0;
+    for (const auto& unit : dynamic_cast<FSDPStrategy&>(f.strategy()).units()) {
+      const size_t bytes = static_cast<size_t>(f.world_size() * unit.shard_numel) * sizeof(float);
+      largest = std::max(largest, (bytes + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20));
+    }
+    const FSDPStrategy::BufferBytes idle = FSDPStrategy::buffer_bytes();
+    c.expect(idle.idle <= 2 * largest && idle.held == idle.idle,
+             "after zero_grad(set_to_none) at most two of the largest blocks (" + std::to_string(largest) +
+                 " bytes) stay resident, all idle; idle " + std::to_string(idle.idle) + ", held " +
+                 std::to_string(idle.held));
+    c.expect(held[5] > 2 * largest, "with the gradients zeroed in place the cache held more than two blocks (" +
+                                        std::to_string(held[5]) + " bytes), so the bound above means something");
   });
   return c.result();
 }

@@ -3,32 +3,75 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 
 namespace strata::strategies::detail {
 
 // Note [FSDP's buffer cache]
 // Every step an FSDP unit allocates and frees, on each rank, its gathered
-// parameters and the gather and reduce buffers: blocks of the unit's full
-// size (28 MB per rank for a GPT Block of width 768 at 2 ranks), many
-// times per step, between long-lived allocations of other sizes (the
-// shards' gradients, AdamW's moments). With the heap kept between steps
-// (Note [Allocator settings] in src/runtime/process.cpp) glibc could not
-// reuse the holes they left for the next, differently placed requests: the
-// heap's free part grew by about 100 MB per step on GPT large (bench_ddp
-// --memory-trace), and FSDP's training peak was 0.80x DDP's at 2 ranks
-// while its live memory was half. Handing such blocks to the kernel
-// instead (a lower mmap threshold) bounds the peak but page-faults every
-// buffer in again each step: 12-25% slower steps on GPT small and medium.
-// This cache keeps each freed block under its exact size and hands it to
-// the next request of that size, which in FSDP comes within the same step
-// (every Block unit has the same sizes). What it holds idle is at most the
-// most buffers of one size alive at once, which the schedule bounds (the
-// unit computing, one prefetched, two reductions in flight).
+// parameters, its gradient block and the reduce-scatter's output: blocks
+// of the unit's full size, and of its shard's size, many times per step,
+// between long-lived allocations of other sizes (AdamW's moments). In
+// glibc's heap, which strata's workers keep between steps (Note [Allocator
+// settings] in src/runtime/process.cpp), the holes they left could not be
+// reused by the next, differently placed requests: the heap's free part
+// grew by about 100 MB per step on GPT large (bench_ddp --memory-trace).
+// Handing every such buffer to the kernel instead (a lower mmap threshold)
+// bounds the memory but page-faults each one in again every step, 4 KB at
+// a time: 12-25% slower steps on GPT small and medium.
+//
+// So these blocks bypass malloc: each is mapped on its own, 2 MB aligned
+// and advised for transparent huge pages, so filling one costs a fault per
+// 2 MB rather than per 4 KB where the kernel allows it. A freed block
+// waits under its exact size for the next request of that size, which in
+// FSDP comes within the step (every Block unit has the same sizes). What
+// waits idle is bounded in memory, not in mappings: beyond kWarmBlocks of
+// the largest block, a returned block gives its pages back (MADV_DONTNEED)
+// and keeps its mapping, so it leaves the resident set at once and costs
+// only the faults when taken again. That is what happens to the shards'
+// gradients that zero_grad drops: they wait through the next forward,
+// which needs only a unit or two of gathered parameters, without counting
+// in its peak.
 struct BufferCache::Block {
   void* data;
-  size_t bytes;
+  size_t bytes;   // the size asked for (the key)
+  size_t mapped;  // the mapping's length, whole huge pages
+  bool warm;      // keeps its pages
 };
+
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/// A fresh mapping of `bytes` (whole huge pages), 2 MB aligned.
+void* map_block(size_t bytes) {
+  const size_t padded = bytes + kHugePage;
+  void* raw = ::mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "[fsdp] could not map a buffer of ", bytes, " bytes: ",
+                     std::strerror(errno));
+  }
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = round_up(start, kHugePage);
+  if (aligned > start) ::munmap(raw, aligned - start);
+  const uintptr_t end = start + padded;
+  if (end > aligned + bytes) ::munmap(reinterpret_cast<void*>(aligned + bytes), end - (aligned + bytes));
+  void* data = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
+  ::madvise(data, bytes, MADV_HUGEPAGE);  // a hint: nothing changes where the kernel declines
+#endif
+  return data;
+}
+
+}  // namespace
 
 BufferCache& BufferCache::host() {
   static BufferCache* cache = new BufferCache();  // never destroyed: see the header
@@ -44,14 +87,18 @@ c10::DataPtr BufferCache::allocate(size_t bytes) {
     if (it != idle_.end() && !it->second.empty()) {
       block = it->second.back();
       it->second.pop_back();
-      idle_bytes_ -= bytes;
+      if (block->warm) idle_bytes_ -= block->mapped;
+      else held_bytes_ += block->mapped;  // its pages come back as it is written
     }
   }
   if (block == nullptr) {
-    block = new Block{c10::alloc_cpu(bytes), bytes};
+    const size_t mapped = round_up(bytes, kHugePage);
+    block = new Block{map_block(mapped), bytes, mapped, true};
     std::lock_guard<std::mutex> lock(mutex_);
-    held_bytes_ += bytes;
+    held_bytes_ += mapped;
+    largest_ = std::max(largest_, mapped);
   }
+  block->warm = true;
   return c10::DataPtr(block->data, block, &BufferCache::give_back, c10::Device(c10::kCPU));
 }
 
@@ -59,8 +106,17 @@ void BufferCache::give_back(void* context) {
   auto* block = static_cast<Block*>(context);
   BufferCache& cache = host();
   std::lock_guard<std::mutex> lock(cache.mutex_);
-  cache.idle_[block->bytes].push_back(block);
-  cache.idle_bytes_ += block->bytes;
+  std::vector<Block*>& same = cache.idle_[block->bytes];
+  if (cache.idle_bytes_ + block->mapped > kWarmBlocks * cache.largest_) {
+    // Under the lock, so no one takes the block before its pages are gone.
+    ::madvise(block->data, block->mapped, MADV_DONTNEED);
+    block->warm = false;
+    cache.held_bytes_ -= block->mapped;
+    same.insert(same.begin(), block);  // warm ones stay at the back, taken first
+  } else {
+    cache.idle_bytes_ += block->mapped;
+    same.push_back(block);
+  }
 }
 
 void BufferCache::copy_data(void* dest, const void* src, std::size_t count) const {
@@ -84,7 +140,7 @@ void BufferCache::release() {
   }
   for (auto& [bytes, blocks] : idle) {
     for (Block* block : blocks) {
-      c10::free_cpu(block->data);
+      ::munmap(block->data, block->mapped);
       delete block;
     }
   }

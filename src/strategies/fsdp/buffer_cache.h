@@ -13,14 +13,19 @@
 namespace strata::strategies::detail {
 
 /// An allocator for the buffers an FSDP unit needs again every step (its
-/// gathered parameters, the gather and reduce buffers): a freed block of
-/// at least `min_bytes` waits, by its exact size, for the next request of
-/// that size instead of going back to malloc. Smaller requests go to
-/// LibTorch's CPU allocator. Thread-safe: buffers are freed on the
+/// gathered parameters, its gradient block, the reduce-scatter's output):
+/// blocks of at least kMinBytes are mapped from the kernel on their own
+/// (huge pages where the kernel offers them), and a freed one waits, by its
+/// exact size, for the next request of that size. Idle blocks beyond
+/// kWarmBlocks of the largest size give their pages back to the kernel
+/// and keep their mapping (Note [FSDP's buffer cache]). Smaller requests go
+/// to LibTorch's CPU allocator. Thread-safe: buffers are freed on the
 /// communication threads too.
 class BufferCache final : public c10::Allocator {
  public:
   static constexpr size_t kMinBytes = size_t{1} << 20;
+  /// Idle blocks keep their pages up to this many of the largest block.
+  static constexpr size_t kWarmBlocks = 2;
 
   /// The process's cache for host memory; never destroyed, since tensors
   /// that hold its blocks may outlive any one strategy.
@@ -37,9 +42,10 @@ class BufferCache final : public c10::Allocator {
   /// their tensors are freed).
   void release();
 
-  /// Bytes of the blocks waiting for a request.
+  /// Bytes of the idle blocks that keep their pages (resident memory
+  /// waiting for a request).
   size_t idle_bytes() const;
-  /// Bytes of every block the cache holds, idle or in use.
+  /// Bytes of the blocks in use and of the idle ones that keep their pages.
   size_t held_bytes() const;
 
  private:
@@ -47,9 +53,11 @@ class BufferCache final : public c10::Allocator {
   static void give_back(void* block);
 
   mutable std::mutex mutex_;
+  /// Idle blocks by size; the ones keeping their pages last, taken first.
   std::unordered_map<size_t, std::vector<Block*>> idle_;
-  size_t idle_bytes_ = 0;
-  size_t held_bytes_ = 0;
+  size_t idle_bytes_ = 0;  ///< of idle blocks that keep their pages
+  size_t held_bytes_ = 0;  ///< in use, plus idle_bytes_
+  size_t largest_ = 0;     ///< the largest block mapped
 };
 
 /// `empty` from the host cache for a CPU tensor, LibTorch's allocator on
