@@ -147,6 +147,7 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
       } catch (...) {
         error = std::current_exception();
       }
+      task->release_closures();
       task->finish(error);
       lock.lock();
       busy = false;
@@ -181,9 +182,13 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
     } catch (...) {
       error = std::current_exception();
     }
+    task->run = nullptr;  // enqueued; `then` waits for the first wait()
     // A barrier blocked until it was over; a failed call never reached the
     // device: both are finished now.
-    if (error || !task->device) task->finish(error);
+    if (error || !task->device) {
+      task->release_closures();
+      task->finish(error);
+    }
     return task;
   }
 
@@ -198,7 +203,9 @@ struct Group::State : std::enable_shared_from_this<Group::State> {
         queue.pop_front();
         busy = true;
       }
-      task->finish(execute(*task));
+      std::exception_ptr error = execute(*task);
+      task->release_closures();
+      task->finish(error);
       std::lock_guard<std::mutex> lock(mu);
       busy = false;
     }
