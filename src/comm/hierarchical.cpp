@@ -8,14 +8,20 @@
 // the network carries 1/L of what a flat Gloo all-reduce over every rank
 // would (L ranks per host). broadcast: to the source host's leader, across
 // the leaders, then inside the other hosts. barrier: inside, across,
-// inside. all_gather and reduce_scatter run on a flat Gloo group over every
-// rank for now (their hierarchical forms need the hosts' ranks to be
-// contiguous and equal in number, which the launcher gives but nothing
-// checks yet). The reduction order differs from a flat group's, so sums
-// may differ from the flat Gloo result in the last bits; every rank still
-// gets the same bits.
+// inside. all_gather: gather inside the host, exchange the hosts' blocks
+// across the leaders, broadcast the whole result inside each host.
+// reduce_scatter: all-reduce inside the host, reduce-scatter across the
+// leaders so that each leader gets its own ranks' pieces, broadcast those
+// inside the host, each rank keeping its own. Hosts may hold different
+// numbers of ranks, in any order of global ranks: the leaders' blocks are
+// padded to the largest host, and pieces are placed by global rank. The
+// reduction order differs from a flat group's, so sums may differ from the
+// flat Gloo result in the last bits; every rank still gets the same bits.
 #include "hierarchical.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <map>
 
 #include "strata/core/error.h"
@@ -42,14 +48,14 @@ namespace {
 class HierarchicalBackend final : public Backend {
  public:
   HierarchicalBackend(Topology topology, int rank, int size, std::shared_ptr<Backend> local,
-                      std::shared_ptr<Backend> leaders, std::shared_ptr<Backend> world)
+                      std::shared_ptr<Backend> leaders, std::chrono::milliseconds timeout)
       : topo_(std::move(topology)), rank_(rank), size_(size), local_(std::move(local)),
-        leaders_(std::move(leaders)), world_(std::move(world)) {}
+        leaders_(std::move(leaders)), timeout_(timeout) {}
 
   std::string name() const override { return "shm+gloo"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::chrono::milliseconds timeout() const override { return world_->timeout(); }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     if (local_) local_->all_reduce(tensor, op);
@@ -57,10 +63,53 @@ class HierarchicalBackend final : public Backend {
     if (local_) local_->broadcast(tensor, 0);
   }
 
-  void all_gather(const at::Tensor& input, at::Tensor& output) override { world_->all_gather(input, output); }
+  void all_gather(const at::Tensor& input, at::Tensor& output) override {
+    const int64_t n = input.numel();
+    const std::vector<int>& mine = topo_.hosts[topo_.host];
+    at::Tensor host_block = input.reshape({1, n});
+    if (local_) {
+      host_block = at::empty({static_cast<int64_t>(mine.size()), n}, input.options());
+      local_->all_gather(input, host_block);
+    }
+    at::Tensor rows = output.view({size_, n});
+    if (leaders_) {
+      const int64_t widest = widest_host();
+      at::Tensor padded = at::zeros({widest, n}, input.options());
+      padded.narrow(0, 0, host_block.size(0)).copy_(host_block);
+      at::Tensor all = at::empty({static_cast<int64_t>(topo_.hosts.size()) * widest, n}, input.options());
+      leaders_->all_gather(padded, all);
+      for (size_t h = 0; h < topo_.hosts.size(); ++h) {
+        for (size_t i = 0; i < topo_.hosts[h].size(); ++i) {
+          rows[topo_.hosts[h][i]].copy_(all[static_cast<int64_t>(h) * widest + static_cast<int64_t>(i)]);
+        }
+      }
+    }
+    if (local_) local_->broadcast(output, 0);  // the leader's result, on every rank of the host
+  }
 
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
-    world_->reduce_scatter(input, output, op);
+    const int64_t n = output.numel();
+    at::Tensor host_sum = input;
+    if (local_) {
+      host_sum = input.clone();
+      local_->all_reduce(host_sum, op);
+    }
+    at::Tensor rows = host_sum.view({size_, n});
+    const int64_t widest = widest_host();
+    at::Tensor pieces = at::empty({widest, n}, output.options());  // this host's ranks' pieces, in local order
+    if (leaders_) {
+      // Block h holds the pieces of host h's ranks, so the leaders'
+      // reduce-scatter leaves each leader its own host's pieces.
+      at::Tensor by_host = at::zeros({static_cast<int64_t>(topo_.hosts.size()) * widest, n}, output.options());
+      for (size_t h = 0; h < topo_.hosts.size(); ++h) {
+        for (size_t i = 0; i < topo_.hosts[h].size(); ++i) {
+          by_host[static_cast<int64_t>(h) * widest + static_cast<int64_t>(i)].copy_(rows[topo_.hosts[h][i]]);
+        }
+      }
+      leaders_->reduce_scatter(by_host, pieces, op);
+    }
+    if (local_) local_->broadcast(pieces, 0);
+    output.view({n}).copy_(pieces[topo_.local_rank]);
   }
 
   void broadcast(at::Tensor& tensor, int src) override {
@@ -83,18 +132,26 @@ class HierarchicalBackend final : public Backend {
   }
 
  private:
+  int64_t widest_host() const {
+    size_t widest = 0;
+    for (const std::vector<int>& h : topo_.hosts) widest = std::max(widest, h.size());
+    return static_cast<int64_t>(widest);
+  }
+
   Topology topo_;
   int rank_, size_;
-  std::shared_ptr<Backend> local_, leaders_, world_;
+  std::shared_ptr<Backend> local_, leaders_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace
 
 std::shared_ptr<Backend> make_hierarchical(Topology topology, int rank, int size, std::shared_ptr<Backend> local,
-                                           std::shared_ptr<Backend> leaders, std::shared_ptr<Backend> world) {
-  STRATA_ASSERT(world != nullptr, "[comm] the hierarchical backend needs a world group");
+                                           std::shared_ptr<Backend> leaders, std::chrono::milliseconds timeout) {
+  STRATA_ASSERT(local != nullptr || leaders != nullptr, "[comm] a rank of the hierarchical backend needs its host's "
+                "group or the leaders' group");
   return std::make_shared<HierarchicalBackend>(std::move(topology), rank, size, std::move(local), std::move(leaders),
-                                               std::move(world));
+                                               timeout);
 }
 
 }  // namespace strata::comm::detail

@@ -2,6 +2,7 @@
 // shared memory inside each host, Gloo between hosts (hierarchical.cpp).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,9 +24,8 @@ struct Topology {
 /// The hierarchical backend of global rank `rank` of `size`. `local` is the
 /// shm backend of this rank's host (null when the host has one rank),
 /// `leaders` the Gloo backend between the hosts' first ranks (null on the
-/// other ranks), `world` a Gloo backend over every rank for the operations
-/// that have no hierarchical form yet (all_gather, reduce_scatter).
+/// other ranks); `timeout` is what timeout() reports (both groups use it).
 std::shared_ptr<Backend> make_hierarchical(Topology topology, int rank, int size, std::shared_ptr<Backend> local,
-                                           std::shared_ptr<Backend> leaders, std::shared_ptr<Backend> world);
+                                           std::shared_ptr<Backend> leaders, std::chrono::milliseconds timeout);
 
 }  // namespace strata::comm::detail

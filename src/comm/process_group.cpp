@@ -123,8 +123,8 @@ std::shared_ptr<Backend> make_cpu_backend(const std::string& backend, const runt
     }
   }
   // Note [Hierarchical collectives] (hierarchical.cpp). Creation order is the
-  // same on every rank: its host's shm group, the leaders' Gloo group (host
-  // leaders only), the world's Gloo group.
+  // same on every rank: its host's shm group, then the leaders' Gloo group
+  // (host leaders only).
   const std::vector<int>& mine = topo.hosts[topo.host];
   std::shared_ptr<Backend> local;
   if (mine.size() > 1) {
@@ -133,9 +133,8 @@ std::shared_ptr<Backend> make_cpu_backend(const std::string& backend, const runt
   }
   std::shared_ptr<Backend> leaders;
   if (topo.local_rank == 0) leaders = gloo::create_named(pg, "leaders", topo.host, hosts, group.timeout, rendezvous);
-  std::shared_ptr<Backend> world = gloo::create(store, env.rank, env.world_size, group.timeout, rendezvous);
   return detail::make_hierarchical(std::move(topo), env.rank, env.world_size, std::move(local), std::move(leaders),
-                                   std::move(world));
+                                   group.timeout);
 }
 
 }  // namespace

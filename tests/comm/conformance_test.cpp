@@ -4,8 +4,9 @@
 // closed form (rank r contributes v(r, i) to element i). The local backend
 // runs it in this process; Gloo and shm at world size 1 in this process and
 // at 2, 3 and 4 in worker processes, and the hierarchical backend (shm
-// inside hosts, Gloo between them) at 3 and 4 (one launch per case: a
-// worker runs every check and reports each failure).
+// inside hosts, Gloo between them) at 3 and 4, and at 5 with hosts whose
+// ranks interleave (one launch per case: a worker runs every check and
+// reports each failure).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -363,17 +364,20 @@ std::string joined(const std::vector<std::string>& lines) {
 // args: BACKEND [debug]. BACKEND is passed to init_process_group ("gloo",
 // "auto": one host, so shared memory), or "hierarchical": ranks 0..n/2-1 say
 // they are on one host and the others on another (STRATA_HOST_ID), so
-// "auto" builds shared memory inside each and Gloo between them.
+// "auto" builds shared memory inside each and Gloo between them;
+// "hierarchical-interleaved": even ranks on one host, odd ones on another.
 STRATA_WORKER(conformance) {
   runtime::Environment env = runtime::Environment::from_env();
   const std::string backend = args.at(0);
   ProcessGroupOptions options;
-  options.backend = backend == "hierarchical" ? "auto" : backend;
+  const bool hierarchical = backend.rfind("hierarchical", 0) == 0;
+  options.backend = hierarchical ? "auto" : backend;
   options.group.with_timeout(std::chrono::seconds(60)).with_debug(args.size() > 1 && args[1] == "debug");
   if (backend == "hierarchical") ::setenv("STRATA_HOST_ID", env.rank < env.world_size / 2 ? "a" : "b", 1);
+  if (backend == "hierarchical-interleaved") ::setenv("STRATA_HOST_ID", env.rank % 2 == 0 ? "even" : "odd", 1);
   if (backend == "nccl") c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(c10::Device(c10::kCUDA, env.local_rank));
   Group g = init_process_group(env, options);
-  const std::string want = backend == "auto" ? "shm" : backend == "hierarchical" ? "shm+gloo" : backend;
+  const std::string want = backend == "auto" ? "shm" : hierarchical ? "shm+gloo" : backend;
   if (g.backend_name() != want) {
     std::cerr << "FAILED: backend " << g.backend_name() << ", expected " << want << "\n";
     return 1;
@@ -440,6 +444,10 @@ TEST(ShmConformance, FourRanksMatchClosedForm) { expect_workers_pass(4, {"shm"})
 
 TEST(HierarchicalConformance, TwoHostsOfTwoRanksMatchClosedForm) { expect_workers_pass(4, {"hierarchical"}); }
 TEST(HierarchicalConformance, HostsOfOneAndTwoRanksMatchClosedForm) { expect_workers_pass(3, {"hierarchical"}); }
+// Hosts whose ranks are not contiguous: {0, 2, 4} and {1, 3}.
+TEST(HierarchicalConformance, InterleavedHostsOfThreeAndTwoRanksMatchClosedForm) {
+  expect_workers_pass(5, {"hierarchical-interleaved"});
+}
 
 using strata::testing::nccl_unavailable;
 
