@@ -14,24 +14,30 @@
 // every rank, so ranks never disagree on the order of collectives, even
 // when some parameter gets no gradient on some rank: backward() ends by
 // starting whatever is left (unused parameters count as zero), waits for
-// all buckets and scales them to the average.
+// all buckets (already scaled to the average: Note [Gradients as bucket views]).
 //
 // Note [Gradients as bucket views]
 // As PyTorch's gradient_as_bucket_view, each parameter's .grad is a view of
-// its slot in the bucket's flat buffer, so gradients are neither copied in
-// before the all-reduce nor out after it, and exist once in memory:
-// - before a synchronised backward, a parameter without a gradient (an
-//   optimizer's zero_grad, which sets them to none since LibTorch 2) gets
-//   its zeroed slot as .grad, so autograd accumulates straight into the
-//   bucket (0 + g is g, bit for bit);
-// - a gradient that is not its slot when the hook runs (the user replaced
-//   .grad, or no_sync steps accumulated into a fresh tensor) is copied into
-//   the slot once and .grad re-pointed to it: the fall-back;
+// its slot in the bucket's flat buffer once its gradient is in, so the
+// gradients exist once in memory and nothing is copied out after the
+// all-reduce:
+// - a parameter without a gradient (an optimizer's zero_grad sets them to
+//   none since LibTorch 2) gets autograd's fresh gradient; the hook copies
+//   it into its slot, multiplied by 1 / world size in the same pass (as
+//   PyTorch's DDP does), and re-points .grad to the slot. That is one pass
+//   over the gradient, where accumulating into a zeroed slot and scaling
+//   after the all-reduce took three;
+// - a gradient that is its slot already (not zeroed since the last step,
+//   or accumulated under no_sync into it) is scaled in place;
+// - the buckets are all-reduced with a sum, which is then the mean;
 // - a parameter that got no gradient on any rank ends as it began, without
 //   one, as in single-process training;
 // - non-contiguous parameters keep their own gradients (copied in and out).
 // The gradient shares the bucket's storage but is not an autograd view
-// (grad_slot), so optimizers' zero_grad, which detaches it, works.
+// (grad_slot), so optimizers' zero_grad, which detaches it, works. At 2 (or
+// any power of two) ranks, scaling before or after the sum gives the same
+// bits; at other world sizes the mean differs from sum-then-scale in the
+// last bit, and equals what PyTorch's DDP computes.
 #include "strata/strategies/ddp.h"
 
 #include <torch/nn/module.h>
@@ -64,7 +70,8 @@ struct DDPStrategy::Reducer {
   std::vector<std::pair<size_t, size_t>> location;  // param -> (bucket, slot)
   std::vector<Bucket> buckets;
   std::vector<bool> ready;       // the hook (or finish) marked it this backward
-  std::vector<bool> prepointed;  // had no gradient; got its zeroed slot before this backward
+  double scale = 1.0;            // 1 / world size
+  at::Tensor scale_by_dtype;     // scale as a 0-d tensor (scale_tensor)
   std::vector<size_t> ready_order;  // the order of the first synchronised backward
   bool order_rebuilt = false;
   size_t next_to_launch = 0;
@@ -74,7 +81,7 @@ struct DDPStrategy::Reducer {
   Reducer(comm::Group g, std::vector<at::Tensor> ps, int64_t cap_bytes)
       : group(std::move(g)), params(std::move(ps)), bucket_cap_bytes(cap_bytes) {
     ready.assign(params.size(), false);
-    prepointed.assign(params.size(), false);
+    scale = 1.0 / group.size();
     for (const at::Tensor& p : params) viewable.push_back(p.layout() == at::kStrided && p.is_contiguous());
     std::vector<size_t> order;
     for (size_t k = params.size(); k-- > 0;) order.push_back(k);
@@ -154,25 +161,6 @@ struct DDPStrategy::Reducer {
     return grad.defined() && grad.data_ptr() == slot(index).data_ptr() && grad.is_contiguous();
   }
 
-  // Before a synchronised backward: parameters without a gradient get their
-  // zeroed slot, so autograd accumulates into the bucket.
-  void prepare_backward() {
-    std::lock_guard<std::mutex> lock(mutex);
-    std::fill(prepointed.begin(), prepointed.end(), false);
-    if (!sync_enabled) return;
-    for (Bucket& bucket : buckets) {
-      bool all_unset = true;
-      for (size_t i : bucket.params) all_unset = all_unset && viewable[i] && !params[i].grad().defined();
-      if (all_unset) bucket.buffer.zero_();
-      for (size_t i : bucket.params) {
-        if (!viewable[i] || params[i].grad().defined()) continue;
-        if (!all_unset) slot(i).zero_();
-        params[i].mutable_grad() = grad_slot(i);
-        prepointed[i] = true;
-      }
-    }
-  }
-
   // Called by the gradient hook of params[index] during backward; false
   // when it was ignored (synchronisation off, or seen already).
   bool on_grad_ready(size_t index) {
@@ -184,17 +172,36 @@ struct DDPStrategy::Reducer {
     return true;
   }
 
-  // Puts params[index]'s gradient (zero when it has none) in its slot.
+  // Puts params[index]'s gradient (zero when it has none), divided by the
+  // world size, in its slot (Note [Gradients as bucket views]).
   void mark_ready(size_t index) {
     at::Tensor& grad = params[index].mutable_grad();
+    torch::NoGradGuard no_grad;
     if (!grad.defined()) {
       slot(index).zero_();
-    } else if (!is_slot(index)) {
-      slot(index).copy_(grad.reshape({-1}));  // the fall-back: one copy, then .grad is the slot
+    } else if (is_slot(index)) {
+      if (group.size() > 1) slot(index).mul_(scale);  // accumulated in place
+    } else {
+      at::Tensor place = slot(index);
+      if (group.size() > 1) {
+        at::mul_out(place, grad.reshape({-1}), scale_tensor(grad));  // one pass: scaled while copied
+      } else {
+        place.copy_(grad.reshape({-1}));
+      }
       if (viewable[index]) grad = grad_slot(index);
     }
     ready[index] = true;
     --buckets[location[index].first].pending;
+  }
+
+  // 1 / world size as a 0-d tensor of the gradient's dtype: the factor
+  // PyTorch's DDP multiplies by while it copies into the bucket.
+  const at::Tensor& scale_tensor(const at::Tensor& grad) {
+    if (!scale_by_dtype.defined() || scale_by_dtype.scalar_type() != grad.scalar_type() ||
+        scale_by_dtype.device() != grad.device()) {
+      scale_by_dtype = at::scalar_tensor(scale, grad.options().requires_grad(false));
+    }
+    return scale_by_dtype;
   }
 
   void launch_ready_buckets() {
@@ -213,15 +220,13 @@ struct DDPStrategy::Reducer {
     std::vector<bool> none_here(params.size(), false);
     for (size_t i = 0; i < params.size(); ++i) {
       if (ready[i]) continue;
-      none_here[i] = prepointed[i] || !params[i].grad().defined();
+      none_here[i] = !params[i].grad().defined();
       mark_ready(i);
     }
     launch_ready_buckets();
-    double scale = 1.0 / group.size();
     for (Bucket& bucket : buckets) {
       bucket.work->wait();
       bucket.work.reset();
-      if (group.size() > 1) bucket.buffer.mul_(scale);
     }
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -345,7 +350,6 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
 void DDPStrategy::backward(const at::Tensor& loss) {
   for (const auto& replica : replicas_) {
     replica->hooks->check_no_stray_backward("ddp");
-    replica->reducer->prepare_backward();
   }
   Strategy::backward(loss);
   if (replicas_.empty()) return;

@@ -2,7 +2,8 @@
 // (no copy in or out), the bucket order is rebuilt once from rank 0's
 // first backward, and set_to_none, a replaced .grad, zeroed gradients and
 // no_sync accumulation all give exactly the average over ranks of what
-// each rank computes alone (the same sum, then the same scaling).
+// each rank computes alone (each scaled by 1 / world size, then summed, as
+// DDP and PyTorch's DDP do).
 #include <gtest/gtest.h>
 
 #include <torch/nn/module.h>
@@ -79,11 +80,11 @@ STRATA_WORKER(ddp_bucket_views) {
   check(layout_text(strategy.bucket_layout(*model)) == "{3}{2}{1}{0}",
         "initial layout (reverse registration, 1 MB buckets): " + layout_text(strategy.bucket_layout(*model)));
 
-  // Each rank's gradients alone, summed over ranks, then scaled: DDP's average.
+  // Each rank's gradients alone, scaled, then summed over ranks: DDP's average.
   auto expected_grad = [&](size_t i) {
-    at::Tensor g = ref_params[i].grad().clone();
+    at::Tensor g = ref_params[i].grad().mul(1.0 / world);
     strategy.group().all_reduce(g, strata::comm::ReduceOp::kSum);
-    return g.mul_(1.0 / world);
+    return g;
   };
   auto check_grads = [&](const std::string& step) {
     auto layout = strategy.bucket_layout(*model);
