@@ -7,6 +7,13 @@
 
 #include <cstdlib>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#elif defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/strategies/precision.h"
@@ -92,6 +99,22 @@ void set_current_device(c10::Device device) {
   if (device.is_cpu()) return;
   c10::impl::VirtualGuardImpl guard(device.type());
   guard.setDevice(device);
+}
+
+bool cpu_has_native_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool amx_bf16 = (d >> 22) & 1U;
+  __cpuid_count(7, 1, a, b, c, d);
+  const bool avx512_bf16 = (a >> 5) & 1U;
+  return amx_bf16 || avx512_bf16;
+#elif defined(__aarch64__) && defined(HWCAP2_BF16)
+  return (::getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#else
+  return false;
+#endif
 }
 
 std::shared_ptr<Accelerator> cpu_accelerator() { return std::make_shared<CpuAccelerator>(); }

@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "strata/checkpoint/state.h"
@@ -106,6 +109,28 @@ TEST(AcceleratorTest, DeviceRngStateOfTheCpuIsTheCpuGenerator) {
       [&] { strata::checkpoint::set_device_rng_state(cpu, at::zeros({3}, at::kByte), "ckpt entry 'rng'"); });
   EXPECT_EQ(what, "[checkpoint] ckpt entry 'rng': CPU RNG state must be a 1-D uint8 tensor of " +
                       std::to_string(saved.numel()) + " bytes, got Byte [3]");
+}
+
+// The bf16 check agrees with what the kernel reports in /proc/cpuinfo.
+TEST(AcceleratorTest, NativeBf16MatchesTheCpuFlagsTheKernelReports) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  std::set<std::string> flags;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0 && line.rfind("Features", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    for (std::string w; words >> w;) flags.insert(w);
+    break;
+  }
+  if (flags.empty()) GTEST_SKIP() << "no flags line in /proc/cpuinfo";
+#if defined(__x86_64__) || defined(__i386__)
+  const bool expected = flags.count("avx512_bf16") || flags.count("amx_bf16");
+#elif defined(__aarch64__)
+  const bool expected = flags.count("bf16") > 0;
+#else
+  const bool expected = false;
+#endif
+  EXPECT_EQ(strata::strategies::cpu_has_native_bf16(), expected);
 }
 
 }  // namespace

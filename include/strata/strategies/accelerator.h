@@ -58,6 +58,12 @@ int cuda_device_index(int local_rank, int available, const char* visible_devices
 /// for CUDA, through LibTorch's device-generic guard); nothing for CPU.
 void set_current_device(c10::Device device);
 
+/// True when this CPU multiplies bfloat16 matrices natively (x86:
+/// AVX512-BF16 or AMX-BF16; Arm: the BF16 extension), which LibTorch's
+/// oneDNN kernels use; without it a bfloat16 matmul runs through a generic
+/// kernel, 10-60x slower than float32 (docs/benchmarks.md).
+bool cpu_has_native_bf16();
+
 /// Every worker on the CPU.
 std::shared_ptr<Accelerator> cpu_accelerator();
 
