@@ -6,6 +6,7 @@ Usage: $STRATA_PYTHON bench/matmul_rate.py [--n 1024] [--reps 30] [--threads 1] 
 """
 import argparse
 import json
+import sys
 import statistics
 import time
 
@@ -32,9 +33,13 @@ def main():
         torch.mm(a, b, out=c)
         secs.append(time.perf_counter() - t)
     flop = 2.0 * n ** 3
-    print(json.dumps({"kind": "matmul", "impl": "torch (Python)", "n": n, "threads": args.threads, "reps": args.reps,
-                      "gflops_median": round(flop / statistics.median(secs) / 1e9, 2),
-                      "gflops_best": round(flop / min(secs) / 1e9, 2)}), flush=True)
+    line = json.dumps({"kind": "matmul", "impl": "torch (Python)", "n": n, "threads": args.threads, "reps": args.reps,
+                       "gflops_median": round(flop / statistics.median(secs) / 1e9, 2),
+                       "gflops_best": round(flop / min(secs) / 1e9, 2)})
+    # One write per line: the ranks' processes append to one file at once
+    # (print() writes the newline apart when Python runs unbuffered).
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

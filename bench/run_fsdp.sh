@@ -8,7 +8,9 @@
 # 1. memory, at 2 and 4 ranks: GPT large (12 layers, width 768, 85 M
 #    parameters) with a 64-token context and batch 2 per rank, so that
 #    parameters, gradients and AdamW's moments dominate; DDP, FSDP built
-#    plainly then setup_module, and FSDP built inside module_sharded_context.
+#    plainly then setup_module, FSDP built inside module_sharded_context, and
+#    FSDP with glibc returning freed memory at once ("lean heap":
+#    MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ at 128 KB).
 #    Reports the training state per rank, the peak RSS during training and
 #    during set-up (Note [Memory figures] in bench/bench_ddp.cpp);
 # 2. speed, at 2 ranks: GPT small, batch 16 per rank (bench/run_ddp.sh's
@@ -58,6 +60,13 @@ for world in $worlds; do
     # shellcheck disable=SC2086
     timeout 600 "$bench" $memory_config $kind --devices "$world" | grep '^{' >> "$tmp/memory.jsonl"
   done
+  # FSDP with glibc told to return freed memory at once (no kept heap,
+  # Note [Allocator settings] in src/runtime/process.cpp): the floor the
+  # heap's reuse stands between, and what it costs in step time.
+  echo "[bench] memory: --strategy fsdp with a lean heap, $world ranks ..." >&2
+  # shellcheck disable=SC2086
+  MALLOC_MMAP_THRESHOLD_=131072 MALLOC_TRIM_THRESHOLD_=131072 timeout 600 "$bench" $memory_config --strategy fsdp \
+    --devices "$world" --impl-label "lean heap" | grep '^{' >> "$tmp/memory.jsonl"
 done
 
 # 2. Speed at 2 ranks, alternating the order between repeats so slow drift

@@ -241,7 +241,8 @@ def memory_table(runs):
     for r in runs:
         if "memory" not in r or "error" in r:
             continue
-        kinds.setdefault((r["model"], r["world"], r["strategy"], r["init"]), r)
+        init = r["init"] + ("" if r.get("impl", "strata") == "strata" else ", " + r["impl"])
+        kinds.setdefault((r["model"], r["world"], r["strategy"], init), r)
     header = ["model", "world", "strategy", "init", "state MB/rank", "x ddp", "ddp/N + unit MB",
               "train peak over start MB", "x ddp", "set-up peak over start MB", "x ddp", "peak RSS MB (max rank)",
               "step ms"]

@@ -33,8 +33,8 @@ void finish_all_gather(AllGatherWork& gather, const std::vector<ShardedParam*>& 
 // it into its place and drops it (place_gradient), so the unit's full
 // gradients exist once and a backend with segmented collectives reduces
 // from the block itself, with no packing (Note [Segmented layouts] in
-// comm/backend.h). A second gradient of the same parameter in one
-// backward (a tied weight) adds into its place.
+// comm/backend.h). Should a parameter's accumulator run again before the
+// unit's reduction starts, that gradient adds into its place.
 void place_gradient(ShardedParam& p, at::Tensor& grad_block, const std::vector<ShardedParam*>& unit_params,
                     int world, int64_t shard_numel, c10::ScalarType dtype) {
   at::Tensor& grad = p.compute.mutable_grad();
