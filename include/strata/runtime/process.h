@@ -23,8 +23,11 @@ int usable_cores();
 int threads_per_worker(int cores, int local_workers);
 
 /// Note [Allocator settings]: a training worker's glibc keeps freed memory
-/// (no trim, large mmap threshold) unless MALLOC_MMAP_THRESHOLD_ or
-/// MALLOC_TRIM_THRESHOLD_ is set. Idempotent.
+/// (no trim, large mmap threshold); with STRATA_HEAP=lean it hands freed
+/// blocks of 128 KB or more back to the kernel at once instead (lower peak
+/// memory, slower steps). Nothing changes when MALLOC_MMAP_THRESHOLD_ or
+/// MALLOC_TRIM_THRESHOLD_ is set. Throws ConfigError naming STRATA_HEAP
+/// for any other value. Idempotent.
 void apply_allocator_settings();
 
 /// Hands the pages of the heap's free memory back to the kernel
