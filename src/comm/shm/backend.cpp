@@ -179,55 +179,14 @@ class ShmBackend final : public Backend {
     }
   }
 
+  // The rank-major layout of all_gather and reduce_scatter is the
+  // segmented one with a single segment (Note [Segmented layouts]).
   void all_gather(const at::Tensor& input, at::Tensor& output) override {
-    begin("all_gather", input);
-    STRATA_ASSERT(output.is_contiguous() && output.nbytes() == input.nbytes() * size_);
-    const int64_t total = input.nbytes();
-    if (total == 0) return;
-    const char* in = static_cast<const char*>(input.data_ptr());
-    char* out = static_cast<char*>(output.data_ptr());
-    for (int64_t off = 0; off < total; off += slot()) {
-      const int64_t c = std::min(slot(), total - off);
-      const int b = acquire(true);
-      std::memcpy(seg_.slot(b, rank_), in + off, c);
-      std::memcpy(out + rank_ * total + off, in + off, c);
-      wait_all(publish_next());
-      for (int q = 0; q < size_; ++q) {
-        if (q != rank_) std::memcpy(out + q * total + off, seg_.slot(b, q), c);
-      }
-      release(b);
-    }
+    all_gather_segmented(input, output, {input.numel()});
   }
 
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
-    begin("reduce_scatter", input);
-    STRATA_ASSERT(output.is_contiguous() && input.nbytes() == output.nbytes() * size_);
-    const int64_t piece = output.nbytes();
-    if (piece == 0) return;
-    kernels::ReduceFn fn = reduce_fn(input.scalar_type(), op, "reduce_scatter");
-    const int64_t es = output.element_size();
-    const char* in = static_cast<const char*>(input.data_ptr());
-    char* out = static_cast<char*>(output.data_ptr());
-    if (size_ == 1) {
-      std::memcpy(out, in, piece);
-      return;
-    }
-    // Each round stages, for every destination rank q, the same sub-range
-    // of piece q; rank q reduces its sub-range across the slots.
-    const int64_t round = std::max<int64_t>(es, slot() / size_ / 64 * 64 / es * es);
-    std::vector<const void*> srcs(size_);
-    for (int64_t off = 0; off < piece; off += round) {
-      const int64_t c = std::min(round, piece - off);
-      const int b = acquire(true);
-      char* mine = seg_.slot(b, rank_);
-      for (int q = 0; q < size_; ++q) {
-        if (q != rank_) std::memcpy(mine + q * round, in + q * piece + off, c);
-      }
-      wait_all(publish_next());
-      for (int q = 0; q < size_; ++q) srcs[q] = q == rank_ ? in + rank_ * piece + off : seg_.slot(b, q) + rank_ * round;
-      fn(out + off, nullptr, srcs.data(), size_, c / es);
-      release(b);
-    }
+    reduce_scatter_segmented(input, output, {output.numel()}, op);
   }
 
   bool supports_segmented() const override { return true; }
@@ -270,8 +229,9 @@ class ShmBackend final : public Backend {
       layout.take(out, 0, 0, piece, in);
       return;
     }
-    // As reduce_scatter: each round stages, for every destination rank q,
-    // the same sub-range of q's pieces, gathered from their segments.
+    // Each round stages, for every destination rank q, the same sub-range
+    // of q's pieces, gathered from their segments; rank q reduces its
+    // sub-range across the slots.
     const int64_t round = std::max<int64_t>(es, slot() / size_ / 64 * 64 / es * es);
     std::vector<const void*> srcs(size_);
     for (int64_t off = 0; off < piece; off += round) {
