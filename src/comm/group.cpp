@@ -402,15 +402,26 @@ WorkPtr Group::start_reduce_scatter(at::Tensor input, at::Tensor output, ReduceO
 
 namespace {
 
-/// Checks that `segments` cut a shard of `n` elements (Note [Segmented layouts]).
-void check_segments(const char* op, const std::vector<int64_t>& segments, int64_t n) {
+/// Checks a segmented call (Note [Segmented layouts]): a supported dtype,
+/// the same on both sides, both contiguous, the full buffer (`full_name`:
+/// "input" or "output") `world` times the shard's numel, and segments
+/// that cut the shard.
+void check_segmented(OpKind op, const char* name, const at::Tensor& full, const char* full_name,
+                     const at::Tensor& shard, const std::vector<int64_t>& segments, int world) {
+  check_dtype(op, shard);
+  STRATA_CHECK(full.scalar_type() == shard.scalar_type(), ConfigError, "[comm] ", name, ": ", full_name, " dtype ",
+               full.scalar_type(), " differs from the shard's ", shard.scalar_type());
+  const char* shard_name = std::string(full_name) == "output" ? "input" : "output";
+  STRATA_CHECK(full.is_contiguous() && shard.is_contiguous() && full.numel() == world * shard.numel(), ConfigError,
+               "[comm] ", name, ": input and output must be contiguous and the ", full_name, " hold ",
+               world * shard.numel(), " elements (size() * ", shard_name, ".numel()), got ", full.numel());
   int64_t sum = 0;
   for (int64_t s : segments) {
-    STRATA_CHECK(s >= 0, ConfigError, "[comm] ", op, ": a segment length is ", s, "; lengths must be >= 0");
+    STRATA_CHECK(s >= 0, ConfigError, "[comm] ", name, ": a segment length is ", s, "; lengths must be >= 0");
     sum += s;
   }
-  STRATA_CHECK(sum == n, ConfigError, "[comm] ", op, ": the segments sum to ", sum,
-               " elements, but this rank's shard has ", n);
+  STRATA_CHECK(sum == shard.numel(), ConfigError, "[comm] ", name, ": the segments sum to ", sum,
+               " elements, but this rank's shard has ", shard.numel());
 }
 
 /// Copies between a full buffer in the segmented layout and the rank-major
@@ -437,14 +448,7 @@ void copy_segments(const at::Tensor& segmented, const at::Tensor& rank_major, co
 }  // namespace
 
 WorkPtr Group::all_gather_segmented_async(at::Tensor input, at::Tensor output, std::vector<int64_t> segments) {
-  check_dtype(OpKind::kAllGather, input);
-  STRATA_CHECK(output.scalar_type() == input.scalar_type(), ConfigError,
-               "[comm] all_gather_segmented: output dtype ", output.scalar_type(), " differs from input dtype ",
-               input.scalar_type());
-  STRATA_CHECK(input.is_contiguous() && output.is_contiguous() && output.numel() == size() * input.numel(),
-               ConfigError, "[comm] all_gather_segmented: input and output must be contiguous and the output hold ",
-               size() * input.numel(), " elements (size() * input.numel()), got ", output.numel());
-  check_segments("all_gather_segmented", segments, input.numel());
+  check_segmented(OpKind::kAllGather, "all_gather_segmented", output, "output", input, segments, size());
   std::shared_ptr<Backend> backend = state_->backend;
   std::shared_ptr<Task> task;
   if (backend->supports_segmented()) {
@@ -469,14 +473,7 @@ WorkPtr Group::all_gather_segmented_async(at::Tensor input, at::Tensor output, s
 
 WorkPtr Group::reduce_scatter_segmented_async(at::Tensor input, at::Tensor output, std::vector<int64_t> segments,
                                               ReduceOp op) {
-  check_dtype(OpKind::kReduceScatter, input);
-  STRATA_CHECK(output.scalar_type() == input.scalar_type(), ConfigError,
-               "[comm] reduce_scatter_segmented: output dtype ", output.scalar_type(), " differs from input dtype ",
-               input.scalar_type());
-  STRATA_CHECK(input.is_contiguous() && output.is_contiguous() && input.numel() == size() * output.numel(),
-               ConfigError, "[comm] reduce_scatter_segmented: input and output must be contiguous and the input hold ",
-               size() * output.numel(), " elements (size() * output.numel()), got ", input.numel());
-  check_segments("reduce_scatter_segmented", segments, output.numel());
+  check_segmented(OpKind::kReduceScatter, "reduce_scatter_segmented", input, "input", output, segments, size());
   std::shared_ptr<Backend> backend = state_->backend;
   const ReduceOp backend_op = op == ReduceOp::kMean ? ReduceOp::kSum : op;
   auto packed = std::make_shared<at::Tensor>();  // kept until the result is in (stream-ordered backends)
