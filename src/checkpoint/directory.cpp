@@ -47,6 +47,18 @@ std::string host_name() {
   return name;
 }
 
+// The host as it appears in staging names: characters other than letters,
+// digits, '.', '-' and '_' become '_' (gethostname may return anything).
+std::string host_tag() {
+  std::string tag = host_name();
+  for (char& c : tag) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '.' || c == '-' || c == '_';
+    if (!plain) c = '_';
+  }
+  return tag;
+}
+
 // "PATH.tmp-<pid>-<n>" -> true and the pid; anything else -> false.
 bool staging_pid(const std::string& name, long& pid) {
   const auto tag = name.rfind(".tmp-");
@@ -61,36 +73,66 @@ bool staging_pid(const std::string& name, long& pid) {
   return pid > 0;
 }
 
+// "PATH.tmp-<pid>-<n>@<host>" -> true, the pid and the host tag;
+// "PATH.tmp-<pid>-<n>" (older strata) -> true, the pid and "".
+bool parse_staging(const std::string& name, long& pid, std::string& host) {
+  const auto at = name.rfind('@');
+  if (at != std::string::npos && at + 1 < name.size() &&
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-",
+                             at + 1) == std::string::npos &&
+      staging_pid(name.substr(0, at), pid)) {
+    host = name.substr(at + 1);
+    return true;
+  }
+  host.clear();
+  return staging_pid(name, pid);
+}
+
+bool process_gone(long pid) {
+  return pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH;
+}
+
 }  // namespace
 
 // Note [Leftover staging directories]
-// A save killed before it publishes leaves "PATH.tmp-<pid>-<n>" behind. Its
-// owner file (kStagingOwner: host and pid) says who made it. A later save
-// or resume removes those made on this host by a process that no longer
-// runs. A live owner (even another job's), another host's, or a directory
-// without an owner file is left alone: strata removes only what it knows
-// it wrote and nobody is still writing.
+// A save killed before it publishes leaves its staging directory behind, and
+// so does one killed after the exchange rename, before the old checkpoint
+// (now under the staging name) is deleted. The name says who made it:
+// "PATH.tmp-<pid>-<n>@<host>", chosen before the directory exists, so even a
+// save killed between its mkdir and its owner file (kStagingOwner, written
+// after) is recognised. A later save or resume removes those made on this
+// host by a process that no longer runs, whatever their owner file holds
+// (missing, empty, cut short). A live owner (even another job's) or another
+// host's is left alone. Directories named by older strata, without the
+// host, are removed only when their owner file names this host and a
+// process that is gone; one without an owner file is left alone: strata
+// removes only what it knows it wrote and nobody is still writing.
 std::vector<std::string> remove_stale_staging(const std::string& dir_in) {
   std::vector<std::string> removed;
   const std::string dir = dir_in.empty() ? "." : dir_in;
   std::error_code ec;
   const std::string host = host_name();
+  const std::string tag = host_tag();
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     long pid = 0;
-    if (!staging_pid(name, pid)) continue;
+    std::string named_host;
+    if (!parse_staging(name, pid, named_host)) continue;
     struct stat st {};
     const std::string path = it->path().string();
     if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-    std::string owner;
-    try {
-      owner = read_regular_file(path + "/" + kStagingOwner, 4096);
-    } catch (const CheckpointError&) {
-      continue;
+    if (!named_host.empty()) {
+      if (named_host != tag) continue;
+    } else {
+      std::string owner;
+      try {
+        owner = read_regular_file(path + "/" + kStagingOwner, 4096);
+      } catch (const CheckpointError&) {
+        continue;
+      }
+      if (owner != cat("host ", host, "\npid ", pid, "\n")) continue;
     }
-    if (owner != cat("host ", host, "\npid ", pid, "\n")) continue;
-    if (pid == ::getpid()) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or unknown)
+    if (!process_gone(pid)) continue;  // alive, ours, or unknown
     std::error_code rm;
     fs::remove_all(path, rm);
     if (!rm) removed.push_back(path);
@@ -120,7 +162,8 @@ CheckpointWriter CheckpointWriter::begin(const std::string& path_in) {
   }
   for (const std::string& stale : remove_stale_staging(parent.empty() ? "." : parent.string()))
     warn(cat("removed ", stale, ", left by an interrupted save whose process is gone"));
-  std::string staging = unique_sibling(path, ".tmp");
+  // Note [Leftover staging directories]: the name carries pid and host.
+  std::string staging = unique_sibling(path, ".tmp", "@" + host_tag());
   STRATA_CHECK_SYSCALL(::mkdir(staging.c_str(), 0755), CheckpointError, "[checkpoint] ", path,
                        ": creating staging directory ", staging);
   CheckpointWriter writer(path, staging, /*owner=*/true);

@@ -2,11 +2,13 @@
 // an interrupted save, a replacement and a damaged directory.
 #include "strata/checkpoint/atomic.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 
@@ -59,6 +61,30 @@ TEST_F(AtomicTest, UncommittedFileLeavesThePreviousContentAndNoTemporary) {
 TEST_F(AtomicTest, FileSystemErrorsNameThePathAndErrno) {
   expect_error([&] { atomic_write_file(path("no/such/dir/f.txt"), "x"); },
                {"[checkpoint] " + path("no/such/dir/f.txt"), "No such file or directory"});
+}
+
+TEST_F(AtomicTest, FullDiskNamesTheFileAndSaysWhatToDo) {
+  atomic_write_file(path("model.safetensors"), "old");
+  {
+    AtomicFile file(path("model.safetensors"));
+    // The temporary file's descriptor now writes to /dev/full: ENOSPC.
+    const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+    if (full == -1) GTEST_SKIP() << "/dev/full is missing, so a full disk cannot be simulated";
+    ASSERT_EQ(::dup2(full, file.fd()), file.fd());
+    ::close(full);
+    try {
+      file.write("tensor bytes", 12);
+      ADD_FAILURE() << "writing to a full disk succeeded";
+    } catch (const CheckpointError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "[checkpoint] " + path("model.safetensors") +
+                    ": no space left on device while writing 12 bytes; free space on that file "
+                    "system or save to another folder, then save again (earlier checkpoints are "
+                    "untouched)");
+    }
+  }
+  EXPECT_EQ(read_bytes(path("model.safetensors")), "old");
+  EXPECT_THAT(listing(), ElementsAre("model.safetensors"));
 }
 
 TEST_F(CheckpointDirTest, SavedDirectoryHoldsFilesMetadataAndMarker) {
@@ -259,6 +285,52 @@ TEST_F(CheckpointDirTest, DamagedTensorFileInsideACheckpointNamesTheFile) {
   CheckpointReader reader = CheckpointReader::open(path("c"));
   expect_error([&] { reader.open_file("model.safetensors"); },
                {file, "tensor 'fc.weight' needs bytes [0, 256)", "(truncated?)"});
+}
+
+// A pid that ran here and has exited.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return child;
+}
+
+TEST_F(CheckpointDirTest, StagingFolderOfADeadSaveIsRemovedWhateverItsOwnerFileHolds) {
+  // A save killed between creating its staging folder and writing the
+  // owner file leaves no owner file (or only the owner file's temporary);
+  // the folder's name says whose it is.
+  std::string staging;
+  {
+    CheckpointWriter writer = CheckpointWriter::begin(path("probe"));
+    staging = writer.staging_dir();
+  }
+  const auto at = staging.rfind('@');
+  ASSERT_NE(at, std::string::npos) << staging;
+  EXPECT_THAT(staging, ::testing::StartsWith(path("probe.tmp-" + std::to_string(::getpid()) + "-")));
+  const std::string host = staging.substr(at + 1);
+  const std::string gone = std::to_string(dead_pid());
+  auto make = [&](const std::string& name) {
+    fs::create_directory(path(name));
+    write_bytes(path(name + "/model.safetensors.tmp-" + gone + "-7"), "partial");
+    return path(name);
+  };
+  const std::string no_owner = make("step-1.tmp-" + gone + "-0@" + host);
+  const std::string empty_owner = make("step-2.tmp-" + gone + "-1@" + host);
+  write_bytes(empty_owner + "/" + kStagingOwner, "");
+  const std::string cut_owner = make("step-3.tmp-" + gone + "-2@" + host);
+  write_bytes(cut_owner + "/" + kStagingOwner + ".tmp-" + gone + "-3", "host ");
+  write_bytes(cut_owner + "/" + kStagingOwner, "host " + host + "\npi");
+  const std::string live = make("step-4.tmp-1-3@" + host);  // pid 1 runs
+  const std::string mine = make("step-5.tmp-" + std::to_string(::getpid()) + "-4@" + host);
+  const std::string elsewhere = make("step-6.tmp-" + gone + "-5@another-host");
+  const std::string old_style = make("step-7.tmp-" + gone + "-6");  // older strata, no owner file
+
+  std::vector<std::string> removed = remove_stale_staging(dir_);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_THAT(removed, ElementsAre(no_owner, empty_owner, cut_owner));
+  for (const std::string& kept : {live, mine, elsewhere, old_style}) EXPECT_TRUE(fs::exists(kept)) << kept;
+  EXPECT_TRUE(remove_stale_staging(dir_).empty());
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   /// Appends `size` bytes (retrying short writes and EINTR). Throws
-  /// CheckpointError on failure (e.g. "No space left on device").
+  /// CheckpointError on failure; a full disk reads "[checkpoint] <path>: no
+  /// space left on device while writing N bytes; free space ...".
   void write(const void* data, size_t size);
   /// Writes `size` bytes at byte `offset` of the file (pwrite).
   void write_at(const void* data, size_t size, size_t offset);
@@ -61,9 +62,10 @@ class AtomicFile {
 /// CheckpointError with the path and errno text on failure.
 void atomic_write_file(const std::string& path, const std::string& contents);
 
-/// Returns a fresh sibling name "<path><tag>-<pid>-<n>" that does not exist
-/// yet (n counts up within the process); `tag` is e.g. ".tmp".
-std::string unique_sibling(const std::string& path, const std::string& tag);
+/// Returns a fresh sibling name "<path><tag>-<pid>-<n><suffix>" that does
+/// not exist yet (n counts up within the process); `tag` is e.g. ".tmp".
+std::string unique_sibling(const std::string& path, const std::string& tag,
+                           const std::string& suffix = "");
 
 /// fsyncs the directory `dir` so that entries created or renamed in it are
 /// durable. Throws CheckpointError with the path and errno text.

@@ -6,7 +6,7 @@
 //   PATH/metadata.json            {"format": "strata-checkpoint", "version": 1,
 //                                  "files": [...], <caller's fields>}
 //   PATH/.complete                completion marker, written last
-// It is built in a staging directory "PATH.tmp-<pid>-<n>" and published
+// It is built in a staging directory "PATH.tmp-<pid>-<n>@<host>" and published
 // under PATH only once complete. docs/checkpoints.md describes the layout.
 #pragma once
 
@@ -36,11 +36,14 @@ inline constexpr const char* kMetadataFile = "metadata.json";
 /// (host and pid) is writing it; removed before the save is published.
 inline constexpr const char* kStagingOwner = ".staging-owner";
 
-/// Removes the staging directories ("NAME.tmp-<pid>-<n>") in `dir` left by
-/// interrupted saves: those whose owner file names this host and a process
-/// that no longer runs. Returns the paths removed. Never removes a
-/// directory without an owner file, another host's, or a live process's.
-/// CheckpointWriter::begin calls it on the checkpoint's parent directory.
+/// Removes the staging directories in `dir` left by interrupted saves:
+/// "NAME.tmp-<pid>-<n>@<host>" made on this host by a process that no longer
+/// runs, whatever their owner file holds (missing, empty or cut short), and
+/// the older "NAME.tmp-<pid>-<n>" whose owner file names this host and a
+/// process that no longer runs. Returns the paths removed. Never removes
+/// another host's or a live process's, nor an older-style one without an
+/// owner file. CheckpointWriter::begin calls it on the checkpoint's parent
+/// directory.
 std::vector<std::string> remove_stale_staging(const std::string& dir);
 
 /// Builds a checkpoint directory. One process begins the save (begin()),
