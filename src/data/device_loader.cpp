@@ -26,7 +26,7 @@ Batch DeviceLoader::to_device(const Batch& batch) const { return batch.to(device
 // is synchronous).
 Batch DeviceLoader::pin(const Batch& batch) const {
   auto pinned = [](const at::Tensor& t) { return t.device().is_cpu() && !t.is_pinned() ? t.pin_memory() : t; };
-  return {pinned(batch.input), pinned(batch.target)};
+  return {pinned(batch.input), pinned(batch.target), batch.count, batch.global_count};
 }
 
 std::optional<DeviceLoader::Item> DeviceLoader::pop(bool wait) {

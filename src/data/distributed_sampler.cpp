@@ -30,18 +30,20 @@ struct SplitMix64 {
 }  // namespace
 
 DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, int rank, bool shuffle,
-                                       uint64_t seed, bool drop_last)
+                                       uint64_t seed, bool drop_last, bool repeat_to_even)
     : dataset_size_(dataset_size),
       num_replicas_(num_replicas),
       rank_(rank),
       shuffle_(shuffle),
       seed_(seed),
-      drop_last_(drop_last) {
+      drop_last_(drop_last),
+      repeat_to_even_(repeat_to_even) {
   STRATA_CHECK(num_replicas >= 1, ConfigError, "[data] num_replicas must be >= 1, got ", num_replicas);
   STRATA_CHECK(rank >= 0 && rank < num_replicas, ConfigError, "[data] rank ", rank,
                " is out of range for num_replicas ", num_replicas, " (valid ranks: 0..", num_replicas - 1, ")");
   const auto n = dataset_size, r = static_cast<size_t>(num_replicas);
-  // As PyTorch: drop the tail that does not split evenly, or pad up to it.
+  // As PyTorch: drop the tail that does not split evenly, or pad up to it
+  // (or leave it uneven, Note [Unequal shares]: the largest share).
   num_samples_ = drop_last ? n / r : (n + r - 1) / r;
 }
 
@@ -79,6 +81,7 @@ std::vector<size_t> DistributedSampler::indices() const {
   }
   std::vector<size_t> mine;
   mine.reserve(num_samples_);
+  // An uneven tail (total == dataset size) simply ends earlier on some ranks.
   for (size_t pos = static_cast<size_t>(rank_); pos < total; pos += static_cast<size_t>(num_replicas_))
     mine.push_back(order[pos]);
   return mine;

@@ -8,7 +8,7 @@
 namespace strata::data {
 
 Batch Batch::to(at::Device device, bool non_blocking) const {
-  return {input.to(device, non_blocking), target.to(device, non_blocking)};
+  return {input.to(device, non_blocking), target.to(device, non_blocking), count, global_count};
 }
 
 void to_json(nlohmann::json& j, const LoaderState& s) {
@@ -65,6 +65,11 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, size_t batch_size
                  drop_last) {}
 
 size_t DataLoader::size() const {
+  if (sampler_.uneven()) {
+    // Every rank counts the global batches (ceil(ceil(n/N)/b) = ceil(n/(N b))).
+    const size_t n = sampler_.total_size(), global = batch_size_ * static_cast<size_t>(sampler_.num_replicas());
+    return drop_last_ ? n / global : (n + global - 1) / global;
+  }
   const size_t n = sampler_.size();
   return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
 }
@@ -79,18 +84,39 @@ void DataLoader::reset() {
 std::optional<Batch> DataLoader::next() {
   if (!started_) reset();
   if (position_ >= size()) return std::nullopt;
-  const size_t begin = position_ * batch_size_;
+  const size_t begin = std::min(position_ * batch_size_, order_.size());
   const size_t end = std::min(begin + batch_size_, order_.size());
   std::vector<at::Tensor> inputs, targets;
-  inputs.reserve(end - begin);
-  targets.reserve(end - begin);
+  inputs.reserve(std::max<size_t>(end - begin, 1));
+  targets.reserve(std::max<size_t>(end - begin, 1));
   for (size_t i = begin; i < end; ++i) {
     Example ex = dataset_->get(order_[i]);
     inputs.push_back(std::move(ex.input));
     targets.push_back(std::move(ex.target));
   }
+  Batch batch;
+  if (sampler_.uneven()) {
+    // Note [Unequal shares]: global batch k is positions [k B, (k+1) B) of
+    // the shared order (B = batch_size x replicas); this rank holds its
+    // positions r, r + N, ... in that range.
+    const size_t global = batch_size_ * static_cast<size_t>(sampler_.num_replicas());
+    const size_t first = position_ * global;
+    const size_t in_global = std::min(global, sampler_.total_size() - std::min(first, sampler_.total_size()));
+    const size_t mine = end - begin;
+    if (mine * static_cast<size_t>(sampler_.num_replicas()) != in_global) {
+      batch.count = static_cast<int64_t>(mine);
+      batch.global_count = static_cast<int64_t>(in_global);
+    }
+    if (mine == 0) {
+      Example filler = dataset_->get(0);  // weight 0: it only keeps the ranks in step
+      inputs.push_back(std::move(filler.input));
+      targets.push_back(std::move(filler.target));
+    }
+  }
   ++position_;
-  return Batch{at::stack(inputs), at::stack(targets)};
+  batch.input = at::stack(inputs);
+  batch.target = at::stack(targets);
+  return batch;
 }
 
 void DataLoader::set_epoch(uint64_t epoch) {

@@ -22,10 +22,28 @@ namespace strata::data {
 struct Batch {
   at::Tensor input;
   at::Tensor target;
-  /// Both tensors on `device` (the same tensors when already there).
+  /// Note [Unequal shares] (distributed_sampler.h): how many rows are real
+  /// examples, -1 meaning all of them. 0 marks a filler batch: a rank
+  /// whose share of this global batch is empty still gets one example, so
+  /// that it runs the same forward and collectives as the others, and the
+  /// Trainer gives it no weight.
+  int64_t count = -1;
+  /// Examples in the global batch (over all ranks) this batch is a share
+  /// of; -1 when every rank holds an equal share.
+  int64_t global_count = -1;
+  /// Both tensors on `device` (the same tensors when already there); the
+  /// counts are kept.
   Batch to(at::Device device, bool non_blocking = false) const;
-  /// Number of examples (input.size(0)).
+  /// Number of rows (input.size(0)).
   int64_t size() const { return input.size(0); }
+  /// Number of real examples: size(), or count when set.
+  int64_t examples() const { return count < 0 ? size() : count; }
+  /// This rank's weight in a mean over the ranks that gives the mean over
+  /// the global batch: examples() * world_size / global_count, 1 with equal
+  /// shares, 0 for a filler batch.
+  double share(int world_size) const {
+    return global_count < 0 ? 1.0 : static_cast<double>(examples()) * world_size / static_cast<double>(global_count);
+  }
 };
 
 /// Where a loader stands: the epoch, and how many batches of it have been
@@ -120,8 +138,13 @@ class DataLoader : public Loader {
   DataLoader(std::shared_ptr<const Dataset> dataset, size_t batch_size, bool shuffle = false,
              uint64_t seed = 0, bool drop_last = false);
 
+  /// Batches per epoch: the same on every rank, also when the sampler
+  /// leaves an uneven tail (then counted over the whole dataset: as many
+  /// as a single process with batch_size * num_replicas takes).
   size_t size() const override;
   /// The next batch of the current pass; starts a pass first if none is.
+  /// Over an uneven sampler, a batch that is a smaller share of its global
+  /// batch carries count and global_count (Note [Unequal shares]).
   std::optional<Batch> next() override;
   /// Starts a pass over the current epoch from its first batch — or, right
   /// after load_state(), from the restored position.
