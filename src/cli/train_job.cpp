@@ -32,6 +32,7 @@
 
 #include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/directory.h"
+#include "strata/checkpoint/folder_lock.h"
 #include "strata/checkpoint/input.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/state.h"
@@ -401,6 +402,17 @@ int run_train(const TrainConfig& requested) {
   config.devices = strategies::resolve_devices(*strategies::make_accelerator(config.accelerator), config.devices);
   config.validate();
   check_paths(config);
+  // One job per --ckpt-dir (Note [One job per checkpoint folder]): held until
+  // run_train returns by the process that launches the workers, or by rank 0
+  // when the launcher is not strata train (strata launch, srun).
+  checkpoint::FolderLock ckpt_lock;
+  if (!config.ckpt_dir.empty()) {
+    const runtime::Environment env = runtime::Environment::from_env();
+    if (!env.launched())
+      ckpt_lock = checkpoint::FolderLock::acquire(config.ckpt_dir, "--ckpt-dir");
+    else if (env.rank == 0)
+      ckpt_lock = checkpoint::FolderLock::acquire_in_worker(config.ckpt_dir, "--ckpt-dir");
+  }
   FabricOptions options;
   options.with_accelerator(config.accelerator)
       .with_devices(config.devices)

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -30,10 +32,9 @@ std::string strata_binary() {
   return std::string(dir ? dir : ".") + "/strata";
 }
 
-// Runs a shell command line (popen's sh) and returns its exit code and
-// standard output.
-CommandResult run_command(const std::string& command) {
-  FILE* pipe = ::popen(command.c_str(), "r");
+// Reads a command started with popen to its end and returns its exit code
+// and standard output.
+CommandResult finish_command(FILE* pipe) {
   if (!pipe) return {-1, "popen failed"};
   std::string output;
   std::array<char, 4096> buffer;
@@ -42,8 +43,27 @@ CommandResult run_command(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
 }
 
+// Runs a shell command line (popen's sh) and returns its exit code and
+// standard output.
+CommandResult run_command(const std::string& command) { return finish_command(::popen(command.c_str(), "r")); }
+
 // Runs the strata tool with `args` (no shell metacharacters in them).
 CommandResult run_strata(const std::string& args) { return run_command(strata_binary() + " " + args + " 2>&1"); }
+
+// Starts the strata tool with `a` and with `b` at the same moment (the
+// second before waiting for the first) and returns both results.
+std::pair<CommandResult, CommandResult> run_strata_together(const std::string& a, const std::string& b) {
+  FILE* first = ::popen((strata_binary() + " " + a + " 2>&1").c_str(), "r");
+  FILE* second = ::popen((strata_binary() + " " + b + " 2>&1").c_str(), "r");
+  CommandResult x = finish_command(first);
+  return {x, finish_command(second)};
+}
+
+std::string host_name() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
 
 std::vector<double> losses(const std::string& metrics_file) {
   std::vector<double> out;
@@ -121,6 +141,46 @@ TEST_F(TrainCliTest, TwoWorkersTrainLikeOneProcessWithTheSameGlobalBatch) {
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i + 1;
+}
+
+TEST_F(TrainCliTest, SecondJobStartedOnTheSameCkptDirIsRefusedAndTheFolderHoldsOneRun) {
+  // Two workers against one process: a checkpoint's world_size says which
+  // job wrote it. The job that locks the folder first runs; the other is
+  // refused before it trains, naming the first. (The run lasts seconds, the
+  // start-up to the lock a fraction of one, so the two always overlap.)
+  const std::string args = common() + " --max-steps 80 --ckpt-every 4 --ckpt-dir " + path("ckpt");
+  auto [two, one] = run_strata_together(args + " --devices 2", args + " --devices 1");
+  const bool two_ran = two.exit_code == 0;
+  const CommandResult& ran = two_ran ? two : one;
+  const CommandResult& refused = two_ran ? one : two;
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  ASSERT_NE(refused.exit_code, 0) << "both jobs ran on one folder:\n" << refused.output;
+  const std::string prefix = "[checkpoint] --ckpt-dir '" + path("ckpt") + "' is in use by another job: pid ";
+  const size_t at = refused.output.find(prefix);
+  ASSERT_NE(at, std::string::npos) << refused.output;
+  std::smatch match;
+  const std::string rest = refused.output.substr(at + prefix.size());
+  ASSERT_TRUE(std::regex_search(rest, match, std::regex("^([0-9]+) on host (\\S+) holds its lock \\(")))
+      << refused.output;
+  EXPECT_EQ(match[2].str(), host_name());
+  EXPECT_NE(refused.output.find("wait for that job to end or stop it, or give this job another --ckpt-dir"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_EQ(refused.output.find("done:"), std::string::npos) << "the refused job trained:\n" << refused.output;
+
+  std::vector<std::string> steps;
+  for (const auto& entry : fs::directory_iterator(path("ckpt"))) {
+    const std::string name = entry.path().filename().string();
+    if (name != ".strata-lock") steps.push_back(name);
+  }
+  std::sort(steps.begin(), steps.end());
+  ASSERT_EQ(steps.size(), 20u) << "the folder holds more than one run's saves (or staging leftovers)";
+  for (size_t i = 0; i < steps.size(); ++i) {
+    char expected[32];
+    std::snprintf(expected, sizeof expected, "step-%08zu", 4 * (i + 1));
+    ASSERT_EQ(steps[i], expected);
+    EXPECT_EQ(metadata(path("ckpt/" + steps[i])).at("world_size"), two_ran ? 2 : 1) << steps[i];
+  }
 }
 
 TEST_F(TrainCliTest, BadFlagsGetMessagesThatSayWhatToDo) {
