@@ -30,24 +30,6 @@ std::atomic<uint64_t> g_sibling_counter{0};
   throw CheckpointError(cat(what, ": ", ::strata::detail::errno_string(err)));
 }
 
-// Note [Write errors name the file]
-// A failed write, fsync or create of a checkpoint file is the user's
-// problem (a full disk, a quota), not strata's: the message names the file
-// the user asked for, says what happened in words and what to do, without
-// the temporary name, the failing expression or a source location. Any
-// other errno keeps its text.
-[[noreturn]] void fail_writing(int err, const std::string& path, const std::string& what) {
-  if (err == ENOSPC || err == EDQUOT) {
-    throw CheckpointError(cat("[checkpoint] ", path, ": ",
-                              err == ENOSPC ? "no space left on device" : "disk quota exceeded",
-                              " while ", what,
-                              "; free space on that file system or save to another folder, then "
-                              "save again (earlier checkpoints are untouched)"));
-  }
-  throw CheckpointError(cat("[checkpoint] ", path, ": ", what, " failed: ",
-                            ::strata::detail::errno_string(err)));
-}
-
 std::string strip_trailing_slashes(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
@@ -109,7 +91,7 @@ void fsync_dir(const std::string& dir) {
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   temp_path_ = unique_sibling(path_, ".tmp");
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ == -1) fail_writing(errno, path_, cat("creating ", temp_path_));
+  if (fd_ == -1) detail::throw_write_error(errno, path_, cat("creating ", temp_path_));
 }
 
 AtomicFile::~AtomicFile() { discard(); }
@@ -146,7 +128,7 @@ void AtomicFile::write(const void* data, size_t size) {
   while (size > 0) {
     const ssize_t n = ::write(fd_, bytes, std::min<size_t>(size, size_t(1) << 30));
     if (n == -1 && errno == EINTR) continue;
-    if (n == -1) fail_writing(errno, path_, cat("writing ", size, " bytes"));
+    if (n == -1) detail::throw_write_error(errno, path_, cat("writing ", size, " bytes"));
     bytes += n;
     size -= static_cast<size_t>(n);
   }
@@ -159,7 +141,7 @@ void AtomicFile::write_at(const void* data, size_t size, size_t offset) {
     const ssize_t n =
         ::pwrite(fd_, bytes, std::min<size_t>(size, size_t(1) << 30), static_cast<off_t>(offset));
     if (n == -1 && errno == EINTR) continue;
-    if (n == -1) fail_writing(errno, path_, cat("writing ", size, " bytes at offset ", offset));
+    if (n == -1) detail::throw_write_error(errno, path_, cat("writing ", size, " bytes at offset ", offset));
     bytes += n;
     offset += static_cast<size_t>(n);
     size -= static_cast<size_t>(n);
@@ -169,12 +151,12 @@ void AtomicFile::write_at(const void* data, size_t size, size_t offset) {
 void AtomicFile::commit() {
   STRATA_CHECK(fd_ >= 0, CheckpointError, "[checkpoint] ", path_, ": commit called twice");
   // On failure the destructor (discard) removes the temporary file.
-  if (::fsync(fd_) == -1) fail_writing(errno, path_, "flushing it to disk (fsync)");
+  if (::fsync(fd_) == -1) detail::throw_write_error(errno, path_, "flushing it to disk (fsync)");
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) == -1) {
     const int err = errno;
     ::unlink(temp_path_.c_str());
-    fail_writing(err, path_, "closing it");
+    detail::throw_write_error(err, path_, "closing it");
   }
   if (::rename(temp_path_.c_str(), path_.c_str()) == -1) {
     const int err = errno;
@@ -251,6 +233,23 @@ void publish_dir(const std::string& staging_in, const std::string& path_in) {
 }
 
 namespace detail {
+// Note [Write errors name the file]
+// A failed write, fsync or create of a checkpoint file is the user's
+// problem (a full disk, a quota), not strata's: the message names the file
+// being written, says what happened in words and what to do, without the
+// failing expression or a source location. Any other errno keeps its text.
+void throw_write_error(int err, const std::string& path, const std::string& what) {
+  if (err == ENOSPC || err == EDQUOT) {
+    throw CheckpointError(cat("[checkpoint] ", path, ": ",
+                              err == ENOSPC ? "no space left on device" : "disk quota exceeded",
+                              " while ", what,
+                              "; free space on that file system or save to another folder, then "
+                              "save again (earlier checkpoints are untouched)"));
+  }
+  throw CheckpointError(cat("[checkpoint] ", path, ": ", what, " failed: ",
+                            ::strata::detail::errno_string(err)));
+}
+
 void replace_dir_by_renames(const std::string& staging, const std::string& path) {
   const std::string aside = unique_sibling(path, ".old");
   checked_rename(path, aside);

@@ -164,8 +164,8 @@ CheckpointWriter CheckpointWriter::begin(const std::string& path_in) {
     warn(cat("removed ", stale, ", left by an interrupted save whose process is gone"));
   // Note [Leftover staging directories]: the name carries pid and host.
   std::string staging = unique_sibling(path, ".tmp", "@" + host_tag());
-  STRATA_CHECK_SYSCALL(::mkdir(staging.c_str(), 0755), CheckpointError, "[checkpoint] ", path,
-                       ": creating staging directory ", staging);
+  if (::mkdir(staging.c_str(), 0755) == -1)
+    detail::throw_write_error(errno, path, cat("creating its staging directory ", staging));
   CheckpointWriter writer(path, staging, /*owner=*/true);
   atomic_write_file(staging + "/" + kStagingOwner, cat("host ", host_name(), "\npid ", ::getpid(), "\n"));
   return writer;

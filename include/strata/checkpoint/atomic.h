@@ -82,6 +82,12 @@ bool is_complete(const std::string& path);
 void publish_dir(const std::string& staging, const std::string& path);
 
 namespace detail {
+/// Throws the CheckpointError for `what` (e.g. "writing 12 bytes") failing
+/// with `err` on the file `path`: for ENOSPC "[checkpoint] <path>: no space
+/// left on device while <what>; free space ...", likewise for EDQUOT, else
+/// "[checkpoint] <path>: <what> failed: <strerror> (errno N)".
+[[noreturn]] void throw_write_error(int err, const std::string& path, const std::string& what);
+
 /// publish_dir's fallback for file systems that cannot exchange two names:
 /// replaces the complete checkpoint `path` by the complete `staging` with
 /// two renames (old one aside to "PATH.old-<pid>-<n>", then deleted).
