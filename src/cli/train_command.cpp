@@ -37,7 +37,7 @@ Command make_train_command() {
                     "Device kind: cpu, cuda (one worker per GPU, worker i on cuda:i), auto")
         ->capture_default_str();
     NumericFlags& n = *numbers;
-    n.add_integer(sub, "--devices", "Workers on this host (-1: one per visible GPU)", -1, 1024,
+    n.add_integer(sub, "--devices", "Workers on this host (-1: one per visible GPU with --accelerator cuda; one worker on the CPU)", -1, 1024,
                   [&c](int64_t v) { c.devices = int(v); }, "2");
     n.add_integer(sub, "--num-nodes", "Hosts (start each with strata launch)", 1, 1024,
                   [&c](int64_t v) { c.num_nodes = int(v); }, "1");

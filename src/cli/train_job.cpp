@@ -244,7 +244,7 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config,
 }  // namespace
 
 void TrainConfig::validate() const {
-  STRATA_CHECK(devices >= 1, ConfigError, "[train] --devices must be >= 1 (or -1 for every visible GPU), got ",
+  STRATA_CHECK(devices >= 1, ConfigError, "[train] --devices must be >= 1 (or -1: every visible GPU, one worker on the CPU), got ",
                devices);
   STRATA_CHECK(num_nodes >= 1, ConfigError, "[train] --num-nodes must be >= 1, got ", num_nodes);
   STRATA_CHECK(max_steps >= 1, ConfigError, "[train] --max-steps must be >= 1, got ", max_steps);
@@ -398,7 +398,7 @@ int run_train(const TrainConfig& requested) {
   // refused before any worker starts (Note [Device placement]).
   TrainConfig config = requested;
   STRATA_CHECK(config.devices == -1 || config.devices >= 1, ConfigError,
-               "[train] --devices must be >= 1 (or -1 for every visible GPU), got ", config.devices);
+               "[train] --devices must be >= 1 (or -1: every visible GPU, one worker on the CPU), got ", config.devices);
   config.devices = strategies::resolve_devices(*strategies::make_accelerator(config.accelerator), config.devices);
   config.validate();
   check_paths(config);

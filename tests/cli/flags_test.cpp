@@ -133,6 +133,15 @@ TEST_P(FlagsRangeTest, EveryNumericFlagRefusesValuesOutsideItsStatedRange) {
 
 INSTANTIATE_TEST_SUITE_P(Quarters, FlagsRangeTest, ::testing::Range(0, kQuarters));
 
+TEST(FlagsTest, HelpSaysWhatDevicesMinusOneDoesOnTheCpu) {
+  // -1 is every visible GPU with --accelerator cuda, and one worker on the
+  // CPU (as docs/cuda.md says): the help must not promise GPUs there.
+  Outcome o = strata({"train", "--help"});
+  EXPECT_EQ(o.status, 0);
+  EXPECT_NE(o.out.find("-1: one per visible GPU with --accelerator cuda; one worker on the CPU"), std::string::npos)
+      << o.out;
+}
+
 TEST(FlagsTest, HelpStatesEveryRange) {
   for (const std::string& command : {"train", "launch"}) {
     Outcome o = strata({command, "--help"});
