@@ -25,11 +25,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 
 #include "store_protocol.h"
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/core/strings.h"
 #include "strata/runtime/env.h"
 
@@ -39,9 +41,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace store_protocol;
 
-// A server answers the handshake at once; one that has not after this long
-// is not strata's store (or is stopped).
-constexpr auto kHandshakeLimit = std::chrono::seconds(15);
+// Note [Handshake limit]
+// The store's own thread answers the hello within milliseconds, whatever
+// rank 0's main thread is doing, so a holder of the port that stays silent
+// for seconds is not strata's store, or is a rank 0 whose whole process is
+// stopped (which nothing cheap tells apart from outside). Junk in answer is
+// named at once; silence is named after this limit. It was 15 s, which
+// left a worker started by hand waiting that long behind a program that
+// held the port (rank 0 itself fails at once: it cannot bind).
+constexpr auto kHandshakeLimit = std::chrono::seconds(5);
 // Extra time a client gives the server to answer a wait that timed out.
 constexpr auto kReplySlack = std::chrono::seconds(10);
 
@@ -205,6 +213,45 @@ class TcpStore final : public Store {
     connect(options.timeout);
   }
 
+  // Note [Closing handshake]
+  // The store lives in rank 0's process, and rank 0 may finish first. In a
+  // Fabric run that does nothing, rank 0 returned from shm's set-up, tore
+  // down and exited while rank 1 had yet to read the set-up's verdict from
+  // the store; rank 1 took the lost store for a failed set-up, fell back to
+  // Gloo, and its join_ranks reconnected to nothing until the rendezvous
+  // timeout, which the launcher waited out. So the host
+  // does not stop serving while a rank still holds a connection: a client
+  // says goodbye by closing its connection (its Store is destroyed, or its
+  // process exits, however it ends), and the host's destructor waits until
+  // every rank has, up to the store's timeout (a rank that outlives that
+  // is named in a warning, and fails at once when it next uses the store:
+  // TcpStore::host_gone). The wait is skipped while an exception unwinds
+  // the host: rank 0 is failing, and its peers are better told at once.
+  //
+  // The other design, torchrun's (the launcher's agent hosts the store,
+  // which outlives its workers), was not taken: it covers only workers that
+  // strata's launcher starts on one host, while workers started by hand,
+  // mpirun, srun or a launcher per host still need rank 0 to host the store
+  // and so the same handshake; one mechanism serves every way to start.
+  ~TcpStore() override {
+    if (!server_) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      connection_.close();  // this process's own goodbye
+    }
+    if (std::uncaught_exceptions() > 0) return;
+    std::vector<std::string> left;
+    for (int64_t rank : server_->wait_for_ranks_to_leave(Clock::now() + options_.timeout))
+      left.push_back(std::to_string(rank));
+    if (!left.empty()) {
+      log::warning_all_ranks("[store] stopped hosting the rendezvous store at ", where(), " after waiting ",
+                             options_.timeout.count(), " ms for ", left.size() == 1 ? "rank " : "ranks ",
+                             strata::join(left), " to close ", left.size() == 1 ? "its connection" : "their connections",
+                             "; ", left.size() == 1 ? "it fails" : "they fail", " if ",
+                             left.size() == 1 ? "it uses" : "they use", " the store again");
+    }
+  }
+
   void set(const std::string& key, const std::string& value) override {
     request("set('" + key + "')", Writer().u8(uint8_t(Op::kSet)).str(key).str(value), options_.timeout);
   }
@@ -270,6 +317,11 @@ class TcpStore final : public Store {
    public:
     using CommError::CommError;
   };
+  // The store's host has exited (Note [A store that is gone]).
+  class HostGone : public CommError {
+   public:
+    using CommError::CommError;
+  };
 
   struct Answer {
     Reply kind = Reply::kOk;
@@ -286,8 +338,22 @@ class TcpStore final : public Store {
                        "port (MASTER_PORT or --master-port) or stop that program");
   }
 
-  // Connects and says hello, retrying while nothing listens yet.
-  void connect(std::chrono::milliseconds timeout) {
+  // Note [A store that is gone]
+  // Connection refused means nothing listens on the port. Before the first
+  // connection that is a slow start (rank 0 has not bound the port yet),
+  // and the client retries until the timeout. After it, the store's host
+  // has exited or stopped the store (Note [Closing handshake]): no retry
+  // can help, so the client fails at once, naming the address and the
+  // host, instead of reconnecting until the rendezvous timeout.
+  HostGone host_gone(const std::string& what) const {
+    return HostGone(detail::cat("[store] ", what, " on ", where(), " failed: the store's host (rank 0) has exited: ",
+                                 where(), " refuses connections since this process was connected to it; look in rank "
+                                 "0's output (or the launcher's report) for why it ended"));
+  }
+
+  // Connects and says hello, retrying while nothing listens yet (but not
+  // once this store had been connected: Note [A store that is gone]).
+  void connect(std::chrono::milliseconds timeout, const std::string& what = "") {
     const auto deadline = Clock::now() + timeout;
     while (true) {
       try {
@@ -297,6 +363,7 @@ class TcpStore final : public Store {
         if (e.kind == Failure::kOther) {
           throw CommError(detail::cat("[store] could not connect to the rendezvous store at ", where(), ": ", e.detail));
         }
+        if (e.kind == Failure::kRefused && connected_once_) throw host_gone(what);
         if (Clock::now() + std::chrono::milliseconds(100) >= deadline) {
           throw TimeoutError(detail::cat("[store] could not reach the rendezvous store at ", where(), " within ",
                                          timeout.count(), " ms; check MASTER_ADDR and MASTER_PORT, and that rank 0 has started"));
@@ -331,7 +398,10 @@ class TcpStore final : public Store {
     try {
       Reader r(payload);
       Reply kind = static_cast<Reply>(r.u8());
-      if (kind == Reply::kOk && r.str() == kMagic) return;
+      if (kind == Reply::kOk && r.str() == kMagic) {
+        connected_once_ = true;
+        return;
+      }
       if (kind == Reply::kError) {
         std::string why = r.str();
         connection_.close();
@@ -352,7 +422,7 @@ class TcpStore final : public Store {
   // Sends one request and reads its answer; kError answers throw RemoteError.
   Answer request(const std::string& what, const Writer& message, std::chrono::milliseconds limit) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!connection_.open()) reconnect();
+    if (!connection_.open()) reconnect(what);
     const auto deadline = Clock::now() + limit;
     std::string payload;
     try {
@@ -364,6 +434,7 @@ class TcpStore final : public Store {
         throw TimeoutError(detail::cat("[store] ", what, " on ", where(), ": the store did not answer within ",
                                        limit.count(), " ms (rank 0 may be stopped or overloaded)"));
       }
+      if (!still_listening()) throw host_gone(what);
       throw CommError(detail::cat("[store] ", what, " on ", where(),
                                   " failed: the store closed the connection (rank 0 may have exited): ", e.detail));
     }
@@ -387,9 +458,23 @@ class TcpStore final : public Store {
     return a;
   }
 
-  void reconnect() {
+  // After the store closed this connection: does anything still listen on
+  // its port? One connect attempt, no hello (the server drops it).
+  bool still_listening() {
+    Connection probe;
     try {
-      connect(options_.timeout);
+      probe.connect(connect_host_, port_, Clock::now() + std::chrono::seconds(2));
+      return true;
+    } catch (const ConnectionError& e) {
+      return e.kind != Failure::kRefused;
+    }
+  }
+
+  void reconnect(const std::string& what) {
+    try {
+      connect(options_.timeout, what);
+    } catch (const HostGone&) {
+      throw;  // says it all
     } catch (const Error& e) {
       throw CommError(detail::cat("[store] lost the rendezvous store at ", where(), " and could not reconnect: ",
                                   e.what()));
@@ -410,6 +495,7 @@ class TcpStore final : public Store {
   std::string connect_host_;
   std::unique_ptr<Server> server_;  // when this process hosts the store
   Connection connection_;
+  bool connected_once_ = false;  // Note [A store that is gone]
   std::mutex mutex_;
 };
 

@@ -126,6 +126,10 @@ class Server {
   virtual ~Server() = default;
   /// The port it listens on.
   virtual int port() const = 0;
+  /// Waits until no rank (a client that said hello with a rank >= 0) holds
+  /// a connection, or `deadline` passes (Note [Closing handshake] in
+  /// store.cpp). Returns the ranks still connected: empty when all left.
+  virtual std::vector<int64_t> wait_for_ranks_to_leave(std::chrono::steady_clock::time_point deadline) = 0;
 };
 
 struct ServerOptions {

@@ -19,9 +19,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <list>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "store_protocol.h"
@@ -81,13 +83,23 @@ class TcpServer final : public Server {
     ssize_t ignored = ::write(wake_write_, &byte, 1);
     (void)ignored;
     thread_.join();
-    for (auto& [id, c] : conns_) ::close(c.fd);
+    // The port first: a client that sees its connection close finds
+    // nothing listening (Note [A store that is gone] in store.cpp).
     ::close(listen_fd_);
+    for (auto& [id, c] : conns_) ::close(c.fd);
     ::close(wake_read_);
     ::close(wake_write_);
   }
 
   int port() const override { return port_; }
+
+  std::vector<int64_t> wait_for_ranks_to_leave(Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(ranks_mu_);
+    ranks_cv_.wait_until(lock, deadline, [this] { return connected_ranks_.empty(); });
+    std::vector<int64_t> left;
+    for (const auto& [rank, count] : connected_ranks_) left.push_back(rank);
+    return left;
+  }
 
  private:
   void loop() {
@@ -149,6 +161,12 @@ class TcpServer final : public Server {
   void drop(int id) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
+    if (it->second.hello && it->second.rank >= 0) {
+      std::lock_guard<std::mutex> lock(ranks_mu_);
+      auto held = connected_ranks_.find(it->second.rank);
+      if (held != connected_ranks_.end() && --held->second == 0) connected_ranks_.erase(held);
+      ranks_cv_.notify_all();
+    }
     ::close(it->second.fd);
     conns_.erase(it);
     waiters_.remove_if([&](const Waiter& w) { return w.conn == id; });
@@ -301,6 +319,10 @@ class TcpServer final : public Server {
     c.close_after_write = false;
     c.rank = static_cast<int>(rank);
     c.identity = identity;
+    if (c.rank >= 0) {
+      std::lock_guard<std::mutex> lock(ranks_mu_);
+      ++connected_ranks_[c.rank];
+    }
     reply(c, Writer().u8(uint8_t(Reply::kOk)).str(kMagic));
   }
 
@@ -386,6 +408,10 @@ class TcpServer final : public Server {
   std::map<std::string, std::string> data_;
   std::map<int64_t, std::string> ranks_;  // rank -> identity of the process that holds it
   std::string failure_;                   // the first rendezvous conflict
+  // Shared with wait_for_ranks_to_leave: connections per rank still open.
+  std::mutex ranks_mu_;
+  std::condition_variable ranks_cv_;
+  std::map<int64_t, int> connected_ranks_;
 };
 
 }  // namespace
@@ -405,13 +431,15 @@ std::unique_ptr<Server> start_server(const ServerOptions& options) {
   for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) {
-      last_errno = errno;
+      if (last_errno != EADDRINUSE) last_errno = errno;
       continue;
     }
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
-      last_errno = errno;
+      // A port in use on one of the names' addresses is the error to report,
+      // not what a later address (an absent IPv6 ::1, say) said.
+      if (last_errno != EADDRINUSE) last_errno = errno;
       ::close(fd);
       fd = -1;
     }

@@ -218,6 +218,82 @@ TEST(RendezvousTest, AProgramAnsweringWithJunkIsAnErrorNotACrash) {
   }
 }
 
+// A plain listening socket that never accepts: what another program that
+// holds the port looks like to workers started by hand.
+class HeldPort {
+ public:
+  explicit HeldPort(in_addr_t address, bool reuse) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (reuse) ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(address);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~HeldPort() { ::close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// The variables a worker started by hand gets (torchrun names).
+Environment by_hand(int rank, int port) {
+  Environment env;
+  env.rank = rank;
+  env.world_size = 2;
+  env.local_rank = rank;
+  env.local_world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  return env;
+}
+
+TEST(RendezvousTest, RankZeroStartedByHandNamesAPortThatIsInUseAtOnce) {
+  for (in_addr_t address : {INADDR_LOOPBACK, INADDR_ANY}) {
+    for (bool reuse : {false, true}) {
+      HeldPort held(address, reuse);
+      auto start = Clock::now();
+      try {
+        strata::runtime::make_store(by_hand(0, held.port()), 60s);
+        FAIL() << "no error";
+      } catch (const strata::CommError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "[store] cannot host the rendezvous store on 127.0.0.1:" + std::to_string(held.port()) +
+                      ": the port is already in use; choose another port (MASTER_PORT or --master-port) or stop "
+                      "the process that holds it");
+      }
+      EXPECT_LT(seconds_since(start), 3.0) << "rank 0 waited before naming the port in use";
+    }
+  }
+}
+
+TEST(RendezvousTest, OtherRanksStartedByHandNameASilentHolderOfThePortWithinTheHandshakeLimit) {
+  HeldPort held(INADDR_LOOPBACK, false);
+  auto start = Clock::now();
+  try {
+    strata::runtime::make_store(by_hand(1, held.port()), 60s);
+    FAIL() << "no error";
+  } catch (const strata::TimeoutError& e) {
+    const std::string what = e.what();
+    const std::string head = "[store] the program at 127.0.0.1:" + std::to_string(held.port()) +
+                             " accepted the connection but did not answer strata's handshake within ";
+    EXPECT_EQ(what.rfind(head, 0), 0u) << what;
+    EXPECT_NE(what.find(" ms: it is not strata's rendezvous store. Another program holds the port; choose another "
+                        "port (MASTER_PORT or --master-port) or stop that program"),
+              std::string::npos)
+        << what;
+  }
+  // Note [Handshake limit]: 5 s, where it was 15 s.
+  EXPECT_LT(seconds_since(start), 12.0);
+}
+
 int raw_connect(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};

@@ -65,7 +65,10 @@ struct TcpStoreOptions {
 /// when the program on the port is not a strata store or refuses this
 /// client (its token, its rank), and TimeoutError when the master cannot be
 /// reached, or does not answer, within the timeout (client); every message
-/// names host:port.
+/// names host:port. Destroying the hosting store waits, up to the timeout,
+/// until every client with a rank has closed its connection (not while an
+/// exception unwinds); a client whose host has exited throws CommError
+/// saying so at its next request, without waiting for the timeout.
 std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options);
 
 /// The rendezvous store for `env`: global rank 0 hosts it on
