@@ -241,14 +241,63 @@ void Strategy::report_step_communication(int64_t step, bool debug) {
 }
 
 void Strategy::remove_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path target = fs::absolute(path).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "ckpt/step-1/"
+  remove_checkpoint(target.string(), target.parent_path().string());
+}
+
+// Note [Removal stays inside the folder]
+// The paths ModelCheckpoint deletes come from its state, which a resumed
+// run reads from a checkpoint that may come from anywhere; so the removal
+// itself refuses anything but an entry directly inside the folder it is
+// given. The lexical check (no "..", the folder as parent, both
+// normalised) is the same on every rank and made before any barrier, so
+// every rank throws together. The checks on disk (not a symbolic link; the
+// resolved parent is the resolved folder) are made where the removal
+// happens, on local rank 0 of each host, and the outcome is voted on
+// (reduce_boolean_decision, which also ends the removal as the closing
+// barrier did), so a refusal on one host is an error on every rank rather
+// than a hang. A missing path is nothing to remove.
+void Strategy::remove_checkpoint(const std::string& path, const std::string& folder) {
+  namespace fs = std::filesystem;
+  const fs::path given(path);
+  bool inside = !path.empty() && !folder.empty();
+  for (const fs::path& part : given) inside = inside && part != "..";
+  const fs::path child = given.lexically_normal();
+  fs::path dir = fs::path(folder).lexically_normal();
+  if (dir.filename().empty() && dir != dir.root_path()) dir = dir.parent_path();  // "ckpt/" is "ckpt"
+  if (dir == ".") dir = "";
+  inside = inside && !child.filename().empty() && child.filename() != "." && child.filename() != ".." &&
+           child.parent_path() == dir;
+  STRATA_CHECK(inside, CheckpointError, "[checkpoint] remove_checkpoint refuses '", path,
+               "': it is not an entry directly inside the folder '", folder,
+               "' it was asked to delete in; nothing was removed");
   // Ranks may still be reading the checkpoint: remove only once all are done.
   barrier("remove_checkpoint:begin");
+  std::string refusal;
   if (local_rank() == 0) {
     std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-    STRATA_CHECK(!ec, CheckpointError, "[checkpoint] cannot remove ", path, ": ", ec.message());
+    const fs::file_status status = fs::symlink_status(path, ec);
+    if (!ec && fs::is_symlink(status)) {
+      refusal = "it is a symbolic link, not a checkpoint strata wrote; nothing was removed";
+    } else if (!ec && fs::exists(status)) {
+      std::error_code ec_dir;
+      const fs::path resolved = fs::weakly_canonical(path, ec);
+      const fs::path real_folder = fs::weakly_canonical(folder, ec_dir);
+      if (ec || ec_dir || resolved.parent_path() != real_folder) {
+        refusal = "it resolves to '" + resolved.string() + "', outside the folder '" + real_folder.string() +
+                  "'; nothing was removed";
+      } else {
+        fs::remove_all(path, ec);
+        if (ec) refusal = "cannot remove it: " + ec.message();
+      }
+    }
   }
-  barrier("remove_checkpoint");
+  const bool removed = reduce_boolean_decision(refusal.empty(), /*all=*/true);
+  STRATA_CHECK(removed, CheckpointError, "[checkpoint] remove_checkpoint('", path, "') in '", folder, "': ",
+               refusal.empty() ? std::string("local rank 0 of another host refused it (its error says why)")
+                               : refusal);
 }
 
 void Strategy::teardown() {

@@ -209,8 +209,15 @@ class Strategy {
   /// trains must be set up (its state is stored by parameter name).
   void load_raw(const std::string& path, torch::optim::Optimizer& optimizer, bool strict = true);
   /// Deletes a checkpoint (local rank 0 of every host, since hosts may not
-  /// share a file system).
+  /// share a file system): remove_checkpoint(path, the folder holding it).
   virtual void remove_checkpoint(const std::string& path);
+  /// Deletes the checkpoint `path`, which must be an entry directly inside
+  /// `folder` (Note [Removal stays inside the folder] in strategy.cpp).
+  /// Every rank must call it. Throws CheckpointError, on every rank and
+  /// before anything is deleted, for a path outside the folder (lexically:
+  /// '..', another parent), a symbolic link, or one that resolves outside
+  /// it; and for a removal that fails.
+  virtual void remove_checkpoint(const std::string& path, const std::string& folder);
 
   /// Releases the process group and loader threads; moves modules back to
   /// the CPU.
