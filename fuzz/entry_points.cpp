@@ -16,6 +16,7 @@
 #include "strata/checkpoint/safetensors.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/core/error.h"
+#include "strata/trainer/trainer_state.h"
 
 namespace strata::fuzz {
 namespace {
@@ -107,7 +108,17 @@ void metadata_input(const uint8_t* data, size_t size) {
   write_file(dir + "/state.safetensors", state.data(), state.size());
   write_file(dir + "/" + checkpoint::kCompleteMarker, "x", 1);
   write_file(dir + "/" + checkpoint::kMetadataFile, reinterpret_cast<const char*>(data), size);
-  expect_only_strata_errors([&] { read_everything(checkpoint::StateReader::open(dir)); });
+  expect_only_strata_errors([&] {
+    const checkpoint::StateReader reader = checkpoint::StateReader::open(dir);
+    read_everything(reader);
+    // A Trainer checkpoint's state, as inspect and verify check it, and
+    // whatever the "trainer" value is, as Trainer::restore checks it.
+    trainer::validate_trainer_entry(reader.entries(), dir);
+    const nlohmann::json& entries = reader.entries();
+    if (auto e = entries.find("trainer"); e != entries.end() && e->is_object() && e->contains("value")) {
+      trainer::validate_trainer_state((*e)["value"], dir);
+    }
+  });
 }
 
 void sharded_input(const uint8_t* data, size_t size) {

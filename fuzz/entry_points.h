@@ -20,7 +20,9 @@ void safetensors_input(const uint8_t* data, size_t size);
 
 /// The bytes as metadata.json of a complete checkpoint whose
 /// state.safetensors is a small valid file: StateReader::open, then every
-/// tensor and entry.
+/// tensor and entry, then the Trainer-state validator on a "trainer" value
+/// entry (trainer/trainer_state.h), as `strata ckpt verify` and
+/// Trainer::restore run it.
 void metadata_input(const uint8_t* data, size_t size);
 
 /// The bytes as a world-2 sharded checkpoint, split in three files:

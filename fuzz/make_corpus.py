@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # Writes the fuzz targets' seed corpus (fuzz/corpus/{safetensors,metadata,sharded}/):
 # small checkpoints exactly as strata writes them (safetensors with XXH64
-# checksums in __metadata__, metadata.json of the full and sharded layouts,
+# checksums in __metadata__, metadata.json of the full and sharded layouts and
+# of a Trainer checkpoint (a full "trainer" value),
 # a world-2 sharded checkpoint packed as fuzz/entry_points.h describes).
 # Standard library only. Usage: fuzz/make_corpus.py fuzz/corpus
 import json, struct, os, sys
@@ -55,6 +56,22 @@ entries={"model":{"kind":"module"},"optimizer":{"kind":"optimizer","state":sgd},
  "step":{"kind":"value","value":42},"loader":{"kind":"value","value":{"epoch":1,"position":3}}}
 full={"entries":entries,"files":["state.safetensors"],"format":"strata-checkpoint","state_dict_type":"full","strategy":"ddp","version":1,"world_size":1}
 open(os.path.join(out,"metadata","full.json"),"w").write(json.dumps(full,indent=2)+"\n")
+# A Trainer checkpoint's metadata: the same files, with a full "trainer" value
+# (src/trainer/trainer_checkpoint.cpp) whose every field the validator checks.
+mc="ModelCheckpoint{monitor=val_loss, mode=min, every_n_train_steps=0, every_n_epochs=-1}"
+trainer={"format":"strata-trainer","version":1,"epoch":1,"global_step":13,
+ "loops":{"fit":{"batches_done":5,"epoch_done":False,"world_size":2,"results":{
+  "train_loss":{"on_step":True,"sync_dist":True,"prog_bar":True,"logger":True,"reduce":"mean","total":41.5,"weight":60.0},
+  "grad_max":{"on_step":False,"sync_dist":False,"prog_bar":False,"logger":True,"reduce":"max","total":2.25,"weight":5.0}}}},
+ "lr_schedulers":[{"type":"StepLR","last_epoch":13,"base_lrs":[0.5,0.25]}],
+ "callbacks":{mc:{"monitor":"val_loss","best_model_score":0.5,"best_model_path":"ckpt/best/epoch=0-step=8.ckpt",
+   "last_model_path":"ckpt/best/last.ckpt","dirpath":"ckpt/best","last_saved_step":8,
+   "best_k_models":{"ckpt/best/epoch=0-step=8.ckpt":0.5,"ckpt/best/epoch=0-step=4.ckpt":0.75,"ckpt/best/epoch=0-step=2.ckpt":None}},
+  "EarlyStopping{monitor=val_loss, mode=min}":{"wait_count":1,"best_score":0.5,"stopped_step":-1},
+  "Timer":{"time_elapsed":12.5},"LossRecorder":{"anything":[1,2]}},
+ "module_extra":{"model_config":{"n_layer":2}},"hparams":{"lr":"0.5","model":"tiny"}}
+tr=dict(full); tr["entries"]=dict(entries); tr["entries"]["trainer"]={"kind":"value","value":trainer}
+open(os.path.join(out,"metadata","trainer.json"),"w").write(json.dumps(tr,indent=2)+"\n")
 rec=lambda s,d,sh:{"shape":s,"dtype":d,"sharded":sh}
 sh=dict(full); sh.update({"state_dict_type":"sharded","world_size":2,"resharded_from":1,
   "files":["shard-00000-of-00002.safetensors","shard-00001-of-00002.safetensors"],

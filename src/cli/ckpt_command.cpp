@@ -27,6 +27,7 @@
 #include "strata/core/strings.h"
 #include "strata/models/gpt.h"
 #include "strata/strategies/strategy.h"
+#include "strata/trainer/trainer_state.h"
 
 namespace strata::cli {
 namespace {
@@ -59,7 +60,8 @@ std::string entry_text(const nlohmann::json& entry) {
   if (kind == "value" && entry.contains("value")) return "value " + entry["value"].dump();
   if (kind == "optimizer" && entry.contains("state") && entry["state"].is_object() &&
       entry["state"].contains("type"))
-    return "optimizer (" + entry["state"]["type"].get<std::string>() + ")";
+    return "optimizer (" + (entry["state"]["type"].is_string() ? entry["state"]["type"].get<std::string>()
+                                                                : entry["state"]["type"].dump()) + ")";
   return kind;
 }
 
@@ -103,8 +105,16 @@ nlohmann::json inspect_json(const StateReader& reader) {
   return out;
 }
 
+// Note [The Trainer state in inspect and verify]
+// A Trainer checkpoint's "trainer" value is checked field by field
+// (trainer::validate_trainer_entry, the validator Trainer::restore runs),
+// so inspect and verify refuse a state that resuming would refuse for its
+// own sake: a count out of range, a field of the wrong type, a missing or
+// renamed field, a ModelCheckpoint path outside its folder. What needs the
+// run (batches_done against the data's batch count) is checked at resume.
 int run_inspect(const CkptConfig& c) {
   const StateReader reader = StateReader::open(c.path);
+  trainer::validate_trainer_entry(reader.entries(), reader.path());
   const nlohmann::json info = inspect_json(reader);
   if (c.json) {
     std::cout << info.dump(2) << "\n";
@@ -192,6 +202,7 @@ int run_reshard(const CkptConfig& c) {
 
 int run_verify(const CkptConfig& c) {
   const StateReader reader = StateReader::open(c.path);
+  trainer::validate_trainer_entry(reader.entries(), reader.path());  // Note [The Trainer state in inspect and verify]
   const size_t checked = reader.verify_checksums();
   size_t tensors = 0;
   for (const auto& file : reader.files()) tensors += file.keys().size();
@@ -350,9 +361,10 @@ Command make_ckpt_command() {
 
     c.verify = ckpt->add_subcommand(
         "verify",
-        "Check a whole checkpoint: the metadata, every file and record, and every\n"
-        "tensor's bytes against the checksum saved with it. Exit status 1 with an\n"
-        "error naming the file and the tensor when anything differs.\n"
+        "Check a whole checkpoint: the metadata, every file and record, a Trainer\n"
+        "checkpoint's state (every field's type and range), and every tensor's\n"
+        "bytes against the checksum saved with it. Exit status 1 with an error\n"
+        "naming the file and the tensor (or the field) when anything differs.\n"
         "Example: strata ckpt verify ckpt/step-00000300");
     c.verify->add_option("path", c.path, "Checkpoint directory")->required();
 

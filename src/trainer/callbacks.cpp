@@ -11,6 +11,7 @@
 #include "strata/core/log.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
+#include "strata/trainer/trainer_state.h"
 
 namespace strata::trainer {
 
@@ -123,9 +124,7 @@ void Timer::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&
 nlohmann::json Timer::state_dict() const { return {{"time_elapsed", time_elapsed()}}; }
 
 void Timer::load_state_dict(const nlohmann::json& state) {
-  STRATA_CHECK(state.is_object() && state.contains("time_elapsed") && state["time_elapsed"].is_number() &&
-                   state["time_elapsed"].get<double>() >= 0,
-               CheckpointError, "[trainer] Timer state is malformed: ", state.dump().substr(0, 200));
+  validate_timer_state(state, "Timer state");
   offset_s_ = state["time_elapsed"].get<double>();
 }
 

@@ -18,6 +18,7 @@
 #include "strata/strategies/strategy.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
+#include "strata/trainer/trainer_state.h"
 
 namespace strata::trainer {
 
@@ -184,12 +185,15 @@ void ModelCheckpoint::save(Trainer& trainer) {
   const std::string path = (fs::path(dirpath_) / (file + options_.file_extension)).string();
   if (options_.save_top_k != 0) {
     if (options_.monitor.empty()) {
-      // Keep the latest (save_top_k 1) or all (-1).
-      trainer.save_checkpoint(path);
-      if (options_.save_top_k == 1 && !best_model_path_.empty() && best_model_path_ != path) {
-        strategy.remove_checkpoint(best_model_path_);
-      }
+      // Keep the latest (save_top_k 1) or all (-1). As with the ranking
+      // below, the checkpoint's own state already names it, so a run
+      // resumed from it removes it when the next one is saved.
+      const std::string previous = best_model_path_;
       best_model_path_ = path;
+      trainer.save_checkpoint(path);
+      if (options_.save_top_k == 1 && !previous.empty() && previous != path) {
+        strategy.remove_checkpoint(previous, dirpath_);
+      }
     } else {
       double current = monitored(trainer, options_.monitor, "ModelCheckpoint");
       if (std::isnan(current)) current = options_.mode == "min" ? std::numeric_limits<double>::infinity()
@@ -218,7 +222,7 @@ void ModelCheckpoint::save(Trainer& trainer) {
         }
         best_model_score_ = best_k_[best_model_path_];
         trainer.save_checkpoint(path);
-        if (!evicted.empty() && evicted != path) strategy.remove_checkpoint(evicted);  // on every host
+        if (!evicted.empty() && evicted != path) strategy.remove_checkpoint(evicted, dirpath_);  // on every host
       }
     }
   }
@@ -231,10 +235,8 @@ void ModelCheckpoint::save(Trainer& trainer) {
 namespace {
 // JSON has no infinity (a NaN metric ranks as the worst, +-inf): null.
 nlohmann::json score_json(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
-double score_of(const nlohmann::json& j, double if_null) {
-  STRATA_CHECK(j.is_number() || j.is_null(), CheckpointError, "[trainer] ModelCheckpoint state: a score is not a number");
-  return j.is_number() ? j.get<double>() : if_null;
-}
+// A validated score (validate_model_checkpoint_state): a number or null.
+double score_of(const nlohmann::json& j, double if_null) { return j.is_number() ? j.get<double>() : if_null; }
 }  // namespace
 
 nlohmann::json ModelCheckpoint::state_dict() const {
@@ -246,24 +248,61 @@ nlohmann::json ModelCheckpoint::state_dict() const {
           {"last_saved_step", last_saved_step_}};
 }
 
+// Note [Restored paths stay in the folder]
+// A ModelCheckpoint deletes the checkpoints that leave its top k (and,
+// without a monitor, the previous latest one), by the paths its state
+// holds; after a resume those paths come from the checkpoint, which may
+// come from anywhere. So a restored state is refused, whole, with a
+// CheckpointError (not dropped with a warning: a state of this folder that
+// strata wrote never fails these checks, so one that does is damaged or
+// hostile, and a ranking with entries silently missing would keep the
+// wrong files) unless every path in it is an entry directly inside this
+// callback's folder: lexically (validate_model_checkpoint_state: no "..",
+// the folder as parent), and on disk, where the path exists, not a
+// symbolic link and inside the folder once links are resolved.
+// Strategy::remove_checkpoint checks the same again before it deletes.
+void ModelCheckpoint::check_restored_path(const std::string& path, const std::string& field) const {
+  if (path.empty()) return;
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(path, ec);
+  if (ec || !fs::exists(status)) return;  // nothing there to delete
+  STRATA_CHECK(!fs::is_symlink(status), CheckpointError, "[trainer] ModelCheckpoint state ", field, " is '", path,
+               "', a symbolic link; expected a checkpoint ModelCheckpoint wrote in its folder '", dirpath_,
+               "' (the checkpoint is refused; nothing was deleted)");
+  const fs::path resolved = fs::weakly_canonical(path, ec);
+  std::error_code ec_dir;
+  const fs::path folder = fs::weakly_canonical(dirpath_, ec_dir);
+  STRATA_CHECK(!ec && !ec_dir && resolved.parent_path() == folder, CheckpointError, "[trainer] ModelCheckpoint state ",
+               field, " is '", path, "', which resolves to '", resolved.string(), "' outside its folder '", dirpath_,
+               "'; expected a checkpoint ModelCheckpoint wrote there (the checkpoint is refused; nothing was deleted)");
+}
+
 void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
-  STRATA_CHECK(state.is_object(), CheckpointError, "[trainer] ModelCheckpoint state is not an object");
-  try {
-    // Only a checkpoint of the same folder continues the same ranking.
-    if (state.value("dirpath", std::string()) != dirpath_) return;
-    const double worst = options_.mode == "min" ? std::numeric_limits<double>::infinity()
-                                                : -std::numeric_limits<double>::infinity();
-    best_k_.clear();
-    for (const auto& [path, v] : state.value("best_k_models", nlohmann::json::object()).items()) {
-      best_k_[path] = score_of(v, worst);
-    }
-    best_model_path_ = state.value("best_model_path", std::string());
-    best_model_score_ = score_of(state.value("best_model_score", nlohmann::json()), worst);
-    last_model_path_ = state.value("last_model_path", std::string());
-    last_saved_step_ = state.value("last_saved_step", int64_t{-1});
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(std::string("[trainer] ModelCheckpoint state is malformed: ") + e.what());
+  validate_model_checkpoint_state(state, "ModelCheckpoint state");
+  // Only a checkpoint of the same folder continues the same ranking.
+  if (state["dirpath"].get_ref<const std::string&>() != dirpath_) return;
+  STRATA_CHECK(state["monitor"] == options_.monitor, CheckpointError, "[trainer] ModelCheckpoint state monitor is ",
+               state["monitor"].dump(), "; expected \"", options_.monitor, "\", the monitor its state_key names");
+  // Note: `ranked` refers into `state`, which outlives the loop; a range-for
+  // over state.value("best_k_models", ...).items() iterated a temporary
+  // destroyed before the first iteration (a crash on every resume).
+  const nlohmann::json& ranked = state["best_k_models"];
+  for (auto it = ranked.begin(); it != ranked.end(); ++it) {
+    check_restored_path(it.key(), "best_k_models[" + nlohmann::json(it.key()).dump() + "]");
   }
+  const std::string& best = state["best_model_path"].get_ref<const std::string&>();
+  const std::string& last = state["last_model_path"].get_ref<const std::string&>();
+  check_restored_path(best, "best_model_path");
+  check_restored_path(last, "last_model_path");
+  const double worst = options_.mode == "min" ? std::numeric_limits<double>::infinity()
+                                              : -std::numeric_limits<double>::infinity();
+  std::map<std::string, double> best_k;
+  for (auto it = ranked.begin(); it != ranked.end(); ++it) best_k[it.key()] = score_of(it.value(), worst);
+  best_k_ = std::move(best_k);
+  best_model_path_ = best;
+  best_model_score_ = score_of(state["best_model_score"], worst);
+  last_model_path_ = last;
+  last_saved_step_ = state["last_saved_step"].get<int64_t>();
 }
 
 // ---- EarlyStopping -----------------------------------------------------------------
@@ -324,12 +363,10 @@ nlohmann::json EarlyStopping::state_dict() const {
 }
 
 void EarlyStopping::load_state_dict(const nlohmann::json& state) {
-  STRATA_CHECK(state.is_object() && state.contains("wait_count") && state["wait_count"].is_number_integer() &&
-                   state.contains("best_score") && (state["best_score"].is_number() || state["best_score"].is_null()),
-               CheckpointError, "[trainer] EarlyStopping state is malformed: ", state.dump().substr(0, 200));
+  validate_early_stopping_state(state, "EarlyStopping state");
   wait_ = state["wait_count"].get<int64_t>();
   if (state["best_score"].is_number()) best_ = state["best_score"].get<double>();
-  stopped_step_ = state.value("stopped_step", int64_t{-1});
+  stopped_step_ = state["stopped_step"].get<int64_t>();
 }
 
 }  // namespace strata::trainer

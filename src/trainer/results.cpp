@@ -9,6 +9,7 @@
 
 #include "strata/core/error.h"
 #include "strata/strategies/strategy.h"
+#include "strata/trainer/trainer_state.h"
 
 namespace strata::trainer::detail {
 namespace {
@@ -144,39 +145,24 @@ nlohmann::json Results::epoch_state(strategies::Strategy& strategy) const {
 }
 
 void Results::load_epoch_state(const nlohmann::json& state, int rank, const std::string& where) {
-  entries_.clear();
-  STRATA_CHECK(state.is_object() && state.size() <= 10000, CheckpointError, "[trainer] ", where,
-               ": the epoch's logged values are not an object of at most 10000 entries");
-  for (const auto& [name, s] : state.items()) {
-    auto flag = [&](const char* key) {
-      STRATA_CHECK(s.is_object() && s.contains(key) && s[key].is_boolean(), CheckpointError, "[trainer] ", where,
-                   ": logged value '", name, "' has no boolean '", key, "'");
-      return s[key].get<bool>();
-    };
-    auto number = [&](const char* key) {
-      STRATA_CHECK(s.is_object() && s.contains(key) && s[key].is_number(), CheckpointError, "[trainer] ", where,
-                   ": logged value '", name, "' has no number '", key, "'");
-      return s[key].get<double>();
-    };
+  validate_epoch_results(state, where + ": the epoch's logged values");
+  Entries entries;
+  for (auto it = state.begin(); it != state.end(); ++it) {
+    const nlohmann::json& s = it.value();
     ResultEntry e;
     e.on_epoch = true;
-    e.on_step = flag("on_step");
-    e.sync_dist = flag("sync_dist");
-    e.prog_bar = flag("prog_bar");
-    e.logger = flag("logger");
-    STRATA_CHECK(s.contains("reduce") && s["reduce"].is_string(), CheckpointError, "[trainer] ", where,
-                 ": logged value '", name, "' has no reduce op");
-    try {
-      e.op = parse_fx(name, s["reduce"].get<std::string>());
-    } catch (const ConfigError& error) {
-      throw CheckpointError(std::string("[trainer] ") + where + ": " + error.what());
-    }
-    e.total = number("total");
-    e.weight = number("weight");
+    e.on_step = s["on_step"].get<bool>();
+    e.sync_dist = s["sync_dist"].get<bool>();
+    e.prog_bar = s["prog_bar"].get<bool>();
+    e.logger = s["logger"].get<bool>();
+    e.op = parse_fx(it.key(), s["reduce"].get<std::string>());  // validated: one parse_fx knows
+    e.total = s["total"].get<double>();
+    e.weight = s["weight"].get<double>();
     const bool additive = e.op == comm::ReduceOp::kMean || e.op == comm::ReduceOp::kSum;
     if (e.sync_dist && additive && rank != 0) e.total = e.weight = 0.0;  // counted once, on rank 0
-    entries_.emplace(name, e);
+    entries.emplace(it.key(), e);
   }
+  entries_ = std::move(entries);
 }
 
 std::string Results::names() const {

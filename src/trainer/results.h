@@ -72,7 +72,8 @@ class Results {
   /// Restores epoch_state() on rank `rank`: reduced sums go to rank 0 only
   /// (the other ranks start from zero, so the next reduction counts them
   /// once); maxima, minima and unsynced values go to every rank.
-  /// CheckpointError names `where` for a malformed state.
+  /// CheckpointError names `where` for a malformed state
+  /// (validate_epoch_results); the collection is unchanged then.
   void load_epoch_state(const nlohmann::json& state, int rank, const std::string& where);
   /// Names logged so far (for messages).
   std::string names() const;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "strata/core/error.h"
+#include "strata/trainer/trainer_state.h"
 
 namespace strata::trainer {
 
@@ -38,24 +39,15 @@ nlohmann::json LRScheduler::state_dict() const {
 }
 
 void LRScheduler::load_state_dict(const nlohmann::json& state) {
-  STRATA_CHECK(state.is_object() && state.contains("type") && state["type"].is_string(), CheckpointError,
-               "[trainer] scheduler state is not an object with a 'type': ", state.dump().substr(0, 200));
-  STRATA_CHECK(state["type"].get<std::string>() == name(), CheckpointError, "[trainer] the checkpoint holds a ",
-               state["type"].get<std::string>(), " scheduler state but configure_optimizers made a ", name());
-  STRATA_CHECK(state.contains("last_epoch") && state["last_epoch"].is_number_integer() &&
-                   state["last_epoch"].get<int64_t>() >= 0,
-               CheckpointError, "[trainer] ", name(), " state: 'last_epoch' must be an integer >= 0");
-  STRATA_CHECK(state.contains("base_lrs") && state["base_lrs"].is_array() &&
-                   state["base_lrs"].size() == optimizer_.param_groups().size(),
-               CheckpointError, "[trainer] ", name(), " state: 'base_lrs' must list one rate per param group (",
+  validate_scheduler_state(state, name() + " state");
+  const std::string& type = state["type"].get_ref<const std::string&>();
+  STRATA_CHECK(type == name(), CheckpointError, "[trainer] ", name(), " state type is \"", type,
+               "\"; expected \"", name(), "\", the scheduler configure_optimizers made");
+  const nlohmann::json& base = state["base_lrs"];
+  STRATA_CHECK(base.size() == optimizer_.param_groups().size(), CheckpointError, "[trainer] ", name(),
+               " state base_lrs lists ", base.size(), " rate(s); expected one per param group of its optimizer (",
                optimizer_.param_groups().size(), ")");
-  std::vector<double> base;
-  for (const auto& v : state["base_lrs"]) {
-    STRATA_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0, CheckpointError,
-                 "[trainer] ", name(), " state: a base rate is not a finite number >= 0: ", v.dump());
-    base.push_back(v.get<double>());
-  }
-  base_lrs_ = base;
+  base_lrs_ = base.get<std::vector<double>>();
   last_epoch_ = state["last_epoch"].get<int64_t>();
   apply();
 }

@@ -322,8 +322,7 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
       val_loader && (!by_epoch || (epoch_ + 1) % options_.check_val_every_n_epoch == 0);
 
   // Position: a resumed epoch continues after the batches it had done.
-  const int64_t position = std::min(resume_position_, n);
-  resume_position_ = 0;
+  const int64_t position = checked_resume_position(n);
   loader.set_epoch(static_cast<uint64_t>(epoch_));
   if (position > 0 && loader.resumable()) loader.load_state({static_cast<uint64_t>(epoch_), static_cast<uint64_t>(position)});
   loader.reset();

@@ -21,6 +21,17 @@
 // examples at another world size. "epoch_done": the epoch's end hooks ran;
 // a resumed run starts the next epoch. "results": the epoch's running
 // logged values (Note [Epoch values in checkpoints] in results.h).
+//
+// Note [Resuming from untrusted state]
+// restore() validates the whole value first (validate_trainer_state, Note
+// [Checking a Trainer state] in trainer_state.cpp), so a malformed field is
+// a CheckpointError naming the checkpoint and the field before anything is
+// changed; then the checks that need this run: the scheduler count, each
+// part's own load (its type, its param groups, the ModelCheckpoint folder),
+// and, when the first epoch starts and its batch count is known,
+// batches_done against it (checked_resume_position): a position past the
+// epoch's end is an error, never clamped, since it means the checkpoint is
+// of other data or damaged.
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
@@ -32,6 +43,7 @@
 #include "strata/core/log.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
+#include "strata/trainer/trainer_state.h"
 #include "results.h"
 #include "trainer_impl.h"
 
@@ -42,23 +54,35 @@ using trainer::detail::warn;
 
 namespace {
 
-constexpr const char* kFormat = "strata-trainer";
-constexpr int kVersion = 1;
+constexpr const char* kFormat = trainer::kTrainerStateFormat;
+constexpr int64_t kVersion = trainer::kTrainerStateVersion;
 
-int64_t nonnegative(const nlohmann::json& object, const char* field, const std::string& path) {
-  STRATA_CHECK(object.is_object() && object.contains(field) && object[field].is_number_integer() &&
-                   object[field].get<int64_t>() >= 0,
-               CheckpointError, "[trainer] ", path, ": the trainer state's '", field,
-               "' is missing or not an integer >= 0");
-  return object[field].get<int64_t>();
+// Runs `load` (a part's load_state_dict), naming the checkpoint `path` and
+// the part `what` in the CheckpointError it throws.
+template <class Fn>
+void naming_checkpoint(const std::string& path, const std::string& what, Fn&& load) {
+  try {
+    load();
+  } catch (const CheckpointError& e) {
+    std::string message = e.what();
+    const std::string tag = "[trainer] ";
+    if (message.rfind(tag, 0) == 0) message = message.substr(tag.size());
+    throw CheckpointError(tag + path + ": trainer state " + what + ": " + message);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError("[trainer] " + path + ": trainer state " + what + " is malformed: " + e.what());
+  }
 }
 
 // The trainer value of a checkpoint, or null when it has none.
 nlohmann::json trainer_value(const std::string& path) {
   checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open(path);
-  const nlohmann::json& entries = reader.metadata().value("entries", nlohmann::json::object());
-  if (!entries.is_object() || !entries.contains("trainer")) return nullptr;
-  return entries["trainer"].value("value", nlohmann::json());
+  const nlohmann::json& meta = reader.metadata();
+  auto entries = meta.find("entries");
+  if (entries == meta.end() || !entries->is_object()) return nullptr;
+  auto entry = entries->find("trainer");
+  if (entry == entries->end() || !entry->is_object()) return nullptr;
+  auto value = entry->find("value");
+  return value == entry->end() ? nlohmann::json() : *value;
 }
 
 // The entry that holds the generator of `device`, for a device other than
@@ -69,8 +93,9 @@ std::string device_rng_key(c10::Device device) {
 
 bool has_entry(const std::string& path, const std::string& key) {
   checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open(path);
-  const nlohmann::json& entries = reader.metadata().value("entries", nlohmann::json::object());
-  return entries.is_object() && entries.contains(key);
+  const nlohmann::json& meta = reader.metadata();
+  auto entries = meta.find("entries");
+  return entries != meta.end() && entries->is_object() && entries->contains(key);
 }
 
 }  // namespace
@@ -171,10 +196,11 @@ std::string Trainer::resolve_ckpt_path(const std::string& ckpt_path) {
   // "best" in a new process: the best path recorded in the newest checkpoint.
   std::string best;
   if (!last.empty()) {
-    nlohmann::json value = trainer_value(last);
-    nlohmann::json state = value.value("callbacks", nlohmann::json::object()).value(mc->state_key(), nlohmann::json());
-    if (state.is_object() && state.contains("best_model_path") && state["best_model_path"].is_string()) {
-      best = state["best_model_path"].get<std::string>();
+    const nlohmann::json value = trainer_value(last);
+    trainer::validate_trainer_state(value, last);
+    const nlohmann::json& callbacks = value["callbacks"];
+    if (auto it = callbacks.find(mc->state_key()); it != callbacks.end()) {
+      best = (*it)["best_model_path"].get<std::string>();  // validated: inside the state's folder
     }
   }
   STRATA_CHECK(!best.empty() && checkpoint::is_complete(best), ConfigError,
@@ -198,50 +224,64 @@ void Trainer::restore(const std::string& path, bool training) {
   }
   nlohmann::json remainder = strategy_->load_checkpoint(path, state, /*strict=*/true);
   if (!training) return;
+  // Note [Resuming from untrusted state]
   const nlohmann::json& value = state.at("trainer").value();
-  STRATA_CHECK(value.is_object() && value.value("format", "") == kFormat, CheckpointError, "[trainer] ", path,
-               " is not a Trainer checkpoint (its 'trainer' entry has no format '", kFormat, "')");
-  STRATA_CHECK(value.value("version", 0) >= 1 && value.value("version", 0) <= kVersion, CheckpointError,
-               "[trainer] ", path, " was written by a newer strata (trainer state version ",
-               value.value("version", 0), ")");
-  const int64_t epoch = nonnegative(value, "epoch", path);
-  const int64_t step = nonnegative(value, "global_step", path);
-  const nlohmann::json fit = value.value("loops", nlohmann::json::object()).value("fit", nlohmann::json::object());
-  const int64_t done = nonnegative(fit, "batches_done", path);
-  STRATA_CHECK(fit.contains("epoch_done") && fit["epoch_done"].is_boolean(), CheckpointError, "[trainer] ", path,
-               ": the trainer state's loops.fit.epoch_done is missing or not a boolean");
+  trainer::validate_trainer_state(value, path);
+  const int64_t epoch = value["epoch"].get<int64_t>();
+  const int64_t step = value["global_step"].get<int64_t>();
+  const nlohmann::json& fit = value["loops"]["fit"];
+  const int64_t done = fit["batches_done"].get<int64_t>();
   const bool epoch_done = fit["epoch_done"].get<bool>();
-  const int64_t saved_world = nonnegative(fit, "world_size", path);
+  const int64_t saved_world = fit["world_size"].get<int64_t>();
   STRATA_CHECK(epoch_done || done == 0 || train_is_dataset_ || saved_world == world_size(), ConfigError,
                "[trainer] ", path, " stopped inside an epoch on ", saved_world, " ranks; continuing it on ",
                world_size(), " needs training data given as a dataset (DataSource(dataset, options)), whose "
                "batches mean the same examples at any world size");
 
-  const nlohmann::json schedulers = value.value("lr_schedulers", nlohmann::json::array());
-  STRATA_CHECK(schedulers.is_array() && schedulers.size() == schedulers_.size(), CheckpointError, "[trainer] ", path,
-               " holds ", schedulers.is_array() ? schedulers.size() : 0, " scheduler state(s) but configure_optimizers "
-               "made ", schedulers_.size());
-  for (size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i].scheduler->load_state_dict(schedulers[i]);
-  const nlohmann::json callbacks = value.value("callbacks", nlohmann::json::object());
-  for (const auto& c : callbacks_) {
-    if (callbacks.is_object() && callbacks.contains(c->state_key())) c->load_state_dict(callbacks[c->state_key()]);
+  const nlohmann::json& schedulers = value["lr_schedulers"];
+  STRATA_CHECK(schedulers.size() == schedulers_.size(), CheckpointError, "[trainer] ", path,
+               ": trainer state lr_schedulers holds ", schedulers.size(), " scheduler state(s); expected ",
+               schedulers_.size(), ", one per scheduler configure_optimizers made");
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    naming_checkpoint(path, "lr_schedulers[" + std::to_string(i) + "]",
+                      [&] { schedulers_[i].scheduler->load_state_dict(schedulers[i]); });
   }
-  module_->on_load_checkpoint(value.value("module_extra", nlohmann::json::object()));
+  const nlohmann::json& callbacks = value["callbacks"];
+  for (const auto& c : callbacks_) {
+    auto it = callbacks.find(c->state_key());
+    if (it == callbacks.end()) continue;
+    naming_checkpoint(path, "callbacks[" + nlohmann::json(c->state_key()).dump() + "]",
+                      [&] { c->load_state_dict(*it); });
+  }
+  module_->on_load_checkpoint(value["module_extra"]);
   checkpoint::set_cpu_rng_state(state.at("rng").tensor(), path + " entry 'rng'");
   if (auto it = state.find(device_rng_key(device)); !device.is_cpu() && it != state.end()) {
     checkpoint::set_device_rng_state(device, it->second.tensor(), path + " entry '" + it->first + "'");
   }
   epoch_ = epoch_done ? epoch + 1 : epoch;
   resume_position_ = epoch_done ? 0 : done;
+  resume_path_ = path;
   // Checkpoints from before "results" existed resume with the epoch's
   // values restarted.
-  resume_results_ = epoch_done ? nlohmann::json() : fit.value("results", nlohmann::json());
+  resume_results_ = epoch_done || !fit.contains("results") ? nlohmann::json() : fit["results"];
   global_step_ = step;
   if (is_global_zero()) {
     log::info("[trainer] restored ", path, ": epoch ", epoch, ", global step ", step,
               epoch_done ? " (epoch complete)" : ", batch " + std::to_string(done) + " of the epoch");
   }
   (void)remainder;
+}
+
+int64_t Trainer::checked_resume_position(int64_t batches) {
+  const int64_t position = resume_position_;
+  resume_position_ = 0;
+  // Every rank counts the same batches (a global count), so every rank
+  // throws together.
+  STRATA_CHECK(position <= batches, CheckpointError, "[trainer] ", resume_path_,
+               ": trainer state loops.fit.batches_done is ", position, "; expected an integer from 0 to ", batches,
+               ", the batches of an epoch of this training data (after limit_train_batches): the checkpoint was "
+               "written for other data, or is damaged; resume from a checkpoint of this run");
+  return position;
 }
 
 }  // namespace strata

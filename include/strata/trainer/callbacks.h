@@ -83,11 +83,17 @@ class ModelCheckpoint : public Callback {
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
   void on_validation_end(Trainer& trainer, TrainModule& module) override;
   nlohmann::json state_dict() const override;
+  /// Restores state_dict()'s value when its dirpath is this callback's
+  /// folder (another folder's ranking is ignored). Throws CheckpointError
+  /// for a malformed state (validate_model_checkpoint_state), a monitor
+  /// other than its own, or a path that is not a checkpoint directly inside
+  /// the folder (Note [Restored paths stay in the folder]).
   void load_state_dict(const nlohmann::json& state) override;
 
  private:
   void save(Trainer& trainer);
   bool better(double a, double b) const;
+  void check_restored_path(const std::string& path, const std::string& field) const;
 
   ModelCheckpointOptions options_;
   std::string dirpath_;

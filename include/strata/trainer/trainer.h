@@ -264,6 +264,9 @@ class Trainer {
   void update_step_metrics(bool stepped);
   std::string resolve_ckpt_path(const std::string& ckpt_path);
   void restore(const std::string& path, bool training);
+  /// The first epoch's resume position checked against its `batches`
+  /// (trainer_checkpoint.cpp: an out-of-range position is an error).
+  int64_t checked_resume_position(int64_t batches);
   bool step_limit_reached() const;
   template <class Fn>
   void each_callback(Fn&& fn) {
@@ -292,6 +295,7 @@ class Trainer {
   int64_t max_epochs_ = 1000;
   bool epoch_done_ = false;      // the current epoch finished (for checkpoints at its end)
   int64_t resume_position_ = 0;  // batches of the first epoch a restored run skips
+  std::string resume_path_;      // the checkpoint it was restored from (for messages)
   nlohmann::json resume_results_;  // that epoch's logged values so far (null: none)
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();
   at::Tensor step_loss_;
