@@ -1,8 +1,8 @@
 // Hostile and damaged checkpoints: one test per class of the audit (deep
 // JSON, huge and negative numbers, FIFOs, symbolic links, traversal paths,
 // bad optimizer state, orphaned state, wrong dtypes, bad RNG bytes, huge
-// shapes, transposed records, flipped bytes, leftover staging folders).
-// Each asserts the tagged "[checkpoint] <file>: <field>: ..." error and that
+// shapes, transposed records, flipped bytes, leftover staging folders, a
+// Trainer state with a field missing or renamed). Each asserts the tagged "[checkpoint] <file>: <field>: ..." error and that
 // the checkpoint folder is exactly as it was before.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -25,6 +25,7 @@
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/state.h"
 #include "strata/core/error.h"
+#include "strata/trainer/trainer_state.h"
 #include "support/errors.h"
 
 namespace strata::checkpoint {
@@ -400,6 +401,90 @@ TEST_F(HostileCheckpointTest, LeftoverStagingFoldersAreRemovedByTheNextSave) {
   EXPECT_EQ(remove_stale_staging(dir), left);
   EXPECT_FALSE(fs::exists(left[0]));
   EXPECT_TRUE(remove_stale_staging(dir).empty());
+}
+
+// ---- the Trainer state (trainer/trainer_state.h) ---------------------------------
+// tests/trainer/hostile_state_test.cpp rewrites real Trainer checkpoints;
+// these check the validator on the fuzz corpus's Trainer seed, which holds
+// every field, so that the fuzzer starts from a state that passes.
+
+nlohmann::json trainer_seed() {
+  const char* source = std::getenv("STRATA_SOURCE_DIR");
+  EXPECT_NE(source, nullptr);
+  return nlohmann::json::parse(
+      testing::read_bytes(std::string(source ? source : ".") + "/fuzz/corpus/metadata/trainer.json"));
+}
+
+TEST_F(HostileCheckpointTest, TheFuzzCorpusTrainerSeedOpensAndHoldsAValidTrainerState) {
+  const nlohmann::json meta = trainer_seed();
+  // As metadata.json of the fixture's checkpoint (the same tensors the
+  // metadata fuzz target writes beside it): the reader takes it.
+  testing::write_bytes(meta_path_, meta.dump());
+  const StateReader reader = StateReader::open(ckpt_);
+  EXPECT_EQ(reader.verify_checksums(), 3u);
+  EXPECT_NO_THROW(trainer::validate_trainer_entry(reader.entries(), "seed"));
+  EXPECT_NO_THROW(trainer::validate_trainer_state(meta["entries"]["trainer"]["value"], "seed"));
+}
+
+TEST(HostileTrainerStateValidatorTest, EveryFieldTheTrainerWritesIsRequired) {
+  const nlohmann::json value = trainer_seed()["entries"]["trainer"]["value"];
+  const std::string mc = "ModelCheckpoint{monitor=val_loss, mode=min, every_n_train_steps=0, every_n_epochs=-1}";
+  const std::string es = "EarlyStopping{monitor=val_loss, mode=min}";
+  // JSON pointer of the field, and its name in messages.
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"/format", "format"}, {"/version", "version"}, {"/epoch", "epoch"}, {"/global_step", "global_step"},
+      {"/loops", "loops"}, {"/loops/fit", "loops.fit"}, {"/loops/fit/batches_done", "loops.fit.batches_done"},
+      {"/loops/fit/epoch_done", "loops.fit.epoch_done"}, {"/loops/fit/world_size", "loops.fit.world_size"},
+      {"/lr_schedulers", "lr_schedulers"}, {"/lr_schedulers/0/type", "lr_schedulers[0].type"},
+      {"/lr_schedulers/0/last_epoch", "lr_schedulers[0].last_epoch"},
+      {"/lr_schedulers/0/base_lrs", "lr_schedulers[0].base_lrs"}, {"/callbacks", "callbacks"},
+      {"/callbacks/Timer/time_elapsed", "callbacks[\"Timer\"].time_elapsed"},
+      {"/module_extra", "module_extra"}, {"/hparams", "hparams"}};
+  for (const char* f : {"monitor", "best_model_score", "best_model_path", "last_model_path", "best_k_models",
+                        "dirpath", "last_saved_step"}) {
+    fields.emplace_back("/callbacks/" + mc + "/" + f, "callbacks[\"" + mc + "\"]." + f);
+  }
+  for (const char* f : {"wait_count", "best_score", "stopped_step"}) {
+    fields.emplace_back("/callbacks/" + es + "/" + f, "callbacks[\"" + es + "\"]." + f);
+  }
+  for (const char* f : {"on_step", "sync_dist", "prog_bar", "logger", "reduce", "total", "weight"}) {
+    fields.emplace_back(std::string("/loops/fit/results/train_loss/") + f,
+                        std::string("loops.fit.results[\"train_loss\"].") + f);
+  }
+  for (const auto& [pointer, name] : fields) {
+    SCOPED_TRACE(pointer);
+    nlohmann::json removed = value;
+    const nlohmann::json::json_pointer at(pointer);
+    removed[at.parent_pointer()].erase(at.back());
+    EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { trainer::validate_trainer_state(removed, "seed"); }),
+                ::testing::StartsWith("[trainer] seed: trainer state " + name + " is missing; expected "));
+    // Renamed: an unknown field, named with the object it is in.
+    nlohmann::json renamed = value;
+    renamed[at.parent_pointer()][at.back() + "_"] = renamed[at];
+    renamed[at.parent_pointer()].erase(at.back());
+    EXPECT_THAT(strata::testing::error_message<CheckpointError>([&] { trainer::validate_trainer_state(renamed, "seed"); }),
+                HasSubstr("has an unknown field \"" + at.back() + "_\"; expected only the fields "));
+  }
+  // The epoch's logged values are optional (checkpoints from before they existed).
+  nlohmann::json old = value;
+  old["loops"]["fit"].erase("results");
+  EXPECT_NO_THROW(trainer::validate_trainer_state(old, "seed"));
+}
+
+TEST(HostileTrainerStateValidatorTest, PathsAreDirectChildrenLexically) {
+  using trainer::is_direct_child;
+  EXPECT_TRUE(is_direct_child("ckpt/a.ckpt", "ckpt"));
+  EXPECT_TRUE(is_direct_child("ckpt/./a.ckpt", "ckpt/"));
+  EXPECT_TRUE(is_direct_child("/abs/ckpt/a", "/abs//ckpt"));
+  EXPECT_TRUE(is_direct_child("a", "."));
+  EXPECT_FALSE(is_direct_child("ckpt/../victim", "."));
+  EXPECT_FALSE(is_direct_child("ckpt/x/../a", "ckpt"));
+  EXPECT_FALSE(is_direct_child("ckpt", "ckpt"));
+  EXPECT_FALSE(is_direct_child("ckpt/.", "ckpt"));
+  EXPECT_FALSE(is_direct_child("ckpt/sub/a", "ckpt"));
+  EXPECT_FALSE(is_direct_child("/ckpt/a", "ckpt"));
+  EXPECT_FALSE(is_direct_child("", "ckpt"));
+  EXPECT_FALSE(is_direct_child("/", "/"));
 }
 
 }  // namespace
