@@ -131,8 +131,10 @@ void MetricsFile::on_train_start(Trainer& trainer, TrainModule& module) {
 void MetricsFile::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&, const data::Batch&, int64_t) {
   if (trainer.global_step() == last_step_) return;  // inside an accumulation
   last_step_ = trainer.global_step();
-  // Every rank: the step's loss averaged over ranks (a collective).
-  last_loss_ = trainer.strategy().all_reduce(at::scalar_tensor(trainer.last_loss(), at::kFloat)).item<double>();
+  // Every rank: the step's loss averaged over ranks (a collective), each
+  // rank weighted by its share of the global batch (Note [Unequal shares]).
+  last_loss_ =
+      trainer.strategy().all_reduce(at::scalar_tensor(trainer.last_loss_weighted(), at::kFloat)).item<double>();
   const auto now = std::chrono::steady_clock::now();
   const double step_s = std::max(std::chrono::duration<double>(now - last_).count(), 1e-9);
   const bool first = last_ == start_;

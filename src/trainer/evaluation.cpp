@@ -51,7 +51,12 @@ trainer::Metrics Trainer::evaluation_loop(data::Loader& loader, int64_t limit, c
   for (int64_t idx = 0; idx < limit; ++idx) {
     std::optional<data::Batch> batch = loader.next();
     if (!batch) break;
-    current_batch_size_ = batch->size();
+    current_batch_size_ = batch->examples();
+    current_share_ = batch->share(world_size());
+    struct ShareReset {
+      double& share;
+      ~ShareReset() { share = 1.0; }
+    } share_reset{current_share_};
     strategies::Precision::ForwardContext autocast(strategy_->precision());
     try {
       hooked_forward(*module_, batch->input, [&](const at::Tensor&) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "strata/core/error.h"
@@ -25,7 +26,7 @@ comm::ReduceOp parse_fx(const std::string& name, const std::string& fx) {
 }  // namespace
 
 void Results::log(strategies::Strategy& strategy, const std::string& name, const at::Tensor& value,
-                  const LogOptions& options, bool in_training, int64_t batch_size) {
+                  const LogOptions& options, bool in_training, int64_t batch_size, double share) {
   STRATA_CHECK(!name.empty(), ConfigError, "[trainer] log() got an empty metric name");
   STRATA_CHECK(value.defined(), ConfigError, "[trainer] log('", name, "') got an undefined tensor");
   STRATA_CHECK(value.numel() == 1, ConfigError, "[trainer] log('", name, "') needs a scalar (one element), got shape ",
@@ -48,15 +49,31 @@ void Results::log(strategies::Strategy& strategy, const std::string& name, const
   }
   at::Tensor v = value.detach().to(at::kDouble).reshape({});
   double x = v.item<double>();
+  const bool filler = share == 0.0;
   if (e.on_step) {
     // Note: a step value synced across ranks is one collective per log
     // call, as in Lightning; every rank logs the same names each step.
-    e.step_value = e.sync_dist && strategy.world_size() > 1
-                       ? strategy.all_reduce(v.to(at::kDouble), e.op).item<double>()
-                       : x;
+    // Note [Unequal shares]: with unequal shares the mean weights each
+    // rank by its share, and a filler batch's value counts for nothing.
+    if (e.sync_dist && strategy.world_size() > 1) {
+      at::Tensor mine = v.to(at::kDouble);
+      if (share != 1.0) {
+        const double inf = std::numeric_limits<double>::infinity();
+        switch (e.op) {
+          case comm::ReduceOp::kMean: mine = mine * share; break;
+          case comm::ReduceOp::kSum: if (filler) mine = at::zeros_like(mine); break;
+          case comm::ReduceOp::kMax: if (filler) mine = at::full_like(mine, -inf); break;
+          case comm::ReduceOp::kMin: if (filler) mine = at::full_like(mine, inf); break;
+          default: break;
+        }
+      }
+      e.step_value = strategy.all_reduce(mine, e.op).item<double>();
+    } else {
+      e.step_value = x;
+    }
     e.stepped = true;
   }
-  if (e.on_epoch) {
+  if (e.on_epoch && !filler) {
     const double w = static_cast<double>(std::max<int64_t>(batch_size, 1));
     switch (e.op) {
       case comm::ReduceOp::kMean: e.total += x * w; e.weight += w; break;

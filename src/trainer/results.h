@@ -46,8 +46,11 @@ class Results {
  public:
   /// Records `value` for `name`. `in_training`: the defaults of
   /// training_step (on_step) or of the evaluation steps (on_epoch).
+  /// `share`: the running batch's Batch::share (Note [Unequal shares]):
+  /// a synced step mean weights each rank by it, and a filler batch
+  /// (share 0) adds nothing to a step or epoch value.
   void log(strategies::Strategy& strategy, const std::string& name, const at::Tensor& value,
-           const LogOptions& options, bool in_training, int64_t batch_size);
+           const LogOptions& options, bool in_training, int64_t batch_size, double share = 1.0);
   /// The step values logged since the last call ("<name>_step" when also
   /// on_epoch), split into those for loggers, for the progress bar, and all.
   void take_step(Metrics& for_logger, Metrics& for_prog_bar, Metrics& all);

@@ -241,8 +241,11 @@ std::shared_ptr<data::Loader> Trainer::make_loader(const DataSource& source, boo
     STRATA_CHECK(o.batch_size >= 1 && o.batch_size % world == 0, ConfigError, "[trainer] the ", what,
                  " batch_size ", o.batch_size, " must be a positive multiple of the world size (", world,
                  "): each rank takes batch_size / world_size examples per step");
+    // Note [Unequal shares]: no example is repeated to even out the ranks,
+    // so every global batch is the one a single process takes. predict()
+    // keeps PyTorch's padding, which Note [Prediction order] drops.
     data::DistributedSampler sampler(source.dataset()->size(), world, global_rank(), train && o.shuffle, o.seed,
-                                     o.drop_last);
+                                     o.drop_last, /*repeat_to_even=*/what == "predict");
     loader = std::make_shared<data::DataLoader>(source.dataset(), sampler, static_cast<size_t>(o.batch_size / world),
                                                 o.drop_last);
   }
@@ -337,6 +340,7 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
   }
   resume_results_ = nlohmann::json();
   step_loss_ = at::zeros({}, at::kFloat);
+  step_loss_weighted_ = at::zeros({}, at::kFloat);
 
   each_callback([&](trainer::Callback& c) { c.on_train_epoch_start(*this, *module_); });
   module_->on_train_epoch_start();
@@ -389,7 +393,12 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
 }
 
 void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step) {
-  current_batch_size_ = batch.size();
+  current_batch_size_ = batch.examples();
+  current_share_ = batch.share(world_size());
+  struct ShareReset {
+    double& share;
+    ~ShareReset() { share = 1.0; }
+  } share_reset{current_share_};
   in_training_step_ = true;
   at::Tensor loss;
   {
@@ -424,8 +433,14 @@ void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool l
                               "(gradient_clip_val)"));
     }
     at::Tensor scaled = loss.to(at::kFloat) / static_cast<double>(options_.accumulate_grad_batches);
-    strategy_->backward(scaled);
+    // Note [Unequal shares]: a rank holding n_r of an uneven global batch
+    // of m examples weights its mean loss by n_r * N / m (0 for a filler
+    // batch), so the mean over ranks that DDP and FSDP take of the
+    // gradients is the gradient of the global batch's mean loss.
+    at::Tensor weighted = current_share_ == 1.0 ? scaled : scaled * current_share_;
+    strategy_->backward(weighted);
     step_loss_ += scaled.detach().to(at::kFloat).cpu();
+    step_loss_weighted_ += weighted.detach().to(at::kFloat).cpu();
   }
   last_batch_loss_ = loss.detach();
   if (last_of_step) optimizer_step();
@@ -447,7 +462,9 @@ void Trainer::optimizer_step() {
   for (const auto& optimizer : optimizers_) optimizer->zero_grad();
   ++global_step_;
   last_loss_ = step_loss_.item<double>();
+  last_loss_weighted_ = step_loss_weighted_.item<double>();
   step_loss_ = at::zeros({}, at::kFloat);
+  step_loss_weighted_ = at::zeros({}, at::kFloat);
   for (auto& s : schedulers_) {
     if (s.interval == "step" && global_step_ % s.frequency == 0) s.scheduler->step();
   }
@@ -481,7 +498,8 @@ void Trainer::record_log(const std::string& name, const at::Tensor& value, const
                "') was called outside fit/validate/test/predict; log inside a step or hook");
   trainer::detail::Results& results = active_results_ ? *active_results_ : *results_;
   int64_t batch_size = options.batch_size.value_or(current_batch_size_);
-  results.log(*strategy_, name, value, options, /*in_training=*/!validating_ && stage_ == "fit", batch_size);
+  results.log(*strategy_, name, value, options, /*in_training=*/!validating_ && stage_ == "fit", batch_size,
+              current_share_);
 }
 
 }  // namespace strata

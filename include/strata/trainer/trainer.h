@@ -218,6 +218,11 @@ class Trainer {
   int64_t batch_idx() const { return batch_in_epoch_; }
   /// The loss of the last optimizer step on this rank (NaN before one).
   double last_loss() const { return last_loss_; }
+  /// last_loss() weighted by this rank's share of the step's global
+  /// batches (Note [Unequal shares] in data/distributed_sampler.h): its
+  /// mean over the ranks is the loss of the global batch, also when ranks
+  /// held unequal shares of it. Equal to last_loss() with equal shares.
+  double last_loss_weighted() const { return last_loss_weighted_; }
 
   strategies::Strategy& strategy() { return *strategy_; }
   const TrainerOptions& options() const { return options_; }
@@ -298,9 +303,12 @@ class Trainer {
   std::string resume_path_;      // the checkpoint it was restored from (for messages)
   nlohmann::json resume_results_;  // that epoch's logged values so far (null: none)
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();
+  double last_loss_weighted_ = std::numeric_limits<double>::quiet_NaN();
   at::Tensor step_loss_;
+  at::Tensor step_loss_weighted_;  // the step's loss, each micro-batch weighted by its share
   at::Tensor last_batch_loss_;
   int64_t current_batch_size_ = 0;
+  double current_share_ = 1.0;  // the running batch's Batch::share (1 outside steps)
   trainer::Metrics callback_metrics_;
   trainer::Metrics logged_metrics_;
   trainer::Metrics progress_bar_metrics_;
