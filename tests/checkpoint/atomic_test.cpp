@@ -23,6 +23,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::read_bytes;
 using testing::write_bytes;
+using testing::dead_pid;
 namespace fs = std::filesystem;
 
 class AtomicTest : public testing::ScratchDir {};
@@ -287,14 +288,6 @@ TEST_F(CheckpointDirTest, DamagedTensorFileInsideACheckpointNamesTheFile) {
                {file, "tensor 'fc.weight' needs bytes [0, 256)", "(truncated?)"});
 }
 
-// A pid that ran here and has exited.
-pid_t dead_pid() {
-  const pid_t child = ::fork();
-  if (child == 0) ::_exit(0);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  return child;
-}
 
 TEST_F(CheckpointDirTest, StagingFolderOfADeadSaveIsRemovedWhateverItsOwnerFileHolds) {
   // A save killed between creating its staging folder and writing the

@@ -32,6 +32,7 @@ namespace strata::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::dead_pid;
 namespace fs = std::filesystem;
 
 class HostileCheckpointTest : public testing::ScratchDir {
@@ -343,14 +344,6 @@ TEST_F(HostileCheckpointTest, FilesWithoutChecksumsStillLoad) {
   EXPECT_THAT(open_error(), HasSubstr(": __metadata__ 'strata.xxh64' holds 'Z', not a lowercase hex digit"));
 }
 
-// A pid that no process has any more: a child that already exited.
-pid_t dead_pid() {
-  const pid_t child = ::fork();
-  if (child == 0) ::_exit(0);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  return child;
-}
 
 std::string host() {
   char name[256] = {0};
