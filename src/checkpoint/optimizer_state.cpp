@@ -8,10 +8,13 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 #include "state_messages.h"
 #include "strata/checkpoint/input.h"
@@ -27,13 +30,33 @@ namespace {
 
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 
+// The one list of the types a checkpoint names, in the order messages list them.
+constexpr std::pair<OptimizerKind, const char*> kKinds[] = {
+    {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kAdamW, "adamw"}};
+
 const char* kind_name(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kAdamW: return "adamw";
+  for (const auto& [k, name] : kKinds) {
+    if (k == kind) return name;
   }
   return "?";
+}
+
+// The kind a checkpoint's "type" names, or nullopt.
+std::optional<OptimizerKind> kind_named(const std::string& name) {
+  for (const auto& [k, n] : kKinds) {
+    if (name == n) return k;
+  }
+  return std::nullopt;
+}
+
+// "'sgd', 'adam' or 'adamw'", for messages.
+std::string kind_names() {
+  std::string out;
+  for (size_t i = 0; i < std::size(kKinds); ++i) {
+    out += i == 0 ? "" : (i + 1 == std::size(kKinds) ? " or " : ", ");
+    out += cat("'", kKinds[i].second, "'");
+  }
+  return out;
 }
 
 OptimizerKind kind_of(const torch::optim::Optimizer& optimizer, const std::string& source) {
@@ -186,9 +209,9 @@ void validate_optimizer_state(const nlohmann::json& j, const std::vector<std::st
       fail(cat(".", key), "is not an optimizer-state field (expected type, param_groups, state)");
   if (!j["type"].is_string()) fail(".type", cat("is ", j["type"].dump(), "; expected a string"));
   const std::string type = j["type"].get<std::string>();
-  if (type != "sgd" && type != "adam" && type != "adamw")
-    fail(".type", cat("is '", type, "'; expected 'sgd', 'adam' or 'adamw'"));
-  const bool adam = type != "sgd";
+  const std::optional<OptimizerKind> kind = kind_named(type);
+  if (!kind) fail(".type", cat("is '", type, "'; expected ", kind_names()));
+  const bool adam = *kind != OptimizerKind::kSgd;
   if (!j["param_groups"].is_array()) fail(".param_groups", "is not an array");
   if (!j["state"].is_object()) fail(".state", "is not an object");
 

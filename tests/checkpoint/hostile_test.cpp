@@ -235,6 +235,13 @@ TEST_F(HostileCheckpointTest, OptimizerHyperparametersOutOfRange) {
               HasSubstr("[checkpoint] f: opt.state['w'].step is -100; expected an integer from 0 to"));
 }
 
+TEST_F(HostileCheckpointTest, AnUnknownOptimizerTypeNamesTheKnownOnes) {
+  nlohmann::json meta = meta_;
+  meta["entries"]["optimizer"]["state"]["type"] = "lamb";
+  EXPECT_THAT(open_error(meta), HasSubstr(meta_path_ + ": entries['optimizer'].state.type: is 'lamb'; expected "
+                                          "'sgd', 'adam' or 'adamw'"));
+}
+
 TEST_F(HostileCheckpointTest, RenamedOrOrphanedOptimizerStateIsAnError) {
   nlohmann::json meta = meta_;
   auto& state = meta["entries"]["optimizer"]["state"]["state"];

@@ -60,7 +60,7 @@ struct FabricOptions {
 };
 
 /// The training entry point. One per process.
-/// clip_gradients by global norm: the seeds' max_norm, norm_type and
+/// clip_gradients by global norm: Lightning's max_norm, norm_type and
 /// error_if_nonfinite.
 struct ClipByNorm {
   double max_norm;

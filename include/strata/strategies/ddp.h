@@ -1,4 +1,4 @@
-// Data-parallel training (the seeds' XLAStrategy): every rank holds the
+// Data-parallel training (Lightning's XLAStrategy): every rank holds the
 // whole model; gradients are averaged across ranks by bucketed all-reduces
 // started from per-parameter hooks while backward is still running. Each
 // parameter's gradient is a view into its bucket (no copies in or out).
@@ -14,7 +14,7 @@ namespace strata::strategies {
 
 class GradHooks;
 
-/// Options of DDPStrategy, with the seed page's defaults.
+/// Options of DDPStrategy, with Lightning's XLAStrategy defaults.
 struct DDPOptions {
   /// Check every collective across ranks and print a per-step
   /// communication report on rank 0.
@@ -23,10 +23,10 @@ struct DDPOptions {
   bool sync_module_states = true;
   /// Gradient bucket size (PyTorch's DDP default: 25 MB).
   int64_t bucket_cap_mb = 25;
-  /// Accepted for the seed signature; strata lists its own devices from the
+  /// Accepted for Lightning's signature; strata lists its own devices from the
   /// environment. When set, its size must equal the local world size.
   std::optional<std::vector<c10::Device>> parallel_devices;
-  /// Accepted for the seed signature; must be empty (no CheckpointIO plugins).
+  /// Accepted for Lightning's signature; must be empty (no CheckpointIO plugins).
   nlohmann::json checkpoint_io = nullptr;
 
   DDPOptions& with_debug(bool d) { debug = d; return *this; }

@@ -1,4 +1,4 @@
-// Fully-sharded data parallel training (the seeds' XLAFSDPStrategy).
+// Fully-sharded data parallel training (Lightning Fabric's XLAFSDPStrategy).
 //
 // The auto-wrap policy splits the model into units; every parameter of a
 // unit is flattened, zero-padded to a multiple of the world size and split
@@ -23,7 +23,7 @@
 //   (core/module_hooks.h). A unit called through its typed forward
 //   otherwise fails with an error that names it and says this.
 //
-// Order of set-up, as in the seeds: build the model, setup_module, build
+// Order of set-up, as in Lightning Fabric: build the model, setup_module, build
 // the optimizer from the returned module's parameters (the shards),
 // setup_optimizer.
 #pragma once
@@ -72,7 +72,7 @@ using AutoWrapPolicy = std::variant<std::monostate, ModuleTypes, WrapPredicate>;
 /// unit: each Linear, LayerNorm, Embedding, ... of a model.
 WrapPredicate wrap_every_leaf();
 
-/// Options of FSDPStrategy, with the seed page's defaults.
+/// Options of FSDPStrategy, with Lightning's XLAFSDPStrategy defaults.
 struct FSDPOptions {
   AutoWrapPolicy auto_wrap_policy;
   /// Instances of these types recompute their forward during backward
@@ -98,10 +98,10 @@ struct FSDPOptions {
   bool sync_module_states = true;
   /// Check every collective across ranks and report communication per step.
   bool debug = false;
-  /// Accepted for the seed signature; when set, its size must equal the
+  /// Accepted for Lightning's signature; when set, its size must equal the
   /// local world size.
   std::optional<std::vector<c10::Device>> parallel_devices;
-  /// Accepted for the seed signature; must be empty (no CheckpointIO plugins).
+  /// Accepted for Lightning's signature; must be empty (no CheckpointIO plugins).
   nlohmann::json checkpoint_io = nullptr;
 
   FSDPOptions& with_auto_wrap_policy(AutoWrapPolicy p) { auto_wrap_policy = std::move(p); return *this; }

@@ -11,8 +11,8 @@ namespace strata::strategies {
 enum class StrategyKind {
   kAuto,          ///< ddp for several devices, single_device for one
   kSingleDevice,  ///< "single_device"
-  kDDP,           ///< "ddp" (the seeds' XLAStrategy)
-  kFSDP,          ///< "fsdp" (the seeds' XLAFSDPStrategy)
+  kDDP,           ///< "ddp" (Lightning's XLAStrategy)
+  kFSDP,          ///< "fsdp" (Lightning's XLAFSDPStrategy)
 };
 
 /// Parses "auto", "single_device", "ddp", "fsdp". "xla" and "xla_fsdp"
@@ -24,7 +24,7 @@ const char* to_string(StrategyKind kind);
 
 /// How a sharded strategy saves checkpoints.
 enum class StateDictType {
-  kSharded,  ///< one file per rank plus metadata (the seeds' default)
+  kSharded,  ///< one file per rank plus metadata (Lightning's default)
   kFull,     ///< one consolidated file written by rank 0
 };
 

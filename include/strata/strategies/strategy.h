@@ -1,8 +1,8 @@
 // The strategy contract (DESIGN.md "Strategy contract"): how a model is
 // placed, how gradients are synchronised, how collectives, data and
 // checkpoints work across the workers of one job. Fabric calls a strategy;
-// users may call it directly too. Every method of the seed pages exists,
-// with the seeds' defaults, adapted to C++ types.
+// users may call it directly too. Every method of Lightning's XLAStrategy and XLAFSDPStrategy exists,
+// with Lightning's defaults, adapted to C++ types.
 //
 // Before setup_environment() (that is, before launch) every rank query
 // answers rank 0 of world size 1 and root_device() throws.
@@ -159,13 +159,13 @@ class Strategy {
   /// ConfigError when `module` is not one setup_module returned.
   virtual Scope no_backward_sync(torch::nn::Module& module, bool enabled = true);
 
-  // ---- collectives (the `group` argument of the seeds is implied) ----------
+  // ---- collectives (Lightning's `group` argument is implied) ----------
   /// Gathers `tensor` from every rank: shape (world_size, *tensor.shape).
   /// With sync_grads the gather is differentiable (each rank receives the
   /// gradient of its own slice). Before launch returns tensor.unsqueeze(0).
   at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads = false);
-  /// Reduces a copy of `tensor` across ranks (default mean, as the seed
-  /// pages say); the result keeps the input's device and dtype.
+  /// Reduces a copy of `tensor` across ranks (default mean, as in
+  /// Lightning); the result keeps the input's device and dtype.
   at::Tensor all_reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean);
   /// all_reduce with the op given by name ("sum", "mean"/"avg", "max", "min").
   at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op);
@@ -223,7 +223,7 @@ class Strategy {
   /// the CPU.
   virtual void teardown();
 
-  // ---- the Trainer's strategy (seed 002) -------------------------------------
+  // ---- the Trainer's strategy (Lightning's Strategy API) -------------------------------------
   /// Attaches the module a Trainer trains (a strata::TrainModule), before
   /// setup(trainer) prepares it.
   void connect(ModulePtr module) { connected_ = std::move(module); }
@@ -274,14 +274,14 @@ class Strategy {
   /// Throws ConfigError unless `module` is one that setup_module returned
   /// (`what` names the call that needs it, e.g. "clip_gradients").
   void require_set_up(const torch::nn::Module& module, const std::string& what) const;
-  /// Checks a strategy's parallel_devices option (the seed signature)
+  /// Checks a strategy's parallel_devices option (Lightning's signature)
   /// against this host: one device per local worker, or unset.
   void check_parallel_devices(const std::optional<std::vector<c10::Device>>& devices) const;
   /// Stops the background threads of the device loaders made by
   /// process_dataloader.
   void close_loaders();
-  /// setup_environment's part shared by DDP and FSDP: checks the seed
-  /// signature's parallel_devices and turns the group's debug checks on.
+  /// setup_environment's part shared by DDP and FSDP: checks the
+  /// parallel_devices option and turns the group's debug checks on.
   void setup_parallel_environment(const std::optional<std::vector<c10::Device>>& devices, bool debug);
   /// With `debug`, reports the communication of training step `step` on
   /// rank 0 and starts counting the next step's.
