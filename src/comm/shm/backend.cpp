@@ -33,7 +33,7 @@
 #include <numeric>
 #include <random>
 
-#include "kernels.h"
+#include "../reduce_kernels.h"
 #include "segment.h"
 #include "strata/core/error.h"
 #include "strata/runtime/store.h"

@@ -1,15 +1,30 @@
-// Element-wise reductions of N inputs for the shm backend:
-// out[i] = in[0][i] op in[1][i] op ... op in[N-1][i], folded left in rank
-// order, so every rank that reduces the same elements gets the same bits.
+// Element-wise reductions of N inputs, shared by the shm backend (N ranks'
+// slots at once) and the Gloo backend's ring (N = 2: the running sum and
+// the peer's chunk): out[i] = in[0][i] op in[1][i] op ... op in[N-1][i],
+// folded left in rank order, so every rank that reduces the same elements
+// gets the same bits.
 //
 // Note [Reduction order and 16-bit floats]
 // Sums fold in rank order ((x0 + x1) + x2) + ...: the same order on every
 // rank and for every size, so replicas never drift apart. With 2 ranks
 // this equals what the Gloo backend gives (x0 + x1 == x1 + x0 in IEEE
 // arithmetic); with more ranks Gloo's ring adds in another order and the
-// last bit may differ. bfloat16 and float16 accumulate in float32 across
-// all ranks and round once at the end, which for 2 ranks equals Gloo's
-// widen-add-round and for more ranks is the more accurate of the two.
+// last bit may differ.
+//
+// Note [Half-precision reductions]
+// Reducing 16-bit floats as raw integers would be wrong. bfloat16 and
+// float16 are widened to float32, combined, and rounded back once per
+// call: for the ring (two inputs a step) that is widen-combine-round per
+// peer, what NCCL and c10d's Gloo all-reduce do, with at most one rounding
+// per rank; for shm (all ranks in one call) it is one rounding in all,
+// which for 2 ranks equals the ring and for more is the more accurate.
+//
+// Note [Vectorized kernels]
+// The project builds at -O2, where GCC 12 only vectorizes loops without a
+// scalar remainder, so these loops would run one element at a time
+// (PyTorch's Gloo kernels are built at -O3). Each kernel asks for -O3
+// itself; `ivdep` is valid because the output may only alias an input
+// exactly (element i reads and writes index i only).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -17,11 +32,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "strata/comm/backend.h"
 #include "strata/core/error.h"
 
-namespace strata::comm::shm::kernels {
+namespace strata::comm::kernels {
 
 /// out (count elements) = the reduction of the n arrays in[0..n-1], also
 /// written to `also` when it is not null (one pass instead of a reduction
@@ -38,8 +54,8 @@ struct Max { template <class A> A operator()(A a, A b) const { return std::max(a
 struct Min { template <class A> A operator()(A a, A b) const { return std::min(a, b); } };
 
 // Blocks of kBlock elements keep the accumulator in L1; the inner loops
-// have no dependencies between elements, so -O3 vectorizes them (the
-// project builds at -O2: see the Gloo backend's Note [Vectorized kernels]).
+// have no dependencies between elements, so -O3 vectorizes them (Note
+// [Vectorized kernels]).
 constexpr size_t kBlock = 1024;
 
 template <class T, class Op>
@@ -91,7 +107,7 @@ ReduceFn reduce_function(ReduceOp op) {
     case ReduceOp::kMin: return &reduce_n<T, Min>;
     case ReduceOp::kMean: break;
   }
-  STRATA_ASSERT(false, "[shm] mean must be lowered to sum by comm::Group");
+  STRATA_ASSERT(false, "[comm] mean must be lowered to sum by comm::Group");
 }
 
-}  // namespace strata::comm::shm::kernels
+}  // namespace strata::comm::kernels
