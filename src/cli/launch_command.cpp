@@ -58,6 +58,8 @@ int run_launch(const LaunchConfig& c) {
   runtime::LaunchResult result = runtime::launch_workers(c.program, options);
   if (!result.summary.empty()) std::cerr << "[launcher] " << result.summary << std::endl;
   for (const std::string& line : result.report) std::cerr << "[launcher] " << line << std::endl;
+  // The outcome's status, which `strata train` returns too (Note [Launch
+  // outcomes] in strata/core/error.h).
   return result.exit_code;
 }
 

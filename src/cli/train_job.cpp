@@ -434,16 +434,12 @@ int run_train(const TrainConfig& requested) {
   try {
     result = fabric.launch([&](Fabric& f) { return train_worker(f, config, strategy); });
   } catch (const LaunchError& e) {
-    // Interrupted: exit as `strata launch` does (130 for SIGINT, 143 for
-    // SIGTERM), with the launcher's report.
-    const std::string what = e.what();
-    for (auto [name, code] : {std::pair<const char*, int>{"SIGINT", 130}, {"SIGTERM", 143}}) {
-      if (what.find(std::string("the launcher received ") + name) != std::string::npos) {
-        std::cerr << "strata: " << what << std::endl;
-        return code;
-      }
-    }
-    throw;
+    // The workers ran and ended badly: exit as `strata launch` does, with
+    // the launcher's status (the rank's code, 128+N for a signal, 124, 130
+    // or 143 when interrupted; Note [Launch outcomes]) and its report.
+    if (!e.outcome()) throw;
+    std::cerr << (e.outcome()->interrupted() ? "strata: " : "strata: error: ") << e.what() << std::endl;
+    return e.outcome()->exit_code;
   }
   if (!runtime::Environment::from_env().launched()) {
     // No loss when a run resumed at its last step (NaN travels as null).

@@ -99,7 +99,7 @@ nlohmann::json Fabric::spawn_workers() {
   launch_options.nproc_per_node = options_.devices;
   launch_options.extra_env[kResultVar] = result_file.string();
   runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), launch_options);
-  STRATA_CHECK(result.exit_code == 0, LaunchError, "[fabric] the workers failed: ", result.summary);
+  if (result.exit_code != 0) throw LaunchError("[fabric] the workers failed: " + result.summary, result);
   nlohmann::json value = nullptr;
   std::ifstream in(result_file);
   if (in) {

@@ -345,6 +345,7 @@ class Supervisor {
       r.summary = detail::cat("the workers were still running after ", options_.max_time.count(),
                               " ms (max_time); stopped them");
     } else if (stop_signal_ != 0) {
+      r.interrupted_by = stop_signal_;
       r.exit_code = 128 + stop_signal_;
       r.summary = detail::cat("the launcher received ", signal_name(stop_signal_), "; stopped all ",
                               workers_.size(), " workers");

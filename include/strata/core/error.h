@@ -6,6 +6,7 @@
 // into an exit code.
 #pragma once
 
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -44,10 +45,49 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
-/// Starting or supervising worker processes failed.
+/// How a launch of worker processes ended, as data. runtime::LaunchResult
+/// is one of these plus its text; it lives here, in core, so LaunchError
+/// can carry it (Note [Launch outcomes]).
+struct LaunchOutcome {
+  /// The launcher's exit status: 0 when every worker succeeded, else the
+  /// failing rank's exit code, 128+N when signal N killed it, 124 when the
+  /// job was stopped by max_time or the hang check, 128+N when the
+  /// launcher received signal N (130 for SIGINT, 143 for SIGTERM).
+  int exit_code = 0;
+  int failed_rank = -1;      ///< global rank of the first worker that failed, -1: none
+  int failed_exit_code = 0;  ///< its exit code (when it exited)
+  int failed_signal = 0;     ///< the signal that killed it (when it was killed)
+  /// SIGINT or SIGTERM when the launcher received it and stopped the
+  /// workers, 0 when it was not interrupted.
+  int interrupted_by = 0;
+  /// The rank named stuck by the hang check (-1: none, or the workers here
+  /// all wait on a rank elsewhere).
+  int hung_rank = -1;
+
+  bool interrupted() const { return interrupted_by != 0; }
+};
+
+// Note [Launch outcomes]
+// A caller that launched workers decides what to do from how they ended
+// (`strata train` exits as `strata launch` does), so the outcome travels as
+// fields, never as text to search. The struct is in core because
+// LaunchError is, and core includes no other layer; runtime derives its
+// LaunchResult from it, so a result converts to the outcome as it is.
+
+/// Starting or supervising worker processes failed. When workers were
+/// started and then failed (or the launcher was interrupted), outcome()
+/// says how; when they could not be started at all it is empty.
 class LaunchError : public Error {
  public:
   using Error::Error;
+  /// The workers ran and ended as `outcome` says; `what` describes it.
+  LaunchError(const std::string& what, const LaunchOutcome& outcome) : Error(what), outcome_(outcome) {}
+
+  /// How the launch ended, or nullopt when no worker ran to an end.
+  const std::optional<LaunchOutcome>& outcome() const noexcept { return outcome_; }
+
+ private:
+  std::optional<LaunchOutcome> outcome_;
 };
 
 namespace detail {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/core/error.h"
+
 namespace strata::runtime {
 
 /// Which of a worker's streams a line of output came from.
@@ -68,22 +70,19 @@ struct LaunchOptions {
   void validate() const;
 };
 
-/// What happened to the workers.
-struct LaunchResult {
-  int exit_code = 0;       ///< 0 when every worker succeeded
-  int failed_rank = -1;    ///< global rank of the first worker that failed
-  int failed_exit_code = 0;  ///< its exit code (when it exited)
-  int failed_signal = 0;     ///< the signal that killed it (when it was killed)
-  std::string last_error;    ///< its last line on stderr
+/// What happened to the workers: the outcome as fields (exit_code,
+/// failed_rank, failed_exit_code, failed_signal, interrupted_by, hung_rank;
+/// core/error.h) and its text. Fabric throws a failed one as a LaunchError
+/// carrying the same outcome.
+struct LaunchResult : LaunchOutcome {
+  std::string last_error;    ///< the failed rank's last line on stderr
   /// One-line description for the user, "" on success, e.g.
   /// "rank 1 exited with code 3; last error: ...".
   std::string summary;
   /// Process ids of the workers, by local rank (all reaped on return).
   std::vector<int> pids;
-  /// The rank named stuck by the hang check (-1: none, or the workers here
-  /// all wait on a rank elsewhere), and the report: one line per worker
-  /// saying where it was last seen (empty unless the hang check fired).
-  int hung_rank = -1;
+  /// Where every worker was last seen, one line each (empty unless the
+  /// hang check fired).
   std::vector<std::string> report;
 };
 
