@@ -161,7 +161,7 @@ bool Trainer::launch_or_skip() {
     runtime::LaunchOptions launch;
     launch.nproc_per_node = options_.devices;
     runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), launch);
-    STRATA_CHECK(result.exit_code == 0, LaunchError, "[trainer] the workers failed: ", result.summary);
+    if (result.exit_code != 0) throw LaunchError("[trainer] the workers failed: " + result.summary, result);
     return false;
   }
   strategy_->setup_environment();

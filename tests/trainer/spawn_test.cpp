@@ -68,6 +68,10 @@ STRATA_WORKER(trainer_spawn) {
     trainer.fit(module, data());
   } catch (const strata::LaunchError& e) {
     seen["launch_error"] = e.what();
+    if (e.outcome()) {
+      seen["failed_rank"] = e.outcome()->failed_rank;
+      seen["exit_code"] = e.outcome()->exit_code;
+    }
   }
   seen["steps"] = module->steps;
   if (launched) {
@@ -145,6 +149,10 @@ TEST(TrainerSpawnTest, AWorkerFailureReachesTheLaunchingProcessAsALaunchError) {
   ASSERT_TRUE(launcher.contains("launch_error")) << launcher.dump();
   const std::string message = launcher["launch_error"].get<std::string>();
   EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+  // The outcome travels as data (Note [Launch outcomes]).
+  ASSERT_TRUE(launcher.contains("failed_rank")) << launcher.dump();
+  EXPECT_EQ(launcher["failed_rank"].get<int>(), 1);
+  EXPECT_NE(launcher["exit_code"].get<int>(), 0);
   EXPECT_EQ(launcher["steps"].get<int64_t>(), 0);
   EXPECT_FALSE(std::filesystem::exists(dir.path + "/worker.json")) << "the surviving rank finished the fit";
   // The worker's own error text reaches the output for the user.
