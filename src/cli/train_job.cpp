@@ -70,7 +70,7 @@ struct GPTModuleTypes {
 
 GPTModuleTypes gpt_module_types(const std::string& model_size) {
   models::GPTConfig config = models::GPTConfig::preset(model_size);
-  config.n_layer(1).n_head(1).n_embd(8).block_size(2);  // the same module types, small
+  config.with_n_layer(1).with_n_head(1).with_n_embd(8).with_block_size(2);  // the same module types, small
   models::GPT model(config);
   GPTModuleTypes types;
   for (const auto& m : model->modules(/*include_self=*/true)) types.all.insert(m->name());
@@ -118,8 +118,8 @@ nlohmann::json train_worker(Fabric& fabric, const TrainConfig& config,
                config.grad_accum, ") so every rank takes equal micro-batches");
 
   models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
-  if (config.seq_len > 0) model_config.block_size(config.seq_len);
-  const int64_t seq_len = model_config.block_size();
+  if (config.seq_len > 0) model_config.block_size = config.seq_len;
+  const int64_t seq_len = model_config.block_size;
   auto windows = std::make_shared<data::TokenWindows>(
       config.data.empty() ? std::string(data::kDefaultDataPath) : config.data, seq_len);
   // Note [Validation split]: the last --val-fraction of the windows (in

@@ -21,7 +21,6 @@
 // `dynamic_cast<const BlockImpl*>(&module)` works as well.
 #pragma once
 
-#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
@@ -37,30 +36,40 @@
 
 namespace strata::models {
 
-/// Hyper-parameters of the GPT model, with LibTorch-style fluent setters:
-/// `GPTConfig().n_layer(4).n_head(4).n_embd(128)`, or a named preset.
+/// Hyper-parameters of the GPT model: public fields with fluent `with_x`
+/// setters, as every strata options struct:
+/// `GPTConfig().with_n_layer(4).with_n_head(4).with_n_embd(128)`, a named
+/// preset, or designated initialisers (`GPTConfig{.n_layer = 4}`).
+/// GPTImpl's constructor validates them.
 struct GPTConfig {
   /// Vocabulary size; 256 for byte-level text.
-  TORCH_ARG(int64_t, vocab_size) = 256;
+  int64_t vocab_size = 256;
   /// Context length: the longest sequence forward() accepts.
-  TORCH_ARG(int64_t, block_size) = 64;
+  int64_t block_size = 64;
   /// Number of transformer blocks.
-  TORCH_ARG(int64_t, n_layer) = 2;
+  int64_t n_layer = 2;
   /// Attention heads per block; must divide n_embd.
-  TORCH_ARG(int64_t, n_head) = 2;
+  int64_t n_head = 2;
   /// Embedding (model) width.
-  TORCH_ARG(int64_t, n_embd) = 64;
+  int64_t n_embd = 64;
   /// Dropout probability after embeddings, attention weights and residual
   /// projections, in [0, 1).
-  TORCH_ARG(double, dropout) = 0.0;
+  double dropout = 0.0;
   /// Whether the language-model head reuses the token embedding's weight.
-  TORCH_ARG(bool, tie_weights) = true;
+  bool tie_weights = true;
   /// Whether the Linear layers have biases (LayerNorms always have one:
   /// LibTorch's C++ LayerNormOptions has no bias switch).
-  TORCH_ARG(bool, bias) = true;
+  bool bias = true;
 
-  // (TORCH_ARG leaves the access at private.)
- public:
+  GPTConfig& with_vocab_size(int64_t v) { vocab_size = v; return *this; }
+  GPTConfig& with_block_size(int64_t b) { block_size = b; return *this; }
+  GPTConfig& with_n_layer(int64_t n) { n_layer = n; return *this; }
+  GPTConfig& with_n_head(int64_t n) { n_head = n; return *this; }
+  GPTConfig& with_n_embd(int64_t n) { n_embd = n; return *this; }
+  GPTConfig& with_dropout(double p) { dropout = p; return *this; }
+  GPTConfig& with_tie_weights(bool t) { tie_weights = t; return *this; }
+  GPTConfig& with_bias(bool b) { bias = b; return *this; }
+
   /// The named configurations: "tiny" (2 layers, 2 heads, width 64, context
   /// 64), "small" (4/4/128, context 128), "medium" (6/6/384, context 256),
   /// "large" (12/12/768, context 256); all byte-level (vocab 256).
