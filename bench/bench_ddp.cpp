@@ -248,9 +248,9 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   strata::models::MLP mlp{nullptr};
   if (c.model == "gpt") {
     strata::models::GPTConfig config = strata::models::GPTConfig::preset(c.size);
-    if (c.seq_len > 0) config.block_size(c.seq_len);
-    seq_len = config.block_size();
-    at::Tensor pool = at::randint(0, config.vocab_size(), {c.pool, world * c.batch, seq_len + 1}, gen, at::kLong);
+    if (c.seq_len > 0) config.block_size = c.seq_len;
+    seq_len = config.block_size;
+    at::Tensor pool = at::randint(0, config.vocab_size, {c.pool, world * c.batch, seq_len + 1}, gen, at::kLong);
     for (int64_t i = 0; i < c.pool; ++i) {
       at::Tensor mine = pool[i].narrow(0, rank * c.batch, c.batch);
       inputs.push_back(mine.narrow(1, 0, seq_len).contiguous());

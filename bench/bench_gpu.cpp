@@ -113,9 +113,9 @@ nlohmann::json run(strata::Fabric& fabric, const std::string& kind, const std::s
   synchronize(device);
   reset_peak(device);
   const strata::models::GPTConfig config = strata::models::GPTConfig::preset(size);
-  const int64_t seq_len = config.block_size();
+  const int64_t seq_len = config.block_size;
   at::Generator gen = at::detail::createCPUGenerator(c.seed);
-  at::Tensor pool = at::randint(0, config.vocab_size(), {c.pool, c.batch, seq_len + 1}, gen, at::kLong);
+  at::Tensor pool = at::randint(0, config.vocab_size, {c.pool, c.batch, seq_len + 1}, gen, at::kLong);
   std::vector<at::Tensor> inputs, targets;
   for (int64_t i = 0; i < c.pool; ++i) {
     inputs.push_back(pool[i].narrow(1, 0, seq_len).contiguous().to(device));

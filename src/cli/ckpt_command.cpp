@@ -304,7 +304,7 @@ int run_export(const CkptConfig& c) {
   STRATA_CHECK(!ec, ConfigError, "[ckpt] cannot create ", c.out, ": ", ec.message());
   // PyTorch's state_dict lists a tied head under both names.
   std::vector<std::pair<std::string, std::string>> aliases;
-  if (config.tie_weights()) aliases.emplace_back("lm_head.weight", "wte.weight");
+  if (config.tie_weights) aliases.emplace_back("lm_head.weight", "wte.weight");
   const std::string model_file = c.out + "/model.safetensors";
   checkpoint::export_module(reader, key, model_file, aliases, sub);
   checkpoint::atomic_write_file(c.out + "/config.json", config.to_json().dump(2) + "\n");

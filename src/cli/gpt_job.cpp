@@ -77,10 +77,10 @@ data::Example WindowRange::get(size_t index) const {
 }
 
 double gpt_flops_per_token(const models::GPTConfig& config) {
-  const double d = static_cast<double>(config.n_embd());
-  const double layers = static_cast<double>(config.n_layer());
-  const double matmul_weights = layers * 12.0 * d * d + static_cast<double>(config.vocab_size()) * d;
-  return 6.0 * matmul_weights + 12.0 * layers * static_cast<double>(config.block_size()) * d;
+  const double d = static_cast<double>(config.n_embd);
+  const double layers = static_cast<double>(config.n_layer);
+  const double matmul_weights = layers * 12.0 * d * d + static_cast<double>(config.vocab_size) * d;
+  return 6.0 * matmul_weights + 12.0 * layers * static_cast<double>(config.block_size) * d;
 }
 
 double measure_matmul_gflops() {

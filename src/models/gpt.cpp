@@ -21,10 +21,10 @@ namespace strata::models {
 std::vector<std::string> GPTConfig::preset_names() { return {"tiny", "small", "medium", "large"}; }
 
 GPTConfig GPTConfig::preset(const std::string& name) {
-  if (name == "tiny") return GPTConfig().n_layer(2).n_head(2).n_embd(64).block_size(64);
-  if (name == "small") return GPTConfig().n_layer(4).n_head(4).n_embd(128).block_size(128);
-  if (name == "medium") return GPTConfig().n_layer(6).n_head(6).n_embd(384).block_size(256);
-  if (name == "large") return GPTConfig().n_layer(12).n_head(12).n_embd(768).block_size(256);
+  if (name == "tiny") return GPTConfig().with_n_layer(2).with_n_head(2).with_n_embd(64).with_block_size(64);
+  if (name == "small") return GPTConfig().with_n_layer(4).with_n_head(4).with_n_embd(128).with_block_size(128);
+  if (name == "medium") return GPTConfig().with_n_layer(6).with_n_head(6).with_n_embd(384).with_block_size(256);
+  if (name == "large") return GPTConfig().with_n_layer(12).with_n_head(12).with_n_embd(768).with_block_size(256);
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
   throw ConfigError(detail::cat("[gpt] unknown model preset '", name, "'; known presets: ", known));
@@ -57,11 +57,11 @@ torch::nn::LayerNorm make_layer_norm(int64_t n) {
 }  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
-    : torch::nn::Module(kTypeName), n_head_(config.n_head()), n_embd_(config.n_embd()) {
-  c_attn = register_module("c_attn", make_linear(n_embd_, 3 * n_embd_, config.bias()));
-  c_proj = register_module("c_proj", make_linear(n_embd_, n_embd_, config.bias()));
-  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(config.dropout()));
-  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.dropout()));
+    : torch::nn::Module(kTypeName), n_head_(config.n_head), n_embd_(config.n_embd) {
+  c_attn = register_module("c_attn", make_linear(n_embd_, 3 * n_embd_, config.bias));
+  c_proj = register_module("c_proj", make_linear(n_embd_, n_embd_, config.bias));
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
 }
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
@@ -84,9 +84,9 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
 }
 
 MLPBlockImpl::MLPBlockImpl(const GPTConfig& config) : torch::nn::Module(kTypeName) {
-  c_fc = register_module("c_fc", make_linear(config.n_embd(), 4 * config.n_embd(), config.bias()));
-  c_proj = register_module("c_proj", make_linear(4 * config.n_embd(), config.n_embd(), config.bias()));
-  dropout = register_module("dropout", torch::nn::Dropout(config.dropout()));
+  c_fc = register_module("c_fc", make_linear(config.n_embd, 4 * config.n_embd, config.bias));
+  c_proj = register_module("c_proj", make_linear(4 * config.n_embd, config.n_embd, config.bias));
+  dropout = register_module("dropout", torch::nn::Dropout(config.dropout));
 }
 
 at::Tensor MLPBlockImpl::forward(const at::Tensor& x) {
@@ -94,9 +94,9 @@ at::Tensor MLPBlockImpl::forward(const at::Tensor& x) {
 }
 
 BlockImpl::BlockImpl(const GPTConfig& config) : torch::nn::Module(kTypeName) {
-  ln1 = register_module("ln1", make_layer_norm(config.n_embd()));
+  ln1 = register_module("ln1", make_layer_norm(config.n_embd));
   attn = register_module("attn", CausalSelfAttention(config));
-  ln2 = register_module("ln2", make_layer_norm(config.n_embd()));
+  ln2 = register_module("ln2", make_layer_norm(config.n_embd));
   mlp = register_module("mlp", MLPBlock(config));
 }
 
@@ -113,9 +113,9 @@ at::Tensor BlockImpl::forward(const at::Tensor& x) {
 
 GPTImpl::GPTImpl(GPTConfig config) : torch::nn::Module(kTypeName), config_(std::move(config)) {
   config_.validate();
-  wte = register_module("wte", torch::nn::Embedding(config_.vocab_size(), config_.n_embd()));
-  wpe = register_module("wpe", torch::nn::Embedding(config_.block_size(), config_.n_embd()));
-  drop = register_module("drop", torch::nn::Dropout(config_.dropout()));
+  wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(config_.block_size, config_.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(config_.dropout));
   blocks = register_module("blocks", torch::nn::ModuleList());
   // Note [Sharded construction]: inside a strategy's module_sharded_context
   // each block is initialised and handed over (module_built) as soon as it
@@ -123,22 +123,22 @@ GPTImpl::GPTImpl(GPTConfig config) : torch::nn::Module(kTypeName), config_(std::
   // random draws then come in another order than in a plain construction:
   // same distribution, different values for a given seed.
   const bool sharded_build = module_built_handler_active();
-  for (int64_t i = 0; i < config_.n_layer(); ++i) {
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
     blocks->push_back(Block(config_));
     if (sharded_build) {
       if (!SkipParameterInit::active()) init_block(*blocks[i]->as<BlockImpl>());
       module_built(*blocks[i]);
     }
   }
-  ln_f = register_module("ln_f", make_layer_norm(config_.n_embd()));
+  ln_f = register_module("ln_f", make_layer_norm(config_.n_embd));
   // Note [Tied head]: LibTorch's named_parameters() does not deduplicate,
   // so a tied head that registered the embedding's tensor a second time
   // would be listed (and all-reduced, sharded, saved) twice. The tied head
   // therefore owns no parameter: forward() reads wte->weight at call time
   // (so whatever a strategy puts there is used), and lm_head_weight()
   // exposes the tie as the very same tensor.
-  if (!config_.tie_weights()) {
-    lm_head = register_module("lm_head", make_linear(config_.n_embd(), config_.vocab_size(), false));
+  if (!config_.tie_weights) {
+    lm_head = register_module("lm_head", make_linear(config_.n_embd, config_.vocab_size, false));
   }
   if (SkipParameterInit::active()) return;  // to be loaded (module_init_context(empty_init=true))
   if (sharded_build) {
@@ -164,7 +164,7 @@ void init_norm(const torch::nn::LayerNorm& n) {
 
 void GPTImpl::init_block(BlockImpl& b) {
   torch::NoGradGuard no_grad;
-  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer()));
+  const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
   init_norm(b.ln1);
   init_linear(b.attn->c_attn, kInitStd);
   init_linear(b.attn->c_proj, proj_std);
@@ -208,8 +208,8 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   STRATA_CHECK(idx.scalar_type() == at::kLong, ConfigError, "[gpt] token ids must be int64, got ",
                idx.scalar_type());
   const int64_t T = idx.size(1);
-  STRATA_CHECK(T <= config_.block_size(), ConfigError, "[gpt] sequence length ", T,
-               " exceeds block_size ", config_.block_size());
+  STRATA_CHECK(T <= config_.block_size, ConfigError, "[gpt] sequence length ", T,
+               " exceeds block_size ", config_.block_size);
   // The whole model is the root unit of FSDP: its forward runs hooked too.
   return hooked_forward(*this, idx, [this](const at::Tensor& ids) {
     auto pos = at::arange(ids.size(1), ids.options());
@@ -245,7 +245,7 @@ at::Tensor GPTImpl::generate(const at::Tensor& prompt, int64_t max_new_tokens, d
   auto idx = prompt.dim() == 1 ? prompt.unsqueeze(0) : prompt;
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     const int64_t T = idx.size(1);
-    auto ctx = T > config_.block_size() ? idx.narrow(1, T - config_.block_size(), config_.block_size()) : idx;
+    auto ctx = T > config_.block_size ? idx.narrow(1, T - config_.block_size, config_.block_size) : idx;
     auto logits = forward(ctx).select(1, -1).to(at::kFloat);  // [B, V]
     at::Tensor next;
     if (temperature == 0.0) {

@@ -52,17 +52,17 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& json, const std::string& so
                  item.key().substr(0, 64), "\" (written by a newer strata?)");
   constexpr int64_t kMaxSize = int64_t(1) << 20;
   GPTConfig config;
-  config.vocab_size(size_field(json, "vocab_size", int64_t(1) << 24, source))
-      .block_size(size_field(json, "block_size", kMaxSize, source))
-      .n_layer(size_field(json, "n_layer", kMaxSize, source))
-      .n_head(size_field(json, "n_head", kMaxSize, source))
-      .n_embd(size_field(json, "n_embd", kMaxSize, source))
-      .tie_weights(bool_field(json, "tie_weights", source))
-      .bias(bool_field(json, "bias", source));
+  config.with_vocab_size(size_field(json, "vocab_size", int64_t(1) << 24, source))
+      .with_block_size(size_field(json, "block_size", kMaxSize, source))
+      .with_n_layer(size_field(json, "n_layer", kMaxSize, source))
+      .with_n_head(size_field(json, "n_head", kMaxSize, source))
+      .with_n_embd(size_field(json, "n_embd", kMaxSize, source))
+      .with_tie_weights(bool_field(json, "tie_weights", source))
+      .with_bias(bool_field(json, "bias", source));
   STRATA_CHECK(json.contains("dropout") && json["dropout"].is_number(), ConfigError, "[gpt] ", source,
                ": \"dropout\" is ", json.contains("dropout") ? json["dropout"].dump().substr(0, 64) : "missing",
                "; expected a number in [0, 1)");
-  config.dropout(json["dropout"].get<double>());
+  config.dropout = json["dropout"].get<double>();
   config.validate();
   return config;
 }

@@ -52,7 +52,7 @@ std::shared_ptr<strata::data::TensorDataset> make_dataset() {
 // batches through the distributed sampler and the device loader.
 GptRun train(Fabric& fabric, int64_t steps, int64_t global_batch, double dropout) {
   Fabric::seed_everything(1234);
-  strata::models::GPT model(strata::models::GPTConfig::preset("tiny").block_size(16).dropout(dropout));
+  strata::models::GPT model(strata::models::GPTConfig::preset("tiny").with_block_size(16).with_dropout(dropout));
   fabric.setup_module(model);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
   fabric.setup_optimizer(optimizer);

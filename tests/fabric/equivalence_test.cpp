@@ -66,7 +66,7 @@ std::shared_ptr<strata::data::TensorDataset> make_dataset() {
 
 RunResult train(Fabric& fabric, const RunConfig& c) {
   Fabric::seed_everything(1234);
-  strata::models::GPT model(strata::models::GPTConfig::preset("tiny").block_size(16));
+  strata::models::GPT model(strata::models::GPTConfig::preset("tiny").with_block_size(16));
   fabric.setup_module(model);
   // Note: SGD with momentum, not Adam: Adam divides by sqrt(v), which turns
   // the rounding noise of a gradient that is mathematically zero (the key

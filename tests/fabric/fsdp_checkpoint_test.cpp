@@ -52,9 +52,9 @@ std::shared_ptr<strata::strategies::Strategy> make(const std::string& spec) {
 }
 
 GPTConfig config(const std::string& model) {
-  GPTConfig c = GPTConfig::preset("tiny").block_size(16);
-  if (model == "untied") c.tie_weights(false);
-  if (model == "wide") c.n_embd(96).n_head(2);
+  GPTConfig c = GPTConfig::preset("tiny").with_block_size(16);
+  if (model == "untied") c.tie_weights = false;
+  if (model == "wide") c.with_n_embd(96).with_n_head(2);
   return c;
 }
 

@@ -36,7 +36,7 @@ using strata::testing::Checks;
 using strata::testing::contains;
 using strata::testing::error_message;
 
-GPTConfig tiny() { return GPTConfig::preset("tiny").block_size(16); }
+GPTConfig tiny() { return GPTConfig::preset("tiny").with_block_size(16); }
 
 std::shared_ptr<FSDPStrategy> fsdp(FSDPOptions options = FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Block"}),
                                    const std::string& precision = "32-true") {
@@ -412,7 +412,7 @@ STRATA_WORKER(fsdp_sharded_context) {
     std::optional<GPT> built;
     {
       auto scope = strategy.module_sharded_context();
-      built.emplace(tiny().n_layer(3));
+      built.emplace(tiny().with_n_layer(3));
     }
     GPT model = *built;
     c.expect(c_attn_weight(model, 0).numel() == 0 && c_attn_weight(model, 2).numel() == 0,
@@ -531,7 +531,7 @@ TEST(FSDPTest, RootForwardWithoutHooksIsAClearError) {
 // the cache reaches a steady size instead of growing step after step.
 STRATA_WORKER(fsdp_buffer_cache) {
   Checks c;
-  const GPTConfig config = GPTConfig().n_layer(2).n_head(4).n_embd(256).block_size(16);
+  const GPTConfig config = GPTConfig().with_n_layer(2).with_n_head(4).with_n_embd(256).with_block_size(16);
   auto train = [&](GPT& model, torch::optim::Optimizer& optimizer, int step, auto&& backward) {
     auto [input, target] = batch();
     at::Tensor loss = model->loss(input, target);

@@ -109,7 +109,7 @@ TEST(TorchReader, TheExportedModelLoadsIntoPyTorchThroughTheDocumentedExample) {
   ASSERT_TRUE(reader.sharded());
   const auto config = strata::models::GPTConfig::from_json(
       reader.entries()["trainer"]["value"]["module_extra"]["model_config"], checkpoint);
-  EXPECT_EQ(config.block_size(), 32);
+  EXPECT_EQ(config.block_size, 32);
   strata::models::GPT model(config);
   strata::checkpoint::NamedTensors state;
   for (const std::string& name : reader.names_under("module"))

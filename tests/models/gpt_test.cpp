@@ -55,7 +55,7 @@ TEST(GptTest, LossAtInitialisationIsCloseToLogOfTheVocabularySize) {
 
 TEST(GptTest, InitialisationIsGpt2Style) {
   torch::manual_seed(3);
-  auto cfg = GPTConfig().n_layer(2).n_head(4).n_embd(128);
+  auto cfg = GPTConfig().with_n_layer(2).with_n_head(4).with_n_embd(128);
   GPT model(cfg);
   auto params = model->named_parameters();
   auto std_of = [&](const std::string& name) { return params[name].std().item<double>(); };
@@ -92,7 +92,7 @@ TEST(GptTest, TiedHeadIsTheEmbeddingTensorAndIsListedOnce) {
   const int64_t per_block = 12 * C * C + 13 * C;
   EXPECT_EQ(model->num_parameters(), V * C + T * C + L * per_block + 2 * C);
 
-  GPT untied(tiny().tie_weights(false));
+  GPT untied(tiny().with_tie_weights(false));
   auto untied_params = untied->named_parameters();
   ASSERT_TRUE(untied_params.contains("lm_head.weight"));
   EXPECT_FALSE(untied->lm_head_weight().is_same(untied->wte->weight));
@@ -185,12 +185,12 @@ TEST(GptTest, GenerateReturnsPromptPlusNewTokensAndIsReproducibleWithAGenerator)
 }
 
 TEST(GptTest, BadConfigurationsAreRejectedWithTheOffendingValue) {
-  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().n_embd(100).n_head(3)); }),
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().with_n_embd(100).with_n_head(3)); }),
             "[gpt] n_embd (100) must be divisible by n_head (3)");
   EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPTConfig::preset("huge"); }),
             "[gpt] unknown model preset 'huge'; known presets: tiny, small, medium, large");
-  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().n_layer(0)); }), "[gpt] n_layer must be > 0, got 0");
-  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().dropout(1.0)); }), "[gpt] dropout must be in [0, 1), got 1");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().with_n_layer(0)); }), "[gpt] n_layer must be > 0, got 0");
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().with_dropout(1.0)); }), "[gpt] dropout must be in [0, 1), got 1");
   GPT model(tiny());
   EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([&] { model->forward(at::zeros({1, 65}, at::kLong)); }),
             "[gpt] sequence length 65 exceeds block_size 64");
@@ -200,15 +200,24 @@ TEST(GptTest, BadConfigurationsAreRejectedWithTheOffendingValue) {
 
 TEST(GptTest, PresetsHaveTheDocumentedShapes) {
   auto m = GPTConfig::preset("medium");
-  EXPECT_EQ(m.n_layer(), 6);
-  EXPECT_EQ(m.n_head(), 6);
-  EXPECT_EQ(m.n_embd(), 384);
-  EXPECT_EQ(m.block_size(), 256);
+  EXPECT_EQ(m.n_layer, 6);
+  EXPECT_EQ(m.n_head, 6);
+  EXPECT_EQ(m.n_embd, 384);
+  EXPECT_EQ(m.block_size, 256);
   auto l = GPTConfig::preset("large");
-  EXPECT_EQ(l.n_layer(), 12);
-  EXPECT_EQ(l.n_embd(), 768);
-  EXPECT_EQ(GPTConfig::preset("small").block_size(), 128);
+  EXPECT_EQ(l.n_layer, 12);
+  EXPECT_EQ(l.n_embd, 768);
+  EXPECT_EQ(GPTConfig::preset("small").block_size, 128);
   for (const auto& name : GPTConfig::preset_names()) EXPECT_NO_THROW(GPTConfig::preset(name).validate());
+}
+
+TEST(GptTest, ConfigIsPlainFieldsSetByDesignatedInitialisersOrWithSetters) {
+  const GPTConfig designated{.n_layer = 3, .n_head = 4, .n_embd = 32, .tie_weights = false};
+  const GPTConfig chained = GPTConfig().with_n_layer(3).with_n_head(4).with_n_embd(32).with_tie_weights(false);
+  EXPECT_EQ(designated.to_json(), chained.to_json());
+  EXPECT_EQ(designated.vocab_size, 256);
+  EXPECT_EQ(designated.block_size, 64);
+  EXPECT_FALSE(chained.tie_weights);
 }
 
 TEST(GptTest, BytesRoundTripThroughTokens) {

@@ -41,7 +41,7 @@ inline std::shared_ptr<data::TensorDataset> index_dataset(int64_t n) {
   return std::make_shared<data::TensorDataset>(x, x.clone());
 }
 
-inline models::GPTConfig tiny_gpt() { return models::GPTConfig::preset("tiny").block_size(16); }
+inline models::GPTConfig tiny_gpt() { return models::GPTConfig::preset("tiny").with_block_size(16); }
 
 /// The tiny GPT as a TrainModule, trained with SGD + momentum (see the
 /// Note in tests/fabric/equivalence_test.cpp on why not Adam).
