@@ -25,7 +25,7 @@
 #include "strata/runtime/process.h"
 #include "strata/runtime/store.h"
 #include "strata/strategies/accelerator.h"
-#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/recompute.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
 #include "strata/strategies/make_strategy.h"

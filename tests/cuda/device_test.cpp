@@ -20,7 +20,7 @@
 #include "strata/data/loader.h"
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/accelerator.h"
-#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/recompute.h"
 #include "strata/trainer/trainer.h"
 #include "support/errors.h"
 
@@ -67,7 +67,7 @@ TEST(CudaRngTest, GpuGeneratorStateRoundTrips) {
       << what;
 }
 
-TEST(CudaRngTest, ActivationCheckpointingReplaysGpuDropout) {
+TEST(CudaRngTest, RecomputationReplaysGpuDropout) {
   STRATA_REQUIRE_GPU();
   const auto gpu = at::TensorOptions().device(c10::kCUDA, 0);
   at::manual_seed(3);
@@ -80,7 +80,7 @@ TEST(CudaRngTest, ActivationCheckpointingReplaysGpuDropout) {
   w.mutable_grad() = at::Tensor();
   x.mutable_grad() = at::Tensor();
   at::manual_seed(5);
-  at::Tensor out = strata::strategies::checkpointed_forward(body, x);
+  at::Tensor out = strata::strategies::recomputed_forward(body, x);
   at::Tensor after_forward = at::rand({16}, gpu);  // draws between forward and backward
   out.square().sum().backward();
   EXPECT_TRUE(at::allclose(w.grad(), plain_w)) << "the recomputed dropout mask differs";

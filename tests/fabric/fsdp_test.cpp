@@ -15,7 +15,7 @@
 #include "strata/core/module_hooks.h"
 #include "strata/fabric/fabric.h"
 #include "strata/models/gpt.h"
-#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/recompute.h"
 #include "strata/strategies/fsdp.h"
 #include "support/checks.h"
 #include "support/errors.h"
@@ -208,36 +208,36 @@ struct Body {
   }
 };
 
-TEST(ActivationCheckpointTest, GradientsAreIdenticalAndTheBodyRunsAgainInBackward) {
+TEST(RecomputeTest, GradientsAreIdenticalAndTheBodyRunsAgainInBackward) {
   Body body;
   at::Tensor x = at::randn({5, 8}).requires_grad_(true);
-  auto run = [&](bool checkpointed) {
+  auto run = [&](bool recomputed) {
     x.mutable_grad() = at::Tensor();
     for (auto& p : body.a->parameters()) p.mutable_grad() = at::Tensor();
     for (auto& p : body.b->parameters()) p.mutable_grad() = at::Tensor();
     at::manual_seed(3);
     auto fn = [&](const at::Tensor& in) { return body(in); };
-    at::Tensor y = checkpointed ? strata::strategies::checkpointed_forward(fn, x) : fn(x);
+    at::Tensor y = recomputed ? strata::strategies::recomputed_forward(fn, x) : fn(x);
     y.pow(2).sum().backward();
     return std::vector<at::Tensor>{y.detach(), x.grad(), body.a->weight.grad(), body.b->bias.grad()};
   };
   std::vector<at::Tensor> plain = run(false);
   body.calls = 0;
-  std::vector<at::Tensor> checked = run(true);
+  std::vector<at::Tensor> recomputed = run(true);
   EXPECT_EQ(body.calls, 2) << "forward once without the graph, once more in backward";
-  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], checked[i])) << "tensor " << i;
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], recomputed[i])) << "tensor " << i;
 }
 
-TEST(ActivationCheckpointTest, ParametersGetGradientsWhenTheInputNeedsNone) {
+TEST(RecomputeTest, ParametersGetGradientsWhenTheInputNeedsNone) {
   Body body;
   at::Tensor x = at::randn({5, 8});
-  at::Tensor y = strata::strategies::checkpointed_forward([&](const at::Tensor& in) { return body(in); }, x);
+  at::Tensor y = strata::strategies::recomputed_forward([&](const at::Tensor& in) { return body(in); }, x);
   y.sum().backward();
   ASSERT_TRUE(body.a->weight.grad().defined());
   EXPECT_GT(body.a->weight.grad().abs().sum().item<double>(), 0.0);
   torch::NoGradGuard no_grad;
   body.calls = 0;
-  strata::strategies::checkpointed_forward([&](const at::Tensor& in) { return body(in); }, x);
+  strata::strategies::recomputed_forward([&](const at::Tensor& in) { return body(in); }, x);
   EXPECT_EQ(body.calls, 1) << "without grad mode there is nothing to recompute";
 }
 

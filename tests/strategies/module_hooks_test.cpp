@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "strata/core/module_hooks.h"
-#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/recompute.h"
 
 namespace {
 
@@ -94,7 +94,7 @@ TEST(ModuleHooksTest, VariadicHookedForwardRunsEveryTensorThroughTheHooks) {
   EXPECT_EQ(hooks->calls, 1);
 }
 
-TEST(ActivationCheckpointTest, SeveralInputsAndOutputsGetThePlainGradients) {
+TEST(RecomputeTest, SeveralInputsAndOutputsGetThePlainGradients) {
   torch::nn::Linear a(4, 4), b(4, 4);
   auto body = [&](const TensorList& in) {
     at::Tensor h = at::tanh(a->forward(in[0]) + in[1]);
@@ -109,7 +109,7 @@ TEST(ActivationCheckpointTest, SeveralInputsAndOutputsGetThePlainGradients) {
                                    b->weight.grad().clone()};
   for (at::Tensor t : {x, y, a->weight, b->weight}) t.mutable_grad() = at::Tensor();
 
-  TensorList out = strata::strategies::checkpointed_forward(ForwardFn(body), TensorList{x, y});
+  TensorList out = strata::strategies::recomputed_forward(ForwardFn(body), TensorList{x, y});
   ASSERT_EQ(out.size(), 2u);
   loss_of(out).backward();
   std::vector<at::Tensor> recomputed = {x.grad(), y.grad(), a->weight.grad(), b->weight.grad()};

@@ -18,7 +18,7 @@
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
 #include "strata/runtime/process.h"
-#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/recompute.h"
 #include "wrap_policy.h"
 
 namespace strata::strategies {
@@ -40,7 +40,7 @@ class FSDPForwardHooks : public ForwardHooks {
     if (unit_) state->pre_forward(*unit_);
     TensorList outputs;
     try {
-      outputs = checkpoint_ ? checkpointed_forward(body, inputs) : body(inputs);
+      outputs = checkpoint_ ? recomputed_forward(body, inputs) : body(inputs);
     } catch (const c10::Error& error) {
       if (unit_ && state->units[*unit_].root) state->explain_failed_forward(error);
       throw;

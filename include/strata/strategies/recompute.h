@@ -1,6 +1,9 @@
-// Activation checkpointing: run a forward without keeping its activations
-// and recompute it during backward (LibTorch's C++ API has no checkpoint
-// helper; this is an autograd Function of strata's own).
+// Recomputation: run a forward without keeping its activations and run it
+// again during backward. This is what Lightning and PyTorch call activation
+// checkpointing (the name kept in the options users type,
+// activation_checkpointing_policy and --activation-checkpointing); inside
+// strata "checkpoint" means saved state only. LibTorch's C++ API has no
+// such helper; this is an autograd Function of strata's own.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,10 +18,10 @@ namespace strata::strategies {
 /// parameter body used. Gradients equal those of body(input) run plainly.
 /// Outside grad mode it is body(input). `body` is kept until backward, so
 /// it must not capture locals by reference.
-at::Tensor checkpointed_forward(const ForwardBody& body, const at::Tensor& input);
+at::Tensor recomputed_forward(const ForwardBody& body, const at::Tensor& input);
 
 /// The form with any number of tensors in and out: gradients flow to every
 /// input that requires grad, from every output that does.
-TensorList checkpointed_forward(const ForwardFn& body, const TensorList& inputs);
+TensorList recomputed_forward(const ForwardFn& body, const TensorList& inputs);
 
 }  // namespace strata::strategies

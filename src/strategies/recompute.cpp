@@ -1,5 +1,5 @@
-// checkpointed_forward: an autograd Function that recomputes in backward.
-#include "strata/strategies/activation_checkpoint.h"
+// recomputed_forward: an autograd Function that recomputes in backward.
+#include "strata/strategies/recompute.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -59,7 +59,7 @@ void apply(const DeviceReplay& replay) {
 }
 
 // What the recomputation needs, kept in the autograd context.
-struct Recompute : torch::CustomClassHolder {
+struct SavedForward : torch::CustomClassHolder {
   ForwardFn body;
   std::vector<DeviceReplay> states;  // the CPU first, then the inputs' devices
 };
@@ -68,7 +68,7 @@ struct Recompute : torch::CustomClassHolder {
 // recomputation, and puts the caller's back afterwards.
 class ReplayState {
  public:
-  explicit ReplayState(const Recompute& saved) {
+  explicit ReplayState(const SavedForward& saved) {
     for (const DeviceReplay& state : saved.states) previous_.push_back(capture(state.device));
     for (const DeviceReplay& state : saved.states) apply(state);
   }
@@ -87,12 +87,12 @@ class ReplayState {
   std::vector<DeviceReplay> previous_;
 };
 
-struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   // `anchor` requires grad whenever no input does, so that backward
   // reaches this node even for a first layer whose input is data: the
   // parameters inside still need their gradients.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                const at::Tensor& anchor, c10::intrusive_ptr<Recompute> recompute) {
+                                                const at::Tensor& anchor, c10::intrusive_ptr<SavedForward> recompute) {
     (void)anchor;
     ctx->saved_data["recompute"] = c10::IValue::make_capsule(recompute);
     ctx->save_for_backward(inputs.vec());
@@ -103,7 +103,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto recompute = ctx->saved_data["recompute"].toCapsule();
-    const Recompute& saved = static_cast<const Recompute&>(*recompute);
+    const SavedForward& saved = static_cast<const SavedForward&>(*recompute);
     TensorList detached;
     for (const at::Tensor& input : ctx->get_saved_variables()) {
       detached.push_back(input.detach().requires_grad_(input.requires_grad()));
@@ -131,9 +131,9 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 }  // namespace
 
-TensorList checkpointed_forward(const ForwardFn& body, const TensorList& inputs) {
+TensorList recomputed_forward(const ForwardFn& body, const TensorList& inputs) {
   if (!c10::GradMode::is_enabled()) return body(inputs);
-  auto recompute = c10::make_intrusive<Recompute>();
+  auto recompute = c10::make_intrusive<SavedForward>();
   recompute->body = body;
   recompute->states.push_back(capture(c10::Device(c10::kCPU)));
   for (c10::Device device : devices_of(inputs)) recompute->states.push_back(capture(device));
@@ -144,12 +144,12 @@ TensorList checkpointed_forward(const ForwardFn& body, const TensorList& inputs)
   const c10::Device device = inputs.empty() || !inputs.front().defined() ? c10::Device(c10::kCPU)
                                                                          : inputs.front().device();
   at::Tensor anchor = at::empty({0}, at::TensorOptions().device(device)).requires_grad_(!any_input_grad);
-  return CheckpointFunction::apply(at::TensorList(inputs), anchor, recompute);
+  return RecomputeFunction::apply(at::TensorList(inputs), anchor, recompute);
 }
 
-at::Tensor checkpointed_forward(const ForwardBody& body, const at::Tensor& input) {
+at::Tensor recomputed_forward(const ForwardBody& body, const at::Tensor& input) {
   ForwardFn fn = [body](const TensorList& in) { return TensorList{body(in.at(0))}; };
-  return checkpointed_forward(fn, TensorList{input}).at(0);
+  return recomputed_forward(fn, TensorList{input}).at(0);
 }
 
 }  // namespace strata::strategies
