@@ -34,15 +34,15 @@ void GPTConfig::validate() const {
   auto positive = [](const char* field, int64_t v) {
     STRATA_CHECK(v > 0, ConfigError, "[gpt] ", field, " must be > 0, got ", v);
   };
-  positive("vocab_size", vocab_size_);
-  positive("block_size", block_size_);
-  positive("n_layer", n_layer_);
-  positive("n_head", n_head_);
-  positive("n_embd", n_embd_);
-  STRATA_CHECK(n_embd_ % n_head_ == 0, ConfigError, "[gpt] n_embd (", n_embd_,
-               ") must be divisible by n_head (", n_head_, ")");
-  STRATA_CHECK(dropout_ >= 0.0 && dropout_ < 1.0, ConfigError, "[gpt] dropout must be in [0, 1), got ",
-               dropout_);
+  positive("vocab_size", vocab_size);
+  positive("block_size", block_size);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_embd", n_embd);
+  STRATA_CHECK(n_embd % n_head == 0, ConfigError, "[gpt] n_embd (", n_embd,
+               ") must be divisible by n_head (", n_head, ")");
+  STRATA_CHECK(dropout >= 0.0 && dropout < 1.0, ConfigError, "[gpt] dropout must be in [0, 1), got ",
+               dropout);
 }
 
 // ---- modules --------------------------------------------------------------

@@ -33,9 +33,9 @@ bool bool_field(const nlohmann::json& json, const char* field, const std::string
 }  // namespace
 
 nlohmann::json GPTConfig::to_json() const {
-  return {{"model_type", kModelType}, {"vocab_size", vocab_size_}, {"block_size", block_size_},
-          {"n_layer", n_layer_},      {"n_head", n_head_},         {"n_embd", n_embd_},
-          {"dropout", dropout_},      {"tie_weights", tie_weights_}, {"bias", bias_}};
+  return {{"model_type", kModelType}, {"vocab_size", vocab_size}, {"block_size", block_size},
+          {"n_layer", n_layer},      {"n_head", n_head},         {"n_embd", n_embd},
+          {"dropout", dropout},      {"tie_weights", tie_weights}, {"bias", bias}};
 }
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& json, const std::string& source) {
