@@ -1,5 +1,5 @@
 // Optimizer state as named tensors plus JSON, and back
-// (include/strata/checkpoint/state.h): LibTorch's SGD, Adam and AdamW.
+// (include/strata/checkpoint/state_dict.h): LibTorch's SGD, Adam and AdamW.
 //
 // Loads validate everything before changing anything, so a failed load
 // leaves the optimizer exactly as it was.
@@ -18,7 +18,7 @@
 
 #include "state_messages.h"
 #include "strata/checkpoint/input.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 
 namespace strata::checkpoint {

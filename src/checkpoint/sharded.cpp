@@ -25,7 +25,7 @@
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/input.h"
 #include "strata/checkpoint/single_file.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 

@@ -1,5 +1,5 @@
 // Messages and lookups shared by the module and optimizer state loaders
-// (state.cpp, optimizer_state.cpp). Private to the checkpoint area.
+// (state_dict.cpp, optimizer_state.cpp). Private to the checkpoint area.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/strings.h"
 
 namespace strata::checkpoint::state_messages {

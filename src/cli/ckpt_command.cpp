@@ -22,7 +22,7 @@
 #include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/single_file.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/models/gpt.h"

@@ -17,7 +17,7 @@
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/strategies/precision.h"
-#include "strata/strategies/state.h"
+#include "strata/strategies/saved_state.h"
 
 namespace strata::strategies {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "strata/comm/group.h"
-#include "strata/strategies/state.h"
+#include "strata/strategies/saved_state.h"
 
 namespace strata::strategies {
 

@@ -18,7 +18,7 @@
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/single_file.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/strategies/strategy.h"
 #include "checkpoint_plan.h"

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 
 namespace strata::strategies {
 namespace {

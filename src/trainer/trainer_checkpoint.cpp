@@ -38,7 +38,7 @@
 
 #include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/directory.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/core/log.h"
 #include "strata/trainer/callbacks.h"

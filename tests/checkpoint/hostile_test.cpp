@@ -23,7 +23,7 @@
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/input.h"
 #include "strata/checkpoint/sharded.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/trainer/trainer_state.h"
 #include "support/errors.h"

@@ -14,7 +14,7 @@
 
 #include "cuda/cuda_support.h"
 #include "strata/checkpoint/directory.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/data/dataset.h"
 #include "strata/data/device_loader.h"
 #include "strata/data/loader.h"

@@ -13,7 +13,7 @@
 
 #include "cuda/cuda_support.h"
 #include "strata/checkpoint/safetensors.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/comm/backend.h"
 #include "strata/comm/group.h"
 #include "strata/data/dataset.h"

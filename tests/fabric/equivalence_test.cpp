@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "strata/checkpoint/safetensors.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/data/dataset.h"
 #include "strata/data/loader.h"
 #include "strata/fabric/fabric.h"

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "strata/checkpoint/safetensors.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/ddp.h"

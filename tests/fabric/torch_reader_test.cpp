@@ -13,7 +13,7 @@
 
 #include "strata/checkpoint/safetensors.h"
 #include "strata/checkpoint/sharded.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/models/gpt.h"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/strategies/accelerator.h"
 #include "support/errors.h"

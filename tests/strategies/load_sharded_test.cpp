@@ -11,7 +11,7 @@
 
 #include "checkpoint/sharded_util.h"
 #include "checkpoint/test_util.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/single_device.h"
 #include "support/errors.h"

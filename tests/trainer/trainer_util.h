@@ -15,7 +15,7 @@
 
 #include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/safetensors.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/data/dataset.h"
 #include "strata/models/gpt.h"
 #include "strata/strategies/ddp.h"

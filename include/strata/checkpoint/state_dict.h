@@ -1,4 +1,6 @@
-// Training state as named tensors plus JSON, and back.
+// Training state as named tensors plus JSON, and back: what PyTorch's
+// state_dict() and load_state_dict() do for modules and optimizers, plus the
+// random generators.
 //
 // Everything is keyed by NAME, never by position or pointer, so a checkpoint
 // can be loaded into a freshly built model, resharded, or resumed under

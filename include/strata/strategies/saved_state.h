@@ -1,6 +1,7 @@
 // The `state` a user saves and loads: a map from names to modules,
 // optimizers, tensors and plain values (numbers, strings, JSON), as a
-// Lightning Fabric user writes `state = {"model": model, "step": 0}`.
+// Lightning Fabric user writes `state = {"model": model, "step": 0}`: what
+// Fabric::save() writes and Fabric::load() restores.
 #pragma once
 
 #include <ATen/core/Tensor.h>

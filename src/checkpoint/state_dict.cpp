@@ -1,9 +1,9 @@
-// Module and RNG state as named tensors (include/strata/checkpoint/state.h);
+// Module and RNG state as named tensors (include/strata/checkpoint/state_dict.h);
 // the optimizer's state is in optimizer_state.cpp.
 //
 // Loads validate everything before changing anything, so a failed load
 // leaves the module exactly as it was.
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

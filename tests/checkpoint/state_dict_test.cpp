@@ -1,7 +1,7 @@
 // Module, optimizer and RNG state by name: resuming from a checkpoint gives
 // exactly the parameters of an uninterrupted run, and mismatches are
 // errors that list the keys.
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
