@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "pjrt_c_api.h"
+#include "plugin_call.h"
+
 namespace strata::xla {
 
 namespace detail {

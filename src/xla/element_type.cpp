@@ -1,8 +1,8 @@
 // ElementType's sizes and names in PJRT and StableHLO.
 #include "strata/xla/element_type.h"
 
+#include "pjrt_c_api.h"
 #include "strata/xla/error.h"
-#include "strata/xla/pjrt_c_api.h"
 
 namespace strata::xla {
 namespace {

@@ -9,6 +9,9 @@
 #include <mutex>
 #include <sstream>
 
+#include "pjrt_c_api.h"
+#include "plugin_call.h"
+
 namespace strata::xla {
 namespace {
 

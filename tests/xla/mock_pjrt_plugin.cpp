@@ -2,7 +2,7 @@
 // a table with the version (and size) compiled in, and no functions. Built
 // three times by tests/CMakeLists.txt: too old a minor, another major, and
 // a table too short to hold a version.
-#include "strata/xla/pjrt_c_api.h"
+#include "pjrt_c_api.h"  // strata's private PJRT declarations (src/xla/)
 
 namespace {
 strata::xla::capi::PJRT_Api make_api() {

@@ -1,4 +1,4 @@
-// strata's declarations of the PJRT C API (include/strata/xla/pjrt_c_api.h)
+// strata's declarations of the PJRT C API (src/xla/pjrt_c_api.h, private)
 // against a packaged copy of XLA's official pjrt_c_api.h: every field
 // offset, struct size, table slot and enum value strata relies on. CMake
 // looks for the header in the venv (the xla-cpu-pjrt wheel ships one,
@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-#include "strata/xla/pjrt_c_api.h"
+#include "pjrt_c_api.h"  // strata's, from src/xla/
 
 #ifdef STRATA_PJRT_PACKAGED_HEADER
 #include STRATA_PJRT_PACKAGED_HEADER

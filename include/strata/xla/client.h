@@ -20,6 +20,15 @@
 
 namespace strata::xla {
 
+// PJRT's opaque handles (strata's declarations of PJRT are private to
+// src/xla/).
+namespace capi {
+struct PJRT_Buffer;
+struct PJRT_Device;
+struct PJRT_Event;
+struct PJRT_LoadedExecutable;
+}  // namespace capi
+
 namespace detail {
 struct ClientHandle;  // the PJRT_Client and its plugin, shared
 }

@@ -17,9 +17,15 @@
 #include <vector>
 
 #include "strata/xla/error.h"
-#include "strata/xla/pjrt_c_api.h"
 
 namespace strata::xla {
+
+// PJRT's structs, opaque here: strata's declarations of them
+// (src/xla/pjrt_c_api.h) are private to the PJRT layer.
+namespace capi {
+struct PJRT_Api;
+struct PJRT_Error;
+}  // namespace capi
 
 /// A plugin attribute or a client-creation option.
 struct NamedValue {
@@ -70,21 +76,16 @@ class Plugin {
   const capi::PJRT_Api& api() const { return *api_; }
 
   /// Whether the plugin's table is long enough to hold `slot` and the slot
-  /// is set.
+  /// is set. Defined in src/xla/plugin_call.h, for the PJRT layer's own
+  /// sources (a slot names a member of the private PJRT_Api).
   template <class Fn>
-  bool has(Fn capi::PJRT_Api::*slot) const {
-    return slot_present(reinterpret_cast<const char*>(&(api_->*slot)) - reinterpret_cast<const char*>(api_),
-                        sizeof(Fn)) &&
-           api_->*slot != nullptr;
-  }
+  bool has(Fn capi::PJRT_Api::*slot) const;
 
   /// Calls `slot` with `args`; throws XlaError naming `what` when the slot
-  /// is missing or the call returns an error.
+  /// is missing or the call returns an error. Defined in
+  /// src/xla/plugin_call.h, as has().
   template <class Args>
-  void call(capi::PjrtFn<Args> capi::PJRT_Api::*slot, Args& args, std::string_view what) const {
-    if (!has(slot)) throw_missing(what);
-    check((api_->*slot)(&args), what);
-  }
+  void call(capi::PJRT_Error* (*capi::PJRT_Api::*slot)(Args*), Args& args, std::string_view what) const;
 
   /// Throws XlaError("[pjrt] <what> failed: <message>", code) when `error`
   /// is non-null, destroying it first.

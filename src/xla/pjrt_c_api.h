@@ -19,6 +19,11 @@
 // the table, so a struct declared at 0.81 is a prefix of the same struct at
 // any later minor, and the plugin reads `struct_size` to see how much of it
 // the caller knows.
+//
+// Private to the PJRT layer (src/xla/, and the tests that check it): the
+// public headers in include/strata/xla/ only forward-declare the opaque
+// structs they mention, and Plugin::has/call, which need the table's
+// layout, are defined in plugin_call.h beside this file.
 #pragma once
 
 #include <cstddef>
