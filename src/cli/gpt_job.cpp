@@ -180,12 +180,11 @@ void MetricsFile::on_train_end(Trainer& trainer, TrainModule&) {
   std::cout << text << std::endl;
 }
 
-FinalSave::FinalSave(std::string dir, int64_t every, std::string resumed_from)
-    : dir_(std::move(dir)), every_(every), resumed_from_(std::move(resumed_from)) {}
+FinalSave::FinalSave(std::string dir, int64_t every) : dir_(std::move(dir)), every_(every) {}
 
 void FinalSave::on_train_start(Trainer& trainer, TrainModule&) {
-  if (!resumed_from_.empty() && trainer.is_global_zero()) {
-    std::cout << "resumed from " << resumed_from_ << " at step " << trainer.global_step() << std::endl;
+  if (!trainer.ckpt_path().empty() && trainer.is_global_zero()) {
+    std::cout << "resumed from " << trainer.ckpt_path() << " at step " << trainer.global_step() << std::endl;
   }
 }
 

@@ -2,6 +2,8 @@
 // gradient clipping and the collectives every strategy shares.
 #include "strata/strategies/strategy.h"
 
+#include <ATen/ATen.h>
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
@@ -13,6 +15,7 @@
 #include "strata/core/error.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
+#include "strata/data/device_loader.h"
 #include "strata/runtime/process.h"
 
 namespace strata::strategies {
@@ -307,6 +310,41 @@ void Strategy::teardown() {
   if (launched_) group_.synchronize();
   group_ = comm::Group();
   launched_ = false;
+}
+
+// ---- the Trainer's helpers ----------------------------------------------------------
+
+// One vote per rank, the Trainer's way of making callbacks (early
+// stopping, checkpoint top-k) agree on all ranks.
+bool Strategy::reduce_boolean_decision(bool decision, bool all) {
+  at::Tensor votes = at::scalar_tensor(decision ? 1.0 : 0.0, at::kFloat);
+  at::Tensor total = all_reduce(votes, comm::ReduceOp::kSum);
+  const int yes = static_cast<int>(total.item<float>() + 0.5f);
+  return all ? yes == world_size() : yes > 0;
+}
+
+// Batches reach the device through a background prefetching DeviceLoader
+// (the MpDeviceLoader role).
+std::shared_ptr<data::Loader> Strategy::process_dataloader(std::shared_ptr<data::Loader> loader) {
+  STRATA_CHECK(loader != nullptr, ConfigError, "[", name(), "] process_dataloader got a null loader");
+  // Each pass starts the next epoch (Lightning's loaders call set_epoch on
+  // every iteration); an explicit set_epoch/load_state still decides.
+  if (auto existing = std::dynamic_pointer_cast<data::DeviceLoader>(loader)) {
+    existing->advance_epoch_each_pass(true);
+    return loader;
+  }
+  if (loader->is_device_loader()) return loader;
+  auto device_loader = std::make_shared<data::DeviceLoader>(std::move(loader), root_device());
+  device_loader->advance_epoch_each_pass(true);
+  loaders_.push_back(device_loader);
+  return device_loader;
+}
+
+void Strategy::close_loaders() {
+  for (const std::weak_ptr<data::Loader>& weak : loaders_) {
+    if (auto loader = std::dynamic_pointer_cast<data::DeviceLoader>(weak.lock())) loader->close();
+  }
+  loaders_.clear();
 }
 
 }  // namespace strata::strategies

@@ -93,7 +93,19 @@ void Trainer::run_validation(data::Loader& loader, int64_t limit) {
 
 trainer::Metrics Trainer::run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
                                          const std::string& stage, const std::string& ckpt_path) {
-  if (!launch_or_skip()) return {};
+  trainer::Metrics metrics;
+  nlohmann::json remote;
+  const bool here = launch(
+      [&] {
+        metrics = evaluate_here(module, data, stage, ckpt_path);
+        return trainer::detail::metrics_json(metrics);
+      },
+      remote);
+  return here ? metrics : trainer::detail::metrics_from_json(remote);
+}
+
+trainer::Metrics Trainer::evaluate_here(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                        const std::string& stage, const std::string& ckpt_path) {
   attach(std::move(module), stage);
   trainer::Metrics metrics;
   try {
@@ -130,7 +142,21 @@ trainer::Metrics Trainer::test(std::shared_ptr<TrainModule> module, const DataSo
 
 at::Tensor Trainer::predict(std::shared_ptr<TrainModule> module, const DataSource& data,
                             const std::string& ckpt_path) {
-  if (!launch_or_skip()) return {};
+  // The launching process gets no rows: predictions stay in the workers,
+  // as on ranks other than 0.
+  at::Tensor result;
+  nlohmann::json remote;
+  launch(
+      [&] {
+        result = predict_here(module, data, ckpt_path);
+        return nlohmann::json();
+      },
+      remote);
+  return result;
+}
+
+at::Tensor Trainer::predict_here(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                 const std::string& ckpt_path) {
   STRATA_CHECK(data.dataset() != nullptr || world_size() == 1, ConfigError,
                "[trainer] predict on ", world_size(), " ranks needs a DataSource built from a dataset, so the "
                "Trainer knows which example each rank's rows are (see Note [Prediction order])");

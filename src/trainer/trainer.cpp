@@ -17,6 +17,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
+#include <limits>
 #include <iostream>
 
 #include "results.h"
@@ -34,6 +35,8 @@
 
 namespace strata {
 
+using trainer::detail::metrics_from_json;
+using trainer::detail::metrics_json;
 using trainer::detail::warn;
 
 int64_t BatchLimit::of(int64_t size) const {
@@ -57,9 +60,6 @@ void check_limit(const BatchLimit& l, const char* field) {
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   const TrainerOptions& o = options_;
-  STRATA_CHECK(o.devices == -1 || o.devices >= 1, ConfigError,
-               "[trainer] devices must be >= 1 (or -1 for every visible GPU), got ", o.devices);
-  STRATA_CHECK(o.num_nodes >= 1, ConfigError, "[trainer] num_nodes must be >= 1, got ", o.num_nodes);
   STRATA_CHECK(o.max_steps >= -1, ConfigError, "[trainer] max_steps must be >= -1 (-1: no limit), got ", o.max_steps);
   STRATA_CHECK(!o.max_epochs || *o.max_epochs >= -1, ConfigError,
                "[trainer] max_epochs must be >= -1 (-1: no limit), got ", *o.max_epochs);
@@ -92,20 +92,9 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   if (o.max_epochs) max_epochs_ = *o.max_epochs;
   else max_epochs_ = o.max_steps == -1 ? 1000 : -1;
 
-  std::shared_ptr<strategies::Accelerator> accelerator = strategies::make_accelerator(o.accelerator);
-  // -1: one worker per visible GPU; more than there are is refused here,
-  // before any worker starts (Note [Device placement]).
-  options_.devices = strategies::resolve_devices(*accelerator, o.devices);
-  runtime::Environment env = runtime::Environment::from_env();
-  const int world = env.launched() ? env.world_size : o.devices * o.num_nodes;
-  if (env.launched()) {
-    STRATA_CHECK(env.local_world_size == o.devices || o.devices == 1, ConfigError,
-                 "[trainer] this worker was started as one of ", env.local_world_size, " per host, but devices=",
-                 o.devices, "; start as many workers as devices (or leave devices at 1 when a launcher decides)");
-  }
-  // The Trainer's precision, when given, is a strategy object's too (Lightning's rule).
-  strategy_ = strategies::resolve_strategy(o.strategy, accelerator, o.precision, world, "trainer");
-  if (!strategy_->launched()) strategy_->set_collective_timeout(o.collective_timeout);
+  placement_ = strategies::resolve_placement(options_, "trainer");
+  options_.devices = placement_.devices;
+  strategy_ = placement_.strategy;
 
   callbacks_ = o.callbacks;
   auto has = [&](auto* probe) {
@@ -147,27 +136,33 @@ std::shared_ptr<trainer::ModelCheckpoint> Trainer::checkpoint_callback() const {
 
 // ---- launch --------------------------------------------------------------------
 
-bool Trainer::launch_or_skip() {
-  if (spawned_) return false;
-  if (strategy_->launched()) return true;
-  runtime::Environment env = runtime::Environment::from_env();
-  const int world = env.launched() ? env.world_size : options_.devices * options_.num_nodes;
-  if (!env.launched() && world > 1) {
-    STRATA_CHECK(options_.num_nodes == 1, ConfigError, "[trainer] num_nodes=", options_.num_nodes,
-                 ": a multi-node job is started by a launcher on every host, e.g. `strata launch --nnodes ",
-                 options_.num_nodes, " --node-rank R --master-addr HOST --master-port PORT -n ", options_.devices,
-                 " -- PROGRAM`");
-    spawned_ = true;
-    runtime::LaunchOptions launch;
-    launch.nproc_per_node = options_.devices;
-    runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), launch);
-    if (result.exit_code != 0) throw LaunchError("[trainer] the workers failed: " + result.summary, result);
-    return false;
+bool Trainer::launch(const std::function<nlohmann::json()>& call, nlohmann::json& remote) {
+  const bool set_up_before = strategy_->launched();
+  bool ran_here = false;
+  remote = strategies::launch(placement_, "trainer", strategies::WorkerExit::kContinue, [&] {
+    ran_here = true;
+    return call();
+  });
+  // The first call that set the environment up tears it down with the Trainer.
+  if (!set_up_before && strategy_->launched()) owns_environment_ = true;
+  spawned_ = !ran_here;
+  return ran_here;
+}
+
+void Trainer::setup_strategy() {
+  STRATA_CHECK(strategy_->lightning_module() != nullptr, ConfigError, "[", strategy_->name(),
+               "] setup(trainer) before connect(module): connect the module to train first");
+  if (!module_set_up_) {
+    // The accelerator and precision are the strategy's own; the module is
+    // placed (DDP: moved, synchronised, hooked; FSDP: sharded).
+    strategy_->connect(strategy_->setup_module(strategy_->lightning_module()));
+    module_set_up_ = true;
   }
-  strategy_->setup_environment();
-  owns_environment_ = true;
-  if (options_.seed) at::manual_seed(*options_.seed);
-  return true;
+  if (stage_ == "fit" && optimizers_.empty()) {
+    // Built after setup_module: FSDP's optimizers must see the shards.
+    configure_optimizers_from_module();
+    for (const auto& optimizer : optimizers_) strategy_->setup_optimizer(*optimizer);
+  }
 }
 
 void Trainer::attach(std::shared_ptr<TrainModule> module, const std::string& stage) {
@@ -182,7 +177,7 @@ void Trainer::attach(std::shared_ptr<TrainModule> module, const std::string& sta
   stage_ = stage;
   should_stop = false;
   strategy_->connect(module_);
-  strategy_->setup(*this);
+  setup_strategy();
   each_callback([&](trainer::Callback& c) { c.setup(*this, *module_, stage); });
 }
 
@@ -256,7 +251,27 @@ std::shared_ptr<data::Loader> Trainer::make_loader(const DataSource& source, boo
 
 void Trainer::fit(std::shared_ptr<TrainModule> module, const DataSource& train, const std::optional<DataSource>& val,
                   const std::string& ckpt_path) {
-  if (!launch_or_skip()) return;
+  nlohmann::json remote;
+  const bool here = launch(
+      [&] {
+        run_fit(module, train, val, ckpt_path);
+        return nlohmann::json{{"global_step", global_step_},
+                              {"current_epoch", epoch_},
+                              {"callback_metrics", metrics_json(callback_metrics_)},
+                              {"logged_metrics", metrics_json(logged_metrics_)},
+                              {"progress_bar_metrics", metrics_json(progress_bar_metrics_)}};
+      },
+      remote);
+  if (here || !remote.is_object()) return;
+  global_step_ = remote.value("global_step", int64_t{0});
+  epoch_ = remote.value("current_epoch", int64_t{0});
+  callback_metrics_ = metrics_from_json(remote.value("callback_metrics", nlohmann::json()));
+  logged_metrics_ = metrics_from_json(remote.value("logged_metrics", nlohmann::json()));
+  progress_bar_metrics_ = metrics_from_json(remote.value("progress_bar_metrics", nlohmann::json()));
+}
+
+void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& train,
+                      const std::optional<DataSource>& val, const std::string& ckpt_path) {
   attach(std::move(module), "fit");
   try {
     run_training(train, val, ckpt_path);
@@ -278,6 +293,7 @@ void Trainer::run_training(const DataSource& train, const std::optional<DataSour
   epoch_ = 0;
   global_step_ = 0;
   resume_position_ = 0;
+  resume_path_.clear();
   if (!ckpt_path.empty()) {
     std::string path = resolve_ckpt_path(ckpt_path);
     if (!path.empty()) restore(path, /*training=*/true);

@@ -1,8 +1,9 @@
 // The Trainer starts its own workers: a program that no launcher started,
 // asking for two devices, re-runs itself as two workers from its first
 // Trainer call, and the training they do equals single-process training.
-// The launching process runs nothing itself, and a worker's failure
-// reaches it as a LaunchError.
+// The launching process runs nothing itself but takes rank 0's record of
+// the fit (its steps and metrics), and a worker's failure reaches it as a
+// LaunchError.
 //
 // The program under test is this test binary started as a plain process
 // (`--strata-worker=trainer_spawn DIR MODE`), so its re-run by the Trainer
@@ -76,6 +77,8 @@ STRATA_WORKER(trainer_spawn) {
   seen["steps"] = module->steps;
   if (launched) {
     seen["global_step"] = trainer.global_step();
+    auto loss = trainer.callback_metrics().find("train_loss");
+    if (loss != trainer.callback_metrics().end()) seen["train_loss"] = loss->second;
     seen["world"] = trainer.world_size();
     const auto params = full_state(*module, trainer.strategy(), "model.");
     if (trainer.is_global_zero()) {
@@ -83,6 +86,11 @@ STRATA_WORKER(trainer_spawn) {
       write_json(dir + "/worker.json", seen);
     }
   } else {
+    // Rank 0's record of the fit (Note [One launch protocol]).
+    seen["global_step"] = trainer.global_step();
+    seen["spawned_workers"] = trainer.spawned_workers();
+    auto loss = trainer.callback_metrics().find("train_loss");
+    if (loss != trainer.callback_metrics().end()) seen["train_loss"] = loss->second;
     write_json(dir + "/launcher.json", seen);
   }
   return 0;
@@ -105,12 +113,18 @@ TEST(TrainerSpawnTest, TwoDevicesWithoutALauncherStartTwoWorkersThatTrainAsOnePr
   EXPECT_FALSE(launcher["launched"].get<bool>());
   EXPECT_EQ(launcher["steps"].get<int64_t>(), 0) << "the launching process trained itself";
   EXPECT_FALSE(launcher.contains("launch_error")) << launcher.dump();
+  // It ran nothing, but it follows the workers: rank 0's step count and metrics.
+  EXPECT_TRUE(launcher["spawned_workers"].get<bool>());
+  EXPECT_EQ(launcher["global_step"].get<int64_t>(), kSteps);
 
   nlohmann::json worker = read_json(dir.path + "/worker.json");
   EXPECT_TRUE(worker["launched"].get<bool>());
   EXPECT_EQ(worker["world"].get<int>(), 2);
   EXPECT_EQ(worker["global_step"].get<int64_t>(), kSteps);
   EXPECT_EQ(worker["steps"].get<int64_t>(), kSteps);
+  ASSERT_TRUE(worker.contains("train_loss")) << worker.dump();
+  ASSERT_TRUE(launcher.contains("train_loss")) << launcher.dump();
+  EXPECT_EQ(launcher["train_loss"].get<double>(), worker["train_loss"].get<double>());
 
   // The same fit in this process alone.
   strata::Trainer single(options(1));

@@ -7,18 +7,22 @@
 //   strata::Fabric fabric(strata::FabricOptions().with_devices(2).with_strategy("ddp"));
 //   double loss = fabric.launch([](strata::Fabric& f) { ...; return loss; });
 //
-// Process model: with several devices launch() starts copies of the
-// current program as workers (through strata's launcher). In the workers
-// launch() runs fn and then ends the worker process; the launching process
-// waits and returns rank 0's result. A program started by an outside
-// launcher (strata launch, torchrun-style variables, MPI, SLURM) joins
-// instead: launch() runs fn in place and returns its result.
+// Process model (Note [One launch protocol], strategies/placement.h): with
+// several devices and no launcher, launch() re-executes the current
+// program as the workers. So the code before launch() runs in every worker
+// process too (a start-up line prints once per worker, and once in the
+// launching process); in the workers launch() runs fn and then ends the
+// worker process; the launching process waits and returns rank 0's
+// result, and runs the code after launch() alone. A program started by an
+// outside launcher (strata launch, torchrun-style variables, MPI, SLURM)
+// joins instead: launch() runs fn in place and returns its result.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -30,34 +34,15 @@
 #include <vector>
 
 #include "strata/strategies/make_strategy.h"
+#include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
 
 namespace strata {
 
-/// How a Fabric runs. Fluent setters; validated by the Fabric constructor.
-struct FabricOptions {
-  std::string accelerator = "cpu";  ///< "cpu", "cuda", "auto"
-  int devices = 1;                  ///< workers on this host (-1: one per device)
-  int num_nodes = 1;                ///< hosts
-  /// The strategy: a name ("auto", "ddp", "fsdp", "single_device"), built
-  /// with default options, or a strategy object.
-  strategies::StrategyChoice strategy = std::string("auto");
-  /// "32-true", "bf16-mixed"; unset: "32-true", or a strategy object's own.
-  /// When set it is applied to a strategy object too, as in Lightning.
-  std::optional<std::string> precision;
-  std::optional<uint64_t> seed;       ///< seed_everything(seed) in every worker
-  /// Timeout of each collective (PyTorch's default: 30 minutes).
-  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
-
-  FabricOptions& with_accelerator(std::string a) { accelerator = std::move(a); return *this; }
-  FabricOptions& with_devices(int d) { devices = d; return *this; }
-  FabricOptions& with_num_nodes(int n) { num_nodes = n; return *this; }
-  FabricOptions& with_strategy(std::string s) { strategy = std::move(s); return *this; }
-  FabricOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy = std::move(s); return *this; }
-  FabricOptions& with_precision(std::string p) { precision = std::move(p); return *this; }
-  FabricOptions& with_seed(uint64_t s) { seed = s; return *this; }
-  FabricOptions& with_collective_timeout(std::chrono::milliseconds t) { collective_timeout = t; return *this; }
-};
+/// How a Fabric runs: a Placement (accelerator, devices, num_nodes,
+/// strategy, precision, seed, collective_timeout, with their with_x
+/// setters); validated by the Fabric constructor.
+struct FabricOptions : WithPlacement<FabricOptions> {};
 
 /// The training entry point. One per process.
 /// clip_gradients by global norm: Lightning's max_norm, norm_type and
@@ -89,25 +74,21 @@ class Fabric {
   template <class Fn>
   auto launch(Fn&& fn) -> std::invoke_result_t<Fn, Fabric&> {
     using Result = std::invoke_result_t<Fn, Fabric&>;
-    if (needs_spawn()) {
-      nlohmann::json result = spawn_workers();
-      if constexpr (!std::is_void_v<Result>) return result.get<Result>();
-      else return;
+    if constexpr (std::is_void_v<Result>) {
+      run_launch([&]() -> nlohmann::json {
+        fn(*this);
+        return nullptr;
+      });
     } else {
-      enter_worker();
-      try {
-        if constexpr (std::is_void_v<Result>) {
-          fn(*this);
-          leave_worker(nullptr);
-        } else {
-          Result result = fn(*this);
-          leave_worker(nlohmann::json(result));
-          return result;
-        }
-      } catch (const std::exception& e) {
-        fail_worker(e);
-        throw;
-      }
+      // A worker returns fn's own value; the launching process rank 0's,
+      // through JSON (Note [One launch protocol]).
+      std::optional<Result> value;
+      nlohmann::json result = run_launch([&]() -> nlohmann::json {
+        value.emplace(fn(*this));
+        return nlohmann::json(*value);
+      });
+      if (value) return std::move(*value);
+      return result.template get<Result>();
     }
   }
 
@@ -236,15 +217,15 @@ class Fabric {
   strategies::Strategy& strategy() { return *strategy_; }
   /// The options after validation (devices resolved).
   const FabricOptions& options() const { return options_; }
+  /// Where the job runs: the accelerator, world, processes per host and
+  /// devices per process resolved from the options.
+  const strategies::ResolvedPlacement& placement() const { return placement_; }
 
  private:
-  bool needs_spawn() const;
-  nlohmann::json spawn_workers();
-  void enter_worker();
-  void leave_worker(const nlohmann::json& result);
-  void fail_worker(const std::exception& error);
+  nlohmann::json run_launch(const std::function<nlohmann::json()>& call);
 
   FabricOptions options_;
+  strategies::ResolvedPlacement placement_;
   std::shared_ptr<strategies::Strategy> strategy_;
   bool launch_called_ = false;
 };

@@ -21,6 +21,11 @@ class Accelerator {
   /// How many workers to start on this host when the user asks for "auto"
   /// (devices=-1): every visible GPU for "cuda", 1 for "cpu".
   virtual int auto_device_count() const = 0;
+  /// Devices one worker process drives when a host runs `devices` of them:
+  /// 1 for "cpu" and "cuda" (a process per device). An accelerator whose
+  /// runtime drives every local device from one process returns `devices`
+  /// (resolve_placement then starts one process per host).
+  virtual int devices_per_process(int devices) const { return 1; }
 };
 
 /// Note [Device placement]

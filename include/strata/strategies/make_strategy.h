@@ -10,6 +10,7 @@
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
 #include "strata/strategies/options.h"
+#include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
 
 namespace strata::strategies {
@@ -45,11 +46,6 @@ std::shared_ptr<Strategy> make_strategy(const StrategyOptions& options);
 /// "xla" and "xla_fsdp" are refused until the XLA accelerator exists.
 std::shared_ptr<Strategy> make_strategy(const std::string& name, std::shared_ptr<Accelerator> accelerator,
                                         const Precision& precision, int world_size);
-
-/// A strategy as a user names it: a name ("auto", "ddp", "fsdp",
-/// "single_device") or an object (FabricOptions::strategy,
-/// TrainerOptions::strategy).
-using StrategyChoice = std::variant<std::string, std::shared_ptr<Strategy>>;
 
 /// The strategy a choice means. A name is built by make_strategy with
 /// `precision` (unset: "32-true"); an object is used as it is, and a set

@@ -21,7 +21,7 @@
 #include "strata/runtime/env.h"
 #include "strata/strategies/accelerator.h"
 #include "strata/strategies/precision.h"
-#include "strata/strategies/state.h"
+#include "strata/strategies/saved_state.h"
 
 namespace strata::data {
 class Loader;
@@ -234,11 +234,13 @@ class Strategy {
   void model_to_device() {
     if (connected_) module_to_device(*connected_);
   }
-  /// Prepares the connected module for `trainer`: setup_module, then the
-  /// optimizers of its configure_optimizers() (built after setup_module, so
-  /// FSDP's optimizers see the shards), each through setup_optimizer.
-  /// Defined with the Trainer (src/trainer/strategy_setup.cpp).
-  void setup(Trainer& trainer);
+  /// Prepares the connected module for `trainer` (Lightning's
+  /// setup(trainer)): Trainer::setup_strategy, which calls this strategy's
+  /// setup_module, then setup_optimizer for each optimizer of the module's
+  /// configure_optimizers() (built after setup_module, so FSDP's optimizers
+  /// see the shards). Defined inline in trainer/trainer.h: the strategies
+  /// sit below the Trainer and their code never refers to it.
+  inline void setup(Trainer& trainer);
   /// True on every rank when `decision` holds on every rank (all) or on at
   /// least one (any): a collective, so every rank must call it.
   bool reduce_boolean_decision(bool decision, bool all = true);

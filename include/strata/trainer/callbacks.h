@@ -128,6 +128,7 @@ class EarlyStopping : public Callback {
   /// Throws ConfigError for an empty monitor, a bad mode, patience < 0.
   explicit EarlyStopping(EarlyStoppingOptions options);
   std::string state_key() const override;
+  const EarlyStoppingOptions& options() const { return options_; }
   int64_t wait_count() const { return wait_; }
   double best_score() const { return best_; }
   /// The global step at which it stopped the run (-1: it did not).

@@ -10,12 +10,16 @@
 //                                                         .with_shuffle(true)),
 //               strata::DataSource(val_set, strata::DataOptions().with_batch_size(32)));
 //
-// Process model (as Fabric's): in a program started by a launcher (strata
-// launch, torchrun-style variables, MPI, SLURM) or with one device, every
-// call runs in place. With several devices and no launcher, the first call
-// re-runs this program as `devices` workers (every Trainer call then runs in
-// the workers, in place) and waits for them; in the launching process that
-// call and every later one of this Trainer return without running anything.
+// Process model (Note [One launch protocol], strategies/placement.h): in a
+// program started by a launcher (strata launch, torchrun-style variables,
+// MPI, SLURM) or with one device, every call runs in place. With several
+// devices and no launcher, the first call re-runs this program as
+// `devices` workers and waits for them: the whole program, so code before
+// that call runs in every worker too, and every Trainer call then runs in
+// the workers, in place. In the launching process that call and every
+// later one run nothing and take global rank 0's result of the same call
+// (fit: global_step, current_epoch and the metrics; validate and test: the
+// metrics they return; predict: an undefined tensor, as on other ranks).
 // A worker's failure stops the others and throws LaunchError there.
 #pragma once
 
@@ -23,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -33,6 +38,7 @@
 #include "strata/data/dataset.h"
 #include "strata/data/loader.h"
 #include "strata/strategies/make_strategy.h"
+#include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
 #include "strata/trainer/callback.h"
 #include "strata/trainer/logger.h"
@@ -86,19 +92,12 @@ class DataSource {
   std::shared_ptr<data::Loader> loader_;
 };
 
-/// How a Trainer runs. Fluent setters; validated by the Trainer's
-/// constructor (ConfigError names the field). Defaults are Lightning's,
-/// except that there is no default logger.
-struct TrainerOptions {
-  std::string accelerator = "cpu";  ///< "cpu", "cuda", "auto"
-  int devices = 1;                  ///< workers on this host (-1: one per visible GPU)
-  int num_nodes = 1;
-  /// The strategy: a name ("auto", "ddp", "fsdp", "single_device"), built
-  /// with default options, or a strategy object.
-  strategies::StrategyChoice strategy = std::string("auto");
-  /// "32-true", "bf16-mixed"; unset: "32-true", or a strategy object's own.
-  /// When set it is applied to a strategy object too, as in Lightning.
-  std::optional<std::string> precision;
+/// How a Trainer runs: a Placement (accelerator, devices, num_nodes,
+/// strategy, precision, seed, collective_timeout, with their with_x
+/// setters) and the loops' settings. Fluent setters; validated by the
+/// Trainer's constructor (ConfigError names the field). Defaults are
+/// Lightning's, except that there is no default logger.
+struct TrainerOptions : WithPlacement<TrainerOptions> {
   /// Epochs to train; unset with max_steps = -1: 1000 (Lightning's default).
   std::optional<int64_t> max_epochs;
   int64_t max_steps = -1;  ///< optimizer steps; -1: no limit
@@ -123,15 +122,7 @@ struct TrainerOptions {
   bool enable_progress_bar = true;     ///< adds a ProgressBar when none is given
   std::vector<trainer::CallbackPtr> callbacks;
   std::vector<trainer::LoggerPtr> loggers;
-  std::optional<uint64_t> seed;  ///< seeds LibTorch in every worker at launch
-  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
 
-  TrainerOptions& with_accelerator(std::string a) { accelerator = std::move(a); return *this; }
-  TrainerOptions& with_devices(int d) { devices = d; return *this; }
-  TrainerOptions& with_num_nodes(int n) { num_nodes = n; return *this; }
-  TrainerOptions& with_strategy(std::string s) { strategy = std::move(s); return *this; }
-  TrainerOptions& with_strategy(std::shared_ptr<strategies::Strategy> s) { strategy = std::move(s); return *this; }
-  TrainerOptions& with_precision(std::string p) { precision = std::move(p); return *this; }
   TrainerOptions& with_max_epochs(int64_t e) { max_epochs = e; return *this; }
   TrainerOptions& with_max_steps(int64_t s) { max_steps = s; return *this; }
   TrainerOptions& with_max_time(std::chrono::milliseconds t) { max_time = t; return *this; }
@@ -152,8 +143,6 @@ struct TrainerOptions {
   TrainerOptions& with_callbacks(std::vector<trainer::CallbackPtr> c) { callbacks = std::move(c); return *this; }
   TrainerOptions& with_logger(trainer::LoggerPtr l) { loggers.push_back(std::move(l)); return *this; }
   TrainerOptions& with_loggers(std::vector<trainer::LoggerPtr> l) { loggers = std::move(l); return *this; }
-  TrainerOptions& with_seed(uint64_t s) { seed = s; return *this; }
-  TrainerOptions& with_collective_timeout(std::chrono::milliseconds t) { collective_timeout = t; return *this; }
 };
 
 namespace trainer {
@@ -245,15 +234,37 @@ class Trainer {
   /// `filepath`, atomically. Every rank must call it.
   void save_checkpoint(const std::string& filepath);
 
+  /// Where the job runs: the accelerator, world, processes per host and
+  /// devices per process resolved from the options.
+  const strategies::ResolvedPlacement& placement() const { return placement_; }
+  /// The checkpoint the last call restored (Lightning's ckpt_path); "" when
+  /// none.
+  const std::string& ckpt_path() const { return resume_path_; }
+  /// True in the launching process once its first call started the
+  /// workers: the calls ran there, and run nothing here.
+  bool spawned_workers() const { return spawned_; }
+
   // ---- used by TrainModule::log and by strategies::Strategy::setup ----------
   /// Records a logged value (TrainModule::log calls this).
   void record_log(const std::string& name, const at::Tensor& value, const LogOptions& options);
   /// Calls the module's configure_optimizers, checks and keeps the result.
   void configure_optimizers_from_module();
+  /// Prepares the attached module through the strategy's public calls,
+  /// once (setup_module), and in fit the optimizers of configure_optimizers
+  /// (setup_optimizer): what Strategy::setup(trainer) does.
+  void setup_strategy();
 
  private:
-  friend class strategies::Strategy;  // Strategy::setup(trainer) sets the module up once
-  bool launch_or_skip();
+  /// Runs `call` here when this process is a worker (or the only one) and
+  /// returns true; in the launching process, starts the workers at the
+  /// first call and returns false with `remote` holding rank 0's result of
+  /// the same call (Note [One launch protocol]).
+  bool launch(const std::function<nlohmann::json()>& call, nlohmann::json& remote);
+  void run_fit(std::shared_ptr<TrainModule> module, const DataSource& train, const std::optional<DataSource>& val,
+               const std::string& ckpt_path);
+  trainer::Metrics evaluate_here(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                 const std::string& stage, const std::string& ckpt_path);
+  at::Tensor predict_here(std::shared_ptr<TrainModule> module, const DataSource& data, const std::string& ckpt_path);
   void attach(std::shared_ptr<TrainModule> module, const std::string& stage);
   void detach(const std::string& stage, const std::string& status);
   std::shared_ptr<data::Loader> make_loader(const DataSource& source, bool train, const std::string& what);
@@ -279,11 +290,12 @@ class Trainer {
   }
 
   TrainerOptions options_;
+  strategies::ResolvedPlacement placement_;
   std::shared_ptr<strategies::Strategy> strategy_;
   std::vector<trainer::CallbackPtr> callbacks_;
   std::shared_ptr<TrainModule> module_;
   bool module_set_up_ = false;
-  bool spawned_ = false;        // the launching process: the workers ran the program
+  bool spawned_ = false;        // the launching process: the workers ran the calls
   bool owns_environment_ = false;
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<trainer::SchedulerConfig> schedulers_;
@@ -314,5 +326,9 @@ class Trainer {
   trainer::Metrics progress_bar_metrics_;
   trainer::Metrics pending_step_metrics_;
 };
+
+// Lightning's Strategy.setup(trainer), declared with the strategies and
+// defined here, with the Trainer whose public setup_strategy it calls.
+inline void strategies::Strategy::setup(Trainer& trainer) { trainer.setup_strategy(); }
 
 }  // namespace strata

@@ -87,10 +87,11 @@ double gpt_flops_per_token(const models::GPTConfig& config);
 double measure_matmul_gflops();
 
 /// Saves "step-NNNNNNNN" in --ckpt-dir at the end of training unless the
-/// last step was saved already, and says where a resumed run started.
+/// last step was saved already, and says where a resumed run started
+/// (Trainer::ckpt_path).
 class FinalSave : public trainer::Callback {
  public:
-  FinalSave(std::string dir, int64_t every, std::string resumed_from);
+  FinalSave(std::string dir, int64_t every);
   std::string state_key() const override { return "FinalSave"; }
   void on_train_start(Trainer& trainer, TrainModule& module) override;
   void on_train_end(Trainer& trainer, TrainModule& module) override;
@@ -98,7 +99,6 @@ class FinalSave : public trainer::Callback {
  private:
   std::string dir_;
   int64_t every_;
-  std::string resumed_from_;
 };
 
 /// "step-00000012": the name of a --ckpt-dir checkpoint.

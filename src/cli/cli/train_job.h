@@ -1,11 +1,13 @@
-// The main job: train the example GPT on byte-level text with a Fabric.
+// The main job: train the example GPT on byte-level text with the Trainer.
 // TrainConfig is filled by `strata train`'s parser (train_command.cpp) and
-// is independent of it.
+// is independent of it; trainer_options maps it to TrainerOptions.
 #pragma once
 
 #include <cstdint>
 #include <set>
 #include <string>
+
+#include "strata/trainer/trainer.h"
 
 namespace strata::cli {
 
@@ -61,6 +63,11 @@ struct TrainConfig {
   /// Throws ConfigError naming the first bad value (an FSDP-only flag
   /// with another strategy names the flag).
   void validate() const;
+  /// Throws ConfigError unless --batch-size divides into equal
+  /// micro-batches for `world` ranks and --grad-accum.
+  void check_world(int world) const;
+  /// Optimizer steps between validations: --val-every, 50 for its default.
+  int64_t validation_interval() const;
 
   /// The module types --wrap-policy makes FSDP units: {"Block"} when
   /// empty, {} for "none". Throws ConfigError for a name that is not a
@@ -71,7 +78,19 @@ struct TrainConfig {
   std::string checkpoint_layout() const;
 };
 
-/// Runs the job (launching the workers) and returns the process exit code.
+/// The Trainer's options for `config` (Note [strata train is a Trainer
+/// user]): a function of its arguments alone, apart from the logger
+/// picking its version folder. `rank_zero`: this process is global rank 0,
+/// the one that writes logs (the launching process counts as one: it
+/// writes nothing).
+TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero);
+
+/// "fsdp (units: Block, sharded checkpoints)": the strategy and its
+/// settings, for the line that starts the run.
+std::string describe_strategy(const TrainConfig& config, const std::string& name);
+
+/// Runs the job (the Trainer launches the workers) and returns the process
+/// exit code: 0, or the launcher's status when the workers failed.
 int run_train(const TrainConfig& config);
 
 /// The newest complete checkpoint "step-NNNNNNNN" in `dir`, or "" when none.

@@ -1,0 +1,232 @@
+// `strata train`'s flags: their checks (TrainConfig::validate) and the
+// one function that maps them to the Trainer's options (trainer_options).
+// The job that runs the Trainer is train_job.cpp.
+#include "cli/train_job.h"
+
+#include "cli/gpt_job.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "strata/core/error.h"
+#include "strata/core/strings.h"
+#include "strata/models/gpt.h"
+#include "strata/strategies/make_strategy.h"
+#include "strata/trainer/callbacks.h"
+#include "strata/trainer/csv_logger.h"
+
+namespace strata::cli {
+namespace {
+
+// Note [Which modules can be FSDP units]
+// --wrap-policy names module types as module.name() reports them. FSDP
+// gathers a unit's parameters around the unit's forward, which it sees
+// where the forward runs through strata::hooked_forward (in the GPT: the
+// model and its blocks, GPTImpl::unit_types()) or where the caller opts in
+// with strata::call; the GPT calls its attention, MLP and LibTorch's
+// layers as typed members. A unit of another type would fail at its first
+// forward, inside the workers, so the CLI refuses it before launching.
+struct GPTModuleTypes {
+  std::set<std::string> all;    // every module type of the model
+  std::set<std::string> units;  // those FSDP can make units
+};
+
+GPTModuleTypes gpt_module_types(const std::string& model_size) {
+  models::GPTConfig config = models::GPTConfig::preset(model_size);
+  config.with_n_layer(1).with_n_head(1).with_n_embd(8).with_block_size(2);  // the same module types, small
+  models::GPT model(config);
+  GPTModuleTypes types;
+  for (const auto& m : model->modules(/*include_self=*/true)) types.all.insert(m->name());
+  for (const std::string& type : models::GPTImpl::unit_types()) types.units.insert(type);
+  return types;
+}
+
+// The strategy object for --strategy fsdp (and ddp --debug); null: the
+// Trainer makes the named strategy with its defaults.
+std::shared_ptr<strategies::Strategy> make_train_strategy(const TrainConfig& config) {
+  if (config.strategy != "fsdp" && !(config.strategy == "ddp" && config.debug)) return nullptr;
+  auto accelerator = strategies::make_accelerator(config.accelerator);
+  strategies::StrategyOptions options;
+  options.with_kind(config.strategy)
+      .with_accelerator(accelerator)
+      .with_precision(strategies::Precision::parse(config.precision, accelerator->name()))
+      .with_ddp(strategies::DDPOptions().with_debug(config.debug));
+  strategies::ModuleTypes units = config.wrap_types();
+  if (!units.empty()) options.fsdp.with_auto_wrap_policy(units);
+  if (config.activation_checkpointing) {
+    options.fsdp.with_activation_checkpointing_policy({models::BlockImpl::kTypeName});
+  }
+  options.fsdp.with_state_dict_type(config.checkpoint_layout())
+      .with_sequential_save(config.sequential_save)
+      .with_debug(config.debug);
+  return strategies::make_strategy(options);
+}
+
+}  // namespace
+
+// The strategy and its settings, for the line that starts the run.
+std::string describe_strategy(const TrainConfig& config, const std::string& name) {
+  if (name != "fsdp") return name;
+  std::set<std::string> units = config.wrap_types();
+  std::string out = "fsdp (units: " + (units.empty() ? std::string("the whole model") : join(units));
+  if (config.activation_checkpointing) out += ", activation checkpointing";
+  out += ", " + config.checkpoint_layout() + " checkpoints";
+  if (config.sequential_save) out += " saved sequentially";
+  return out + ")";
+}
+
+
+void TrainConfig::validate() const {
+  STRATA_CHECK(devices == -1 || devices >= 1, ConfigError,
+               "[train] --devices must be >= 1 (or -1: every visible GPU, one worker on the CPU), got ", devices);
+  STRATA_CHECK(num_nodes >= 1, ConfigError, "[train] --num-nodes must be >= 1, got ", num_nodes);
+  STRATA_CHECK(max_steps >= 1, ConfigError, "[train] --max-steps must be >= 1, got ", max_steps);
+  STRATA_CHECK(batch_size >= 1, ConfigError, "[train] --batch-size must be >= 1, got ", batch_size);
+  STRATA_CHECK(grad_accum >= 1, ConfigError, "[train] --grad-accum must be >= 1, got ", grad_accum);
+  STRATA_CHECK(lr > 0 && lr <= 10, ConfigError, "[train] --lr must be a number in (0, 10], got ", lr);
+  STRATA_CHECK(weight_decay >= 0 && weight_decay <= 10, ConfigError,
+               "[train] --weight-decay must be a number in [0, 10], got ", weight_decay);
+  STRATA_CHECK(grad_clip >= 0 && grad_clip <= 1e6, ConfigError,
+               "[train] --grad-clip must be a number in [0, 1e+06] (0 disables), got ", grad_clip);
+  STRATA_CHECK(seq_len >= 0 && seq_len <= kMaxSeqLen, ConfigError, "[train] --seq-len must be an integer in 1..",
+               kMaxSeqLen, ", got ", seq_len);
+  STRATA_CHECK(sample_tokens >= 0 && sample_tokens <= kMaxSampleTokens, ConfigError,
+               "[train] --sample-tokens must be an integer in 0..", kMaxSampleTokens, ", got ", sample_tokens);
+  STRATA_CHECK(ckpt_every >= 0, ConfigError, "[train] --ckpt-every must be >= 0, got ", ckpt_every);
+  STRATA_CHECK(log_every >= 1, ConfigError, "[train] --log-every must be >= 1, got ", log_every);
+  STRATA_CHECK((resume != "latest" && resume != "last") || !ckpt_dir.empty(), ConfigError,
+               "[train] --resume ", resume, " needs --ckpt-dir to look in");
+  STRATA_CHECK(max_epochs >= 0, ConfigError, "[train] --max-epochs must be >= 0, got ", max_epochs);
+  STRATA_CHECK(val_every >= -1, ConfigError, "[train] --val-every must be >= 0 (0: no validation), got ", val_every);
+  STRATA_CHECK(val_fraction > 0 && val_fraction <= 0.5, ConfigError,
+               "[train] --val-fraction must be a number in (0, 0.5], got ", val_fraction);
+  STRATA_CHECK(val_batches >= 1, ConfigError, "[train] --val-batches must be >= 1, got ", val_batches);
+  STRATA_CHECK(early_stopping >= 0, ConfigError, "[train] --early-stopping must be >= 0, got ", early_stopping);
+  STRATA_CHECK(save_top_k >= 0, ConfigError, "[train] --save-top-k must be >= 0, got ", save_top_k);
+  STRATA_CHECK((early_stopping == 0 && save_top_k == 0) || val_every != 0, ConfigError, "[train] ",
+               early_stopping ? "--early-stopping" : "--save-top-k",
+               " watches val_loss, but --val-every 0 turns validation off; drop one of them");
+  STRATA_CHECK(save_top_k == 0 || !ckpt_dir.empty(), ConfigError,
+               "[train] --save-top-k needs --ckpt-dir (the best checkpoints go to <ckpt-dir>/best)");
+  STRATA_CHECK(logger.empty() || logger == "csv" || logger == "jsonl" || logger == "tensorboard", ConfigError, "[train] --logger '", logger,
+               "' is not one of csv, jsonl, tensorboard");
+  models::GPTConfig::preset(model_size);  // throws for an unknown size
+
+  const bool fsdp = strategy == "fsdp";
+  auto fsdp_only = [&](bool given, const char* flag) {
+    STRATA_CHECK(!given || fsdp, ConfigError, "[train] ", flag, " applies only to --strategy fsdp, but --strategy is '",
+                 strategy, "'; drop ", flag, " or train with --strategy fsdp");
+  };
+  fsdp_only(!wrap_policy.empty(), "--wrap-policy");
+  fsdp_only(activation_checkpointing, "--activation-checkpointing");
+  fsdp_only(sequential_save, "--sequential-save");
+  STRATA_CHECK(state_dict_type.empty() || state_dict_type == "full" || state_dict_type == "sharded", ConfigError,
+               "[train] --state-dict-type must be 'full' or 'sharded', got '", state_dict_type, "'");
+  STRATA_CHECK(fsdp || state_dict_type != "sharded", ConfigError,
+               "[train] --state-dict-type sharded needs --strategy fsdp: with --strategy '", strategy,
+               "' every rank holds the whole model and rank 0 writes one full checkpoint; drop the flag or pass "
+               "--state-dict-type full");
+  if (fsdp) wrap_types();  // throws for a type that cannot be a unit
+}
+
+std::set<std::string> TrainConfig::wrap_types() const {
+  if (wrap_policy.empty()) return {models::BlockImpl::kTypeName};
+  if (wrap_policy == "none") return {};
+  GPTModuleTypes types = gpt_module_types(model_size);
+  std::set<std::string> out;
+  std::stringstream list(wrap_policy);
+  for (std::string name; std::getline(list, name, ',');) {
+    size_t begin = name.find_first_not_of(' '), end = name.find_last_not_of(' ');
+    name = begin == std::string::npos ? "" : name.substr(begin, end - begin + 1);
+    STRATA_CHECK(!name.empty(), ConfigError, "[train] --wrap-policy '", wrap_policy,
+                 "' has an empty entry; give comma-separated module types, e.g. Block");
+    STRATA_CHECK(types.all.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
+                 "' is not a module type of the GPT; its types are: ", join(types.all),
+                 " (or pass 'none' for a single unit)");
+    STRATA_CHECK(types.units.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
+                 "' modules cannot be FSDP units: the GPT calls their forward as a typed member, not through "
+                 "strata::hooked_forward, so their parameters would never be gathered. Types that can: ",
+                 join(types.units), " (or 'none')");
+    out.insert(name);
+  }
+  return out;
+}
+
+std::string TrainConfig::checkpoint_layout() const {
+  if (!state_dict_type.empty()) return state_dict_type;
+  return strategy == "fsdp" ? "sharded" : "full";
+}
+
+void TrainConfig::check_world(int world) const {
+  STRATA_CHECK(batch_size % (static_cast<int64_t>(world) * grad_accum) == 0, ConfigError, "[train] --batch-size ",
+               batch_size, " must be divisible by the world size (", world, ": --devices x --num-nodes, or the "
+               "launcher's workers) x --grad-accum (", grad_accum, ") so every rank takes equal micro-batches");
+}
+
+int64_t TrainConfig::validation_interval() const { return val_every == -1 ? 50 : val_every; }
+
+// Note [strata train is a Trainer user]
+// Every flag becomes a field of TrainerOptions here and nowhere else: the
+// placement (accelerator, devices, nodes, strategy, precision), the loop
+// (steps, epochs, accumulation, clipping, logging, validation) and the
+// callbacks (metrics file, final save, periodic and best checkpoints, early
+// stopping) and logger. The Trainer then launches the workers, as for any
+// Trainer user. Validation settings are given whenever --val-every is not
+// 0; they only act when the job passes held-out data to fit.
+TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
+  TrainerOptions options;
+  options.with_accelerator(config.accelerator)
+      .with_devices(config.devices)
+      .with_num_nodes(config.num_nodes)
+      .with_precision(config.precision)
+      .with_max_steps(config.max_steps)
+      .with_accumulate_grad_batches(config.grad_accum)
+      .with_log_every_n_steps(config.log_every)
+      .with_enable_checkpointing(false);
+  if (std::shared_ptr<strategies::Strategy> strategy = make_train_strategy(config)) {
+    options.with_strategy(std::move(strategy));
+  } else {
+    options.with_strategy(config.strategy);
+  }
+  if (config.max_epochs > 0) options.with_max_epochs(config.max_epochs);
+  if (config.grad_clip > 0) options.with_gradient_clip_val(config.grad_clip);
+  if (config.val_every != 0) {
+    options.with_val_check_interval(config.validation_interval())
+        .with_check_val_every_n_epoch(0)
+        .with_limit_val_batches(config.val_batches);
+  }
+  const int64_t seq_len = config.seq_len > 0 ? config.seq_len : models::GPTConfig::preset(config.model_size).block_size;
+  options.with_callback(std::make_shared<MetricsFile>(config.metrics_file, config.batch_size * seq_len))
+      .with_callback(std::make_shared<FinalSave>(config.ckpt_dir, config.ckpt_every));
+  if (!config.ckpt_dir.empty() && config.ckpt_every > 0) {
+    options.with_callback(std::make_shared<trainer::ModelCheckpoint>(trainer::ModelCheckpointOptions()
+                                                                         .with_dirpath(config.ckpt_dir)
+                                                                         .with_filename("step-{step:08d}")
+                                                                         .with_auto_insert_metric_name(false)
+                                                                         .with_file_extension("")
+                                                                         .with_save_top_k(-1)
+                                                                         .with_every_n_train_steps(config.ckpt_every)));
+  }
+  if (config.save_top_k > 0) {
+    options.with_callback(std::make_shared<trainer::ModelCheckpoint>(
+        trainer::ModelCheckpointOptions()
+            .with_dirpath((std::filesystem::path(config.ckpt_dir) / "best").string())
+            .with_filename("step-{step:08d}-val_loss-{val_loss:.4f}")
+            .with_auto_insert_metric_name(false)
+            .with_file_extension("")
+            .with_monitor("val_loss")
+            .with_save_top_k(config.save_top_k)));
+  }
+  if (config.early_stopping > 0) {
+    options.with_callback(std::make_shared<trainer::EarlyStopping>(
+        trainer::EarlyStoppingOptions().with_monitor("val_loss").with_patience(config.early_stopping)));
+  }
+  // Only global rank 0 writes logs; the logger picks its version folder
+  // when built, so other ranks build none.
+  if (!config.logger.empty() && rank_zero) {
+    options.with_logger(trainer::make_logger(config.logger, config.log_dir.empty() ? "runs" : config.log_dir, "train"));
+  }
+  return options;
+}
+
+}  // namespace strata::cli

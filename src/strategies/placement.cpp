@@ -1,0 +1,211 @@
+// resolve_placement and launch: Note [One launch protocol]
+// (strategies/placement.h).
+#include "strata/strategies/placement.h"
+
+#include <ATen/core/Generator.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <vector>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "strata/core/error.h"
+#include "strata/core/log.h"
+#include "strata/runtime/env.h"
+#include "strata/runtime/launcher.h"
+#include "strata/runtime/process.h"
+#include "strata/strategies/make_strategy.h"
+
+namespace strata::strategies {
+namespace {
+
+constexpr const char* kResultsVar = "STRATA_LAUNCH_RESULTS";
+// Rank 0's results come from our own workers, through a private folder;
+// still read as untrusted input: bounded, parsed without exceptions.
+constexpr std::uintmax_t kMaxResultsBytes = 64u << 20;
+
+bool relaunched() { return std::getenv(kResultsVar) != nullptr; }
+
+// The launching process's side, for workers that go on with the program:
+// their results and the next call's index.
+struct Launching {
+  std::mutex mutex;
+  bool spawned = false;
+  std::vector<nlohmann::json> results;
+  size_t next = 0;
+};
+Launching& launching() {
+  static Launching state;
+  return state;
+}
+
+// A worker's side: rank 0's results so far.
+std::vector<nlohmann::json>& recorded() {
+  static std::vector<nlohmann::json> results;
+  return results;
+}
+
+std::string errno_text() { return ::strata::detail::errno_string(errno); }
+
+void write_new_file(const std::string& path, const std::string& text, const std::string& who) {
+  // O_EXCL | O_NOFOLLOW: never write through a name someone else made.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  STRATA_CHECK(fd >= 0, LaunchError, "[", who, "] cannot create the result file ", path, ": ", errno_text());
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  STRATA_CHECK(done == text.size(), LaunchError, "[", who, "] cannot write the result to ", path);
+}
+
+// Rank 0 of the workers: the file holds every result so far, replaced
+// whole (a new name, then rename) so the launcher never reads half of one.
+void record_result(const nlohmann::json& result, const std::string& who) {
+  std::vector<nlohmann::json>& results = recorded();
+  results.push_back(result);
+  const std::string path = std::getenv(kResultsVar);
+  const std::string tmp = path + ".tmp-" + std::to_string(results.size());
+  write_new_file(tmp, nlohmann::json(results).dump(), who);
+  std::filesystem::rename(tmp, path);
+}
+
+std::vector<nlohmann::json> read_results(const std::filesystem::path& file, const std::string& who) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return {};
+  const std::uintmax_t size = std::filesystem::file_size(file, ec);
+  STRATA_CHECK(!ec && size <= kMaxResultsBytes, LaunchError, "[", who, "] rank 0's result file ", file.string(),
+               " is ", ec ? "unreadable" : "larger than 64 MiB");
+  std::ifstream in(file);
+  nlohmann::json value = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  STRATA_CHECK(!value.is_discarded() && value.is_array(), LaunchError, "[", who, "] rank 0's result file ",
+               file.string(), " is not a JSON list of results");
+  return value.get<std::vector<nlohmann::json>>();
+}
+
+// Note [The result file]
+// Rank 0 returns its results through a file in a folder made by mkdtemp
+// (mode 0700, an unguessable name), never at a predictable name in the
+// shared temp folder where another user could plant a symbolic link.
+std::vector<nlohmann::json> spawn(const ResolvedPlacement& placement, const std::string& who) {
+  STRATA_CHECK(placement.num_nodes == 1, ConfigError, "[", who, "] num_nodes=", placement.num_nodes,
+               ": a multi-node job is started by a launcher on every host, e.g. `strata launch --nnodes ",
+               placement.num_nodes, " --node-rank R --master-addr HOST --master-port PORT -n ",
+               placement.processes_per_node, " -- PROGRAM`");
+  std::string folder = (std::filesystem::temp_directory_path() / "strata-launch-XXXXXX").string();
+  STRATA_CHECK(::mkdtemp(folder.data()) != nullptr, LaunchError, "[", who, "] cannot create a private temp folder ",
+               folder, ": ", errno_text());
+  struct RemoveFolder {
+    std::string path;
+    ~RemoveFolder() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_folder{folder};
+  const std::filesystem::path file = std::filesystem::path(folder) / "results.json";
+  runtime::LaunchOptions options;
+  options.nproc_per_node = placement.processes_per_node;
+  options.extra_env[kResultsVar] = file.string();
+  runtime::LaunchResult result = runtime::launch_workers(runtime::current_command_line(), options);
+  if (result.exit_code != 0) throw LaunchError("[" + who + "] the workers failed: " + result.summary, result);
+  return read_results(file, who);
+}
+
+}  // namespace
+
+ResolvedPlacement resolve_placement(const Placement& placement, const std::string& who) {
+  STRATA_CHECK(placement.devices == -1 || placement.devices >= 1, ConfigError, "[", who,
+               "] devices must be >= 1 (or -1: every visible device, one worker on the CPU), got ",
+               placement.devices);
+  STRATA_CHECK(placement.num_nodes >= 1, ConfigError, "[", who, "] num_nodes must be >= 1, got ",
+               placement.num_nodes);
+  STRATA_CHECK(placement.collective_timeout.count() > 0, ConfigError, "[", who,
+               "] collective_timeout must be positive, got ", placement.collective_timeout.count(), " ms");
+  ResolvedPlacement out;
+  out.accelerator = make_accelerator(placement.accelerator);
+  out.devices = resolve_devices(*out.accelerator, placement.devices);
+  out.num_nodes = placement.num_nodes;
+  out.devices_per_process = out.accelerator->devices_per_process(out.devices);
+  STRATA_CHECK(out.devices_per_process >= 1 && out.devices % out.devices_per_process == 0, Error, "[", who,
+               "] the '", out.accelerator->name(), "' accelerator drives ", out.devices_per_process,
+               " devices per process, which does not divide devices=", out.devices);
+  out.processes_per_node = out.devices / out.devices_per_process;
+  const runtime::Environment env = runtime::Environment::from_env();
+  out.launched = env.launched();
+  if (out.launched) {
+    STRATA_CHECK(env.local_world_size == out.processes_per_node || out.devices == 1, ConfigError, "[", who,
+                 "] this worker was started as one of ", env.local_world_size, " per host, but devices=",
+                 out.devices, "; start as many workers as devices (or leave devices at 1 when a launcher decides)");
+  }
+  // The one place a job's size is worked out: the launcher's word when one
+  // started this process, else the workers launch() will start.
+  out.world_size = out.launched ? env.world_size : out.processes_per_node * out.num_nodes;
+  // The precision, when given, is a strategy object's too (Lightning's rule).
+  out.strategy = resolve_strategy(placement.strategy, out.accelerator, placement.precision, out.world_size, who);
+  if (!out.strategy->launched()) out.strategy->set_collective_timeout(placement.collective_timeout);
+  out.seed = placement.seed;
+  return out;
+}
+
+nlohmann::json launch(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
+                      const std::function<nlohmann::json()>& call) {
+  if (placement.needs_spawn() && exit == WorkerExit::kAfterCall) {
+    // Workers that end after their call: each launch starts them afresh.
+    std::vector<nlohmann::json> results = spawn(placement, who);
+    return results.empty() ? nlohmann::json() : results.front();
+  }
+  if (placement.needs_spawn()) {
+    Launching& state = launching();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (!state.spawned) {
+      state.spawned = true;  // also when they fail: the job ran, and ended
+      state.results = spawn(placement, who);
+    }
+    const size_t index = state.next++;
+    return index < state.results.size() ? state.results[index] : nlohmann::json();
+  }
+  Strategy& strategy = *placement.strategy;
+  if (!strategy.launched()) {
+    strategy.setup_environment();
+    if (placement.seed) seed_everything(*placement.seed);
+  }
+  const bool ends_worker = exit == WorkerExit::kAfterCall && relaunched();
+  nlohmann::json result;
+  try {
+    result = call();
+  } catch (const std::exception& e) {
+    if (!ends_worker) throw;
+    // The launcher reports a worker's last "error: " line as its reason.
+    log::error(e.what());
+    runtime::end_relaunched_worker(1, /*graceful=*/false);
+  }
+  if (relaunched() && strategy.is_global_zero()) record_result(result, who);
+  if (ends_worker) {
+    strategy.teardown();
+    // Code after Fabric::launch runs in the launching process only.
+    runtime::end_relaunched_worker(0, /*graceful=*/true);
+  }
+  return result;
+}
+
+bool spawned_workers() {
+  Launching& state = launching();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return state.spawned;
+}
+
+void seed_everything(uint64_t seed) {
+  at::manual_seed(seed);
+  std::srand(static_cast<unsigned>(seed));
+}
+
+}  // namespace strata::strategies
