@@ -37,7 +37,7 @@
 #include <variant>
 #include <vector>
 
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/strategies/options.h"
 #include "strata/strategies/strategy.h"
 
@@ -240,7 +240,7 @@ class FSDPStrategy : public Strategy {
   detail::FSDPState* state_of(const torch::optim::Optimizer& optimizer) const;
 
   FSDPOptions options_;
-  std::vector<std::shared_ptr<detail::FSDPState>> states_;  ///< one per module set up (src/strategies/fsdp/state.h)
+  std::vector<std::shared_ptr<detail::FSDPState>> states_;  ///< one per module set up (src/strategies/fsdp/fsdp_state.h)
   int64_t step_ = 0;
   std::shared_ptr<detail::Presharded> presharded_;  ///< units sharded by module_sharded_context
   std::vector<std::unique_ptr<ContainerRoutes>> routes_;  ///< Sequentials' calls routed, per module set up

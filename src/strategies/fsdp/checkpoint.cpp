@@ -9,10 +9,10 @@
 #include <unordered_map>
 
 #include "../checkpoint_plan.h"
-#include "state.h"
+#include "fsdp_state.h"
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/sharded.h"
-#include "strata/checkpoint/state.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 
@@ -25,7 +25,7 @@ using checkpoint::shard_slice;
 // this rank's padded piece.
 PlannedTensor sharded_tensor(std::string name, detail::FSDPState& impl, const detail::ShardedParam& p,
                              const at::Tensor& padded) {
-  checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, impl.rank);
+  checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world(), impl.rank());
   at::Tensor piece = padded.detach();
   detail::FSDPState* gatherer = &impl;
   const detail::ShardedParam* param = &p;
@@ -39,7 +39,7 @@ detail::FSDPState* FSDPStrategy::state_of(const torch::optim::Optimizer& optimiz
   for (const auto& group : optimizer.param_groups()) {
     for (const at::Tensor& param : group.params()) {
       for (const auto& state : states_) {
-        for (const auto& p : state->params) {
+        for (const auto& p : state->params()) {
           if (p.shard.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return state.get();
         }
       }
@@ -66,13 +66,13 @@ void FSDPStrategy::plan_module_entry(const std::string& key, torch::nn::Module& 
     Strategy::plan_module_entry(key, module, filter, plan);
     return;
   }
-  for (const auto& p : sharded->params) {
+  for (const auto& p : sharded->params()) {
     if (filter_keeps(filter, key, p.name, p.shard)) {
       plan.tensors.push_back(sharded_tensor(key + "/" + p.name, *sharded, p, p.shard));
     }
   }
   for (const auto& [name, t] : checkpoint::module_state(module)) {
-    if (sharded->param_index.count(name)) continue;  // a shard, planned above
+    if (sharded->param(name)) continue;  // a shard, planned above
     if (filter_keeps(filter, key, name, t)) plan.add_whole(key + "/" + name, t, is_global_zero());
   }
 }
@@ -102,7 +102,7 @@ at::Tensor my_piece(const checkpoint::StateReader& reader, const std::string& na
   STRATA_CHECK(shape == p.shape, CheckpointError, "[checkpoint] ", reader.path(), ": '", name, "' has shape ",
                c10::IntArrayRef(shape), " in the checkpoint but ", c10::IntArrayRef(p.shape),
                " in the model (a checkpoint of another model?)");
-  checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world, impl.rank);
+  checkpoint::FlatSlice slice = shard_slice(p.numel, impl.world(), impl.rank());
   at::Tensor piece = at::zeros({p.chunk}, at::TensorOptions().dtype(reader.dtype(name)));
   piece.narrow(0, 0, slice.size()).copy_(reader.flat_slice(name, slice.begin, slice.end));
   return piece;
@@ -120,7 +120,7 @@ void FSDPStrategy::load_module_entry(const checkpoint::StateReader& reader, cons
   std::vector<std::string> missing, unexpected;
   std::unordered_map<std::string, bool> known;
   torch::NoGradGuard no_grad;
-  for (const auto& p : sharded->params) {
+  for (const auto& p : sharded->params()) {
     known[p.name] = true;
     std::string name = reader.tensor_of(key, p.name);
     if (!reader.contains(name)) {

@@ -58,46 +58,42 @@ void collect(torch::nn::Module& module, const std::string& prefix, size_t unit,
 
 }  // namespace
 
-FSDPState::FSDPState(comm::Group g, const FSDPOptions& options, c10::ScalarType compute, c10::ScalarType reduce)
-    : grad_hooks([this](size_t i) { return post_backward(i); }),
-      group(std::move(g)),
-      world(group.size()),
-      rank(group.rank()),
-      compute_dtype(compute),
-      reduce_dtype(reduce),
-      reshard_after_forward(options.reshard_after_forward),
-      prefetch(options.prefetch) {}
+FSDPState::FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions& options,
+                     c10::ScalarType compute, c10::ScalarType reduce)
+    : context_{std::move(group), 1, compute, reduce, options.reshard_after_forward},
+      rank_(context_.group.rank()),
+      prefetch_(options.prefetch),
+      root_module_(std::move(root_module)),
+      grad_hooks_([this](size_t i) { return post_backward(i); }) {
+  context_.world = context_.group.size();
+}
 
-void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options, Presharded* presharded) {
+void FSDPState::build(const FSDPOptions& options, Presharded* presharded) {
+  torch::nn::Module& root_module = *root_module_;
   std::vector<torch::nn::Module*> modules = unit_modules(root_module, options.auto_wrap_policy);
-  std::unordered_map<const torch::nn::Module*, size_t> unit_of;
-  units.resize(modules.size());
-  for (size_t u = 0; u < modules.size(); ++u) {
-    units[u].module = modules[u];
-    units[u].type = modules[u]->name();
-    unit_of[modules[u]] = u;
-  }
-  root = modules.size() - 1;
-  units[root].root = true;
+  for (size_t u = 0; u < modules.size(); ++u) unit_index_[modules[u]] = u;
+  root_ = modules.size() - 1;
   // Unit paths, for reports.
+  std::vector<std::string> names(modules.size());
   for (const auto& item : root_module.named_modules("", /*include_self=*/false)) {
-    auto it = unit_of.find(item.value().get());
-    if (it != unit_of.end()) units[it->second].name = item.key();
+    auto it = unit_index_.find(item.value().get());
+    if (it != unit_index_.end()) names[it->second] = item.key();
   }
 
   std::vector<std::pair<at::Tensor, std::vector<Occurrence>>> found;
   std::unordered_map<const c10::TensorImpl*, size_t> index;
-  std::vector<std::optional<size_t>> parents(units.size());
-  collect(root_module, "", root, unit_of, found, index, parents);
-  for (size_t u = 0; u < units.size(); ++u) units[u].parent = parents[u];
+  std::vector<std::optional<size_t>> parents(modules.size());
+  collect(root_module, "", root_, unit_index_, found, index, parents);
 
+  const int world = context_.world;
+  std::vector<std::vector<size_t>> members(modules.size());  // each unit's parameters, by index
   torch::NoGradGuard no_grad;
   for (auto& [tensor, occurrences] : found) {
     // A parameter registered in two units (tied weights) belongs to the
     // root, so it is sharded once and gathered while the root computes.
     size_t unit = occurrences.front().unit;
     for (const Occurrence& o : occurrences) {
-      if (o.unit != unit) unit = root;
+      if (o.unit != unit) unit = root_;
     }
     ShardedParam p;
     p.name = occurrences.front().full_name;
@@ -121,25 +117,21 @@ void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options
     p.chunk = checkpoint::shard_chunk(p.numel, world);
     p.unit = unit;
     for (const Occurrence& o : occurrences) p.owners.emplace_back(o.owner, o.local_name);
-    units[unit].params.push_back(params.size());
-    param_index[p.name] = params.size();
-    params.push_back(std::move(p));
+    members[unit].push_back(params_.size());
+    param_index_[p.name] = params_.size();
+    params_.push_back(std::move(p));
   }
 
   found.clear();  // the last handles to pieces sharded at construction, besides the params'
 
-  // Unit by unit, so that at most one unit's pieces exist twice.
-  for (Unit& unit : units) {
-    int64_t offset = 0;
-    for (size_t i : unit.params) {
-      params[i].offset = offset;
-      offset += params[i].chunk;
-      unit.segments.push_back(params[i].chunk);
-      if (params[i].trainable) ++unit.trainable;
-    }
-    unit.shard_numel = offset;
-    unit.flat_shard = at::zeros({offset}, at::TensorOptions().dtype(at::kFloat));
-    for (size_t i : unit.params) shard_param(i, options);
+  // Unit by unit, so that at most one unit's pieces exist twice. params_
+  // is complete: the units' pointers into it stay valid.
+  units_.reserve(modules.size());
+  for (size_t u = 0; u < modules.size(); ++u) {
+    std::vector<ShardedParam*> unit_params;
+    for (size_t i : members[u]) unit_params.push_back(&params_[i]);
+    units_.emplace_back(context_, *modules[u], names[u], u == root_, parents[u], std::move(unit_params));
+    for (size_t i : members[u]) shard_param(i, options);
   }
   for (at::Tensor buffer : root_module.buffers()) {
     if (!buffer.is_meta()) continue;
@@ -148,49 +140,42 @@ void FSDPState::build(torch::nn::Module& root_module, const FSDPOptions& options
     buffer.set_data(value);
   }
   if (options.sync_module_states && world > 1) {
-    for (at::Tensor buffer : root_module.buffers()) group.broadcast(buffer, 0);
+    for (at::Tensor buffer : root_module.buffers()) context_.group.broadcast(buffer, 0);
   }
 }
 
 void FSDPState::shard_param(size_t i, const FSDPOptions& options) {
-  ShardedParam& p = params[i];
-  Unit& unit = units[p.unit];
+  ShardedParam& p = params_[i];
+  const Unit& unit = units_[p.unit];
   if (p.preshard.defined()) {
     // Sharded while the model was built: move the piece into the unit.
-    unit.flat_shard.narrow(0, p.offset, p.chunk).copy_(p.preshard.detach());
+    unit.shard_view(p).copy_(p.preshard.detach());
     p.preshard = at::Tensor();
-    p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
-    grad_hooks.add(std::move(p.accumulator), i);
+    p.shard = unit.shard_view(p).detach().requires_grad_(p.trainable);
+    grad_hooks_.add(std::move(p.accumulator), i);
     p.install_shard();
     return;
   }
   at::Tensor full = value_at_setup(p.compute);
-  if (options.sync_module_states && world > 1) {
+  if (options.sync_module_states && context_.world > 1) {
     full = full.clone().contiguous();
-    group.broadcast(full, 0);
+    context_.group.broadcast(full, 0);
   }
-  at::Tensor mine = checkpoint::shard_of(full, world, rank);
-  unit.flat_shard.narrow(0, p.offset, mine.numel()).copy_(mine);
-  p.shard = unit.flat_shard.narrow(0, p.offset, p.chunk).detach().requires_grad_(p.trainable);
-  grad_hooks.add(accumulator_then_empty(p.compute, full, compute_dtype, p.trainable), i);
+  at::Tensor mine = checkpoint::shard_of(full, context_.world, rank_);
+  unit.shard_view(p).narrow(0, 0, mine.numel()).copy_(mine);
+  p.shard = unit.shard_view(p).detach().requires_grad_(p.trainable);
+  grad_hooks_.add(accumulator_then_empty(p.compute, full, context_.compute_dtype, p.trainable), i);
   p.install_shard();
 }
 
+void FSDPState::place_shards(c10::Device device) {
+  for (Unit& unit : units_) unit.move_shards_to(device);
+}
+
 void FSDPState::unhook() {
-  for (Unit& unit : units) set_forward_hooks(*unit.module, nullptr);
-  for (torch::nn::Module* module : checkpointed) set_forward_hooks(*module, nullptr);
-  grad_hooks.remove_all();
-}
-
-const ShardedParam* FSDPState::param_of_state(const std::string& state_name) const {
-  size_t dot = state_name.rfind('.');
-  if (dot == std::string::npos) return nullptr;
-  auto it = param_index.find(state_name.substr(0, dot));
-  return it == param_index.end() ? nullptr : &params[it->second];
-}
-
-at::Tensor FSDPState::gather_full(const ShardedParam& p, const at::Tensor& piece) {
-  return detail::gather_full(group, p, piece);
+  for (Unit& unit : units_) set_forward_hooks(unit.module(), nullptr);
+  for (torch::nn::Module* module : checkpointed_) set_forward_hooks(*module, nullptr);
+  grad_hooks_.remove_all();
 }
 
 ModuleBuiltHandler shard_when_built(std::shared_ptr<Presharded> presharded, AutoWrapPolicy policy, int world,

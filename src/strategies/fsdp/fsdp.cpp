@@ -1,7 +1,8 @@
 // FSDPStrategy, the facade: set-up, the training step and the reports; the
-// algorithm lives beside it (state.h: the units and their state machine;
-// sharded_param.h, collectives.h, schedule.cpp, wrap_policy.h,
-// construction.cpp, checkpoint.cpp).
+// algorithm lives beside it (unit.h: a unit and its state machine;
+// fsdp_state.h: the units of a module and their schedule; sharded_param.h,
+// collectives.h, schedule.cpp, wrap_policy.h, construction.cpp,
+// checkpoint.cpp).
 #include "strata/strategies/fsdp.h"
 
 #include <ATen/ATen.h>
@@ -12,7 +13,7 @@
 
 #include "buffer_cache.h"
 #include "construction.h"
-#include "state.h"
+#include "fsdp_state.h"
 #include "strata/core/container_calls.h"
 #include "strata/core/error.h"
 #include "strata/core/log.h"
@@ -42,7 +43,7 @@ class FSDPForwardHooks : public ForwardHooks {
     try {
       outputs = checkpoint_ ? recomputed_forward(body, inputs) : body(inputs);
     } catch (const c10::Error& error) {
-      if (unit_ && state->units[*unit_].root) state->explain_failed_forward(error);
+      if (unit_ && state->units()[*unit_].is_root()) state->explain_failed_forward(error);
       throw;
     }
     if (unit_) state->post_forward(*unit_, outputs);
@@ -63,13 +64,13 @@ class FSDPForwardHooks : public ForwardHooks {
 // backward that follows its set-up, say so once.
 void warn_unseen_recomputation(const FSDPState& state) {
   std::string unseen, example;
-  for (torch::nn::Module* m : state.checkpointed) {
+  for (torch::nn::Module* m : state.checkpointed()) {
     auto hooks = std::dynamic_pointer_cast<FSDPForwardHooks>(forward_hooks(*m));
     if (!hooks || hooks->checked) continue;
     hooks->checked = true;
     if (hooks->seen) continue;
     std::string path;
-    for (const auto& item : state.root_module->named_modules()) {
+    for (const auto& item : state.root_module()->named_modules()) {
       if (item.value().get() == m) path = item.key();
     }
     unseen += (unseen.empty() ? "'" : ", '") + path + "' (" + m->name() + ")";
@@ -80,25 +81,6 @@ void warn_unseen_recomputation(const FSDPState& state) {
                " was not seen in the first step, so it ran without recomputation. strata sees the calls a "
                "torch::nn::Sequential makes, but not a direct call of a typed forward: call it as strata::call(",
                example, ", x) instead of ", example, "->forward(x) (ignore this if the module was not used)");
-}
-
-// Note [Shards on the device]
-// Units keep their flat shard, and with it every parameter's shard, on the
-// root device. Construction makes the full values there one tensor at a
-// time (Note [Setup device]); a flat shard it made elsewhere moves here,
-// and each shard (the same tensor object, which the module and the
-// optimizer hold) is pointed at its slice of the moved flat shard with
-// set_data, so it stays a view of what the unit's all-gather sends.
-void place_shards(detail::FSDPState& state, c10::Device device) {
-  torch::NoGradGuard no_grad;
-  for (detail::Unit& unit : state.units) {
-    if (!unit.flat_shard.defined() || unit.flat_shard.device() == device) continue;
-    unit.flat_shard = unit.flat_shard.to(device);
-    for (size_t i : unit.params) {
-      detail::ShardedParam& p = state.params[i];
-      p.shard.set_data(unit.flat_shard.narrow(0, p.offset, p.chunk));
-    }
-  }
 }
 
 // Buffers are kept whole, on the root device (before construction, which
@@ -147,7 +129,7 @@ FSDPStrategy::~FSDPStrategy() {
 
 detail::FSDPState* FSDPStrategy::state_of(const torch::nn::Module& module) const {
   for (const auto& state : states_) {
-    if (state->root_module.get() == &module) return state.get();
+    if (state->root_module().get() == &module) return state.get();
   }
   return nullptr;
 }
@@ -169,19 +151,19 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   // pieces from presharded_, which keeps the other modules' pieces.
   modules_.push_back(module);
   c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
-  auto state = std::make_shared<FSDPState>(group_, options_, compute, options_.reduce_dtype.value_or(compute));
-  state->root_module = module;
+  auto state =
+      std::make_shared<FSDPState>(module, group_, options_, compute, options_.reduce_dtype.value_or(compute));
   {
     const c10::Device device = shard_device(*this);
     detail::SetupDeviceScope on_device(device);
     buffers_to(*module, device);
-    state->build(*module, options_, presharded_.get());
-    place_shards(*state, device);
+    state->build(options_, presharded_.get());
+    state->place_shards(device);  // Note [Shards on the device]
   }
   if (presharded_ && presharded_->by_shard.empty()) presharded_.reset();
   states_.push_back(state);
-  for (size_t u = 0; u < state->units.size(); ++u) {
-    torch::nn::Module& unit_module = *state->units[u].module;
+  for (size_t u = 0; u < state->units().size(); ++u) {
+    torch::nn::Module& unit_module = state->units()[u].module();
     bool checkpoint = detail::matches(options_.activation_checkpointing_policy, unit_module);
     set_forward_hooks(unit_module, std::make_shared<FSDPForwardHooks>(state, u, checkpoint));
   }
@@ -190,11 +172,9 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   for (const auto& item : module->named_modules("", /*include_self=*/true)) {
     torch::nn::Module* m = item.value().get();
     if (!detail::matches(options_.activation_checkpointing_policy, *m)) continue;
-    bool is_unit = false;
-    for (const auto& unit : state->units) is_unit = is_unit || unit.module == m;
-    if (is_unit) continue;
+    if (state->unit_of(*m)) continue;
     set_forward_hooks(*m, std::make_shared<FSDPForwardHooks>(state, std::nullopt, true));
-    state->checkpointed.push_back(m);
+    state->add_checkpointed(m);
   }
   // The calls a Sequential makes to its children, and its own forward, now
   // reach the hooks (core/container_calls.h).
@@ -211,7 +191,7 @@ void FSDPStrategy::setup_optimizer(torch::optim::Optimizer& optimizer) {
                "from model->parameters() (the sharded parameters), then setup_optimizer");
   std::unordered_set<const c10::TensorImpl*> shards;
   for (const auto& state : states_) {
-    for (const auto& p : state->params) shards.insert(p.shard.unsafeGetTensorImpl());
+    for (const auto& p : state->params()) shards.insert(p.shard.unsafeGetTensorImpl());
   }
   for (const auto& group : optimizer.param_groups()) {
     for (const at::Tensor& p : group.params()) {
@@ -270,7 +250,7 @@ Scope FSDPStrategy::no_backward_sync(torch::nn::Module& module, bool enabled) {
   require_set_up(module, "no_backward_sync");
   detail::FSDPState* state = state_of(module);
   if (!enabled || state == nullptr) return Scope();
-  return set_for_scope(state->shared_from_this(), &FSDPState::sync, false);
+  return state->no_backward_sync();
 }
 
 at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
@@ -282,7 +262,7 @@ at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
 void FSDPStrategy::teardown() {
   routes_.clear();
   for (const auto& state : states_) {
-    for (size_t u = 0; u < state->units.size(); ++u) state->reshard(u);
+    state->reshard_all();
     state->unhook();
   }
   Strategy::teardown();
@@ -299,14 +279,14 @@ FSDPStrategy::BufferBytes FSDPStrategy::buffer_bytes() {
 std::vector<FSDPUnitInfo> FSDPStrategy::units() const {
   std::vector<FSDPUnitInfo> out;
   for (const auto& state : states_) {
-    for (size_t u : state->with_the_rest(state->last_forward_order)) {
-      const detail::Unit& unit = state->units[u];
+    for (size_t u : state->units_in_forward_order()) {
+      const detail::Unit& unit = state->units()[u];
       FSDPUnitInfo info;
-      info.name = unit.name;
-      info.shard_numel = unit.shard_numel;
-      for (size_t i : unit.params) {
-        info.params.push_back(state->params[i].name);
-        info.numel += state->params[i].numel;
+      info.name = unit.name();
+      info.shard_numel = unit.shard_numel();
+      for (const detail::ShardedParam* p : unit.params()) {
+        info.params.push_back(p->name);
+        info.numel += p->numel;
       }
       out.push_back(std::move(info));
     }
@@ -317,7 +297,7 @@ std::vector<FSDPUnitInfo> FSDPStrategy::units() const {
 at::Tensor FSDPStrategy::full_parameter(const std::string& name) {
   STRATA_CHECK(!states_.empty(), ConfigError, "[fsdp] full_parameter before setup_module");
   for (const auto& state : states_) {
-    if (state->param_index.count(name)) return full_parameter(*state->root_module, name);
+    if (state->param(name)) return full_parameter(*state->root_module(), name);
   }
   throw ConfigError("[fsdp] the module set up has no parameter named '" + name + "'");
 }
@@ -326,11 +306,9 @@ at::Tensor FSDPStrategy::full_parameter(const torch::nn::Module& module, const s
   detail::FSDPState* state = state_of(module);
   STRATA_CHECK(state != nullptr, ConfigError, "[fsdp] full_parameter got a module that was not set up (",
                module.name(), "); pass one returned by setup_module");
-  auto it = state->param_index.find(name);
-  STRATA_CHECK(it != state->param_index.end(), ConfigError, "[fsdp] the module set up has no parameter named '",
-               name, "'");
-  const detail::ShardedParam& p = state->params[it->second];
-  return state->gather_full(p, p.shard);
+  const detail::ShardedParam* p = state->param(name);
+  STRATA_CHECK(p != nullptr, ConfigError, "[fsdp] the module set up has no parameter named '", name, "'");
+  return state->gather_full(*p, p->shard);
 }
 
 }  // namespace strata::strategies

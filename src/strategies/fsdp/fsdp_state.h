@@ -1,24 +1,9 @@
-// The state FSDPStrategy keeps: its units, their sharded parameters, and
-// the transitions of each unit around forward and backward. Private to
-// the strategies area; the strategy's public header only names it.
-//
-// Unit state machine (the two enums of Unit; Note [FSDP parameters] for
-// what "sharded" means for a parameter):
-//
-//   sharded state                          training state
-//   -------------                          --------------
-//           unshard + wait_for_unshard       kIdle --pre_forward--> kForward
-//   kSharded -----------------------> kUnsharded   (the root's pre_forward puts
-//      ^    <------ reshard ----------/  |  ^       every unit back to kIdle)
-//      |                                 |  |    kForward --every gradient in--> kPostBackward
-//      |  reshard   free_after_forward   |  |    kPostBackward --finalize_backward--> kForward
-//      |                                 v  |
-//      +-------- kShardedPostForward ----+--+  (wait_for_unshard refills the storage
-//                                               that autograd's saved views point at)
-//
-// An all-gather may be in flight (unshard started it, a prefetch or the
-// unit's own forward); wait_for_unshard finishes it, reshard finishes an
-// unused one so that every rank's collectives stay in the same order.
+// What FSDPStrategy keeps for one module set up: its units in order, the
+// schedule across them (prefetch, the root's reset before each forward,
+// the order of gradient reductions, the end of a backward) and the
+// lookups (parameter -> unit, module -> unit). Each unit's own state and
+// transitions are in unit.h. Private to the strategies area; the
+// strategy's public header only names it.
 #pragma once
 
 #include <deque>
@@ -32,92 +17,85 @@
 #include "strata/core/module_hooks.h"
 #include "strata/strategies/fsdp.h"
 #include "../grad_hooks.h"
-#include "collectives.h"
 #include "sharded_param.h"
+#include "unit.h"
 
 namespace strata::strategies::detail {
 
-/// Where a unit's parameters are.
-enum class ShardedState {
-  kSharded,             ///< compute tensors are 0-element; only the shards exist
-  kShardedPostForward,  ///< full shapes kept, storage freed: autograd's saved views wait for a refill
-  kUnsharded,           ///< compute tensors hold the full values
-};
-
-/// Where a unit is in this step.
-enum class TrainingState {
-  kIdle,          ///< its forward has not run since the root's forward began
-  kForward,       ///< its forward ran in this step
-  kPostBackward,  ///< every gradient of its trainable parameters arrived in this backward
-};
-
-/// One unit: a module whose parameters are gathered and freed together.
-struct Unit {
-  torch::nn::Module* module = nullptr;
-  std::string name;  ///< path from the root ("" for the root)
-  std::string type;  ///< module.name()
-  bool root = false;
-  std::optional<size_t> parent;  ///< the nearest unit around this one
-  std::vector<size_t> params;
-  int64_t shard_numel = 0;
-  at::Tensor flat_shard;  ///< the shards of params, back to back
-  std::vector<int64_t> segments;  ///< each parameter's chunk: the layout of the unit's blocks
-  at::Tensor grad_block;  ///< its full gradients while its backward runs (Note [Gradient blocks])
-  size_t trainable = 0;   ///< trainable parameters
-  size_t grads_ready = 0; ///< of which the gradient arrived in this backward
-  ShardedState sharded_state = ShardedState::kSharded;
-  TrainingState training_state = TrainingState::kIdle;
-  std::optional<AllGatherWork> unshard_work;
-  std::optional<ReduceScatterWork> reduce_work;
-};
-
-/// Parameters sharded while the model was built (module_sharded_context),
-/// by the TensorImpl of the shard put in the module's dictionary.
-struct Presharded {
-  struct Entry {
-    at::Tensor compute;          ///< the module's own tensor, now empty
-    std::vector<int64_t> shape;  ///< its full shape
-    bool trainable = false;
-    GradAccumulator accumulator;  ///< made while it was full-sized
-  };
-  std::unordered_map<const c10::TensorImpl*, Entry> by_shard;
-};
-
-/// What FSDPStrategy knows once a module is set up.
+/// The units of one module set up, and the schedule that moves them.
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
-  FSDPState(comm::Group group, const FSDPOptions& options, c10::ScalarType compute, c10::ScalarType reduce);
+  /// An empty state for `root_module` (build makes the units), whose units
+  /// gather in `compute` and reduce in `reduce`.
+  FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions& options, c10::ScalarType compute,
+            c10::ScalarType reduce);
+  FSDPState(const FSDPState&) = delete;
+  FSDPState& operator=(const FSDPState&) = delete;
 
   // ---- construction (construction.cpp) ----
   /// Makes the units by the wrap policy and shards the parameters (those
   /// in `presharded` are sharded already; their entries are removed).
-  void build(torch::nn::Module& root_module, const FSDPOptions& options, Presharded* presharded);
+  void build(const FSDPOptions& options, Presharded* presharded);
+  /// Moves every unit's shards to `device` (Note [Shards on the device]).
+  void place_shards(c10::Device device);
   /// Removes the forward and gradient hooks.
   void unhook();
 
-  // ---- the unit's transitions (unit.cpp) ----
-  /// Starts the all-gather of unit u's parameters (nothing when they are
-  /// unsharded or being gathered).
-  void unshard(size_t u);
-  /// Finishes unit u's all-gather (starting it if needed): kUnsharded.
-  void wait_for_unshard(size_t u);
-  /// Back to kSharded (finishing an unused all-gather first).
-  void reshard(size_t u);
-  /// kUnsharded -> kShardedPostForward: frees the full values' storage.
-  void free_after_forward(size_t u);
+  // ---- around forward and backward (fsdp_state.cpp) ----
+  /// Before unit u's forward: the root's resets the step; every unit's
+  /// gathers its parameters and prefetches the next unit's.
   void pre_forward(size_t u);
+  /// After unit u's forward: frees or reshards it, and hooks `outputs` so
+  /// that the unit's backward gathers it again.
   void post_forward(size_t u, TensorList& outputs);
-  void pre_backward(size_t u);
-  /// The gradient hook of params[param]; true when it counted (sync on).
-  bool post_backward(size_t param);
   /// After loss.backward(): reduces what is left, waits for every
   /// reduction, reshards every unit and gets ready for the next step.
   void finalize_backward();
+  /// Reshards every unit (teardown).
+  void reshard_all();
+  /// Turns gradient synchronisation off until the scope ends
+  /// (no_backward_sync).
+  Scope no_backward_sync();
   /// Throws a ConfigError explaining `error` when units that never started
   /// their forward may be why it failed; returns otherwise.
   void explain_failed_forward(const c10::Error& error) const;
 
-  // ---- the schedule (schedule.cpp) ----
+  // ---- lookups (fsdp_state.cpp) ----
+  const ModulePtr& root_module() const { return root_module_; }
+  /// The units, the root last.
+  const std::vector<Unit>& units() const { return units_; }
+  /// The unit whose module is `module`, if any.
+  std::optional<size_t> unit_of(const torch::nn::Module& module) const;
+  /// Every unit, those of the last forward in its order first, then the
+  /// rest by index (for reports).
+  std::vector<size_t> units_in_forward_order() const;
+  std::vector<ShardedParam>& params() { return params_; }
+  const std::vector<ShardedParam>& params() const { return params_; }
+  /// The parameter named `name` (its first full name), or null.
+  const ShardedParam* param(const std::string& name) const;
+  /// The parameter an optimizer state tensor "<param name>.<state name>"
+  /// belongs to, or null.
+  const ShardedParam* param_of_state(const std::string& state_name) const;
+  /// Checkpointed modules that are not units.
+  const std::vector<torch::nn::Module*>& checkpointed() const { return checkpointed_; }
+  /// Records a checkpointed module that is not a unit (its hooks go at unhook).
+  void add_checkpointed(torch::nn::Module* module) { checkpointed_.push_back(module); }
+  int world() const { return context_.world; }
+  int rank() const { return rank_; }
+  c10::ScalarType compute_dtype() const { return context_.compute_dtype; }
+  /// The full value of a tensor sharded like `p`; a collective.
+  at::Tensor gather_full(const ShardedParam& p, const at::Tensor& piece);
+
+ private:
+  // construction.cpp
+  void shard_param(size_t i, const FSDPOptions& options);
+  // fsdp_state.cpp
+  void root_pre_forward();
+  void check_units_around(size_t u) const;
+  void pre_backward(size_t u);
+  /// The gradient hook of params_[i]; true when it counted (sync on).
+  bool post_backward(size_t i);
+  // schedule.cpp
   /// The unit to gather while unit u computes (Note [Prefetch order]).
   std::optional<size_t> prefetch_target(size_t u, bool backward) const;
   /// `order`, then every unit not in it, by index.
@@ -125,38 +103,23 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   /// Starts the reductions of complete units, in the fixed order
   /// (Note [Reduction order]); `all`: every unit counts as complete.
   void launch_ready_reductions(bool all);
-
-  // ---- lookups ----
-  /// The parameter an optimizer state tensor "<param name>.<state name>"
-  /// belongs to, or null.
-  const ShardedParam* param_of_state(const std::string& state_name) const;
-  /// The full value of a tensor sharded like `p`; a collective.
-  at::Tensor gather_full(const ShardedParam& p, const at::Tensor& piece);
-
-  GradHooks grad_hooks;  ///< Note [Gradient hooks]
-  comm::Group group;
-  int world = 1;
-  int rank = 0;
-  c10::ScalarType compute_dtype;
-  c10::ScalarType reduce_dtype;
-  bool reshard_after_forward = true;
-  bool prefetch = true;
-  ModulePtr root_module;
-  std::vector<ShardedParam> params;
-  std::unordered_map<std::string, size_t> param_index;  ///< params by name
-  std::vector<Unit> units;
-  size_t root = 0;
-  std::vector<torch::nn::Module*> checkpointed;  ///< checkpointed modules that are not units
-  std::vector<size_t> forward_order, last_forward_order;
-  bool sync = true;
-
- private:
-  std::vector<ShardedParam*> params_of(const Unit& unit);
-  void shard_param(size_t i, const FSDPOptions& options);
   void launch_reduction(size_t u);
-  void complete_reduction(size_t u);
 
-  std::vector<size_t> reduction_order_;  ///< this backward's, made at its first reduction
+  UnitContext context_;  ///< shared by units_, so declared before them
+  int rank_ = 0;
+  bool prefetch_ = true;
+  bool sync_ = true;  ///< gradients reduced in this backward (no_backward_sync turns it off)
+  ModulePtr root_module_;
+  GradHooks grad_hooks_;  ///< Note [Gradient hooks]
+  std::vector<ShardedParam> params_;
+  std::unordered_map<std::string, size_t> param_index_;  ///< params_ by name
+  std::vector<Unit> units_;
+  std::unordered_map<const torch::nn::Module*, size_t> unit_index_;  ///< units_ by module
+  size_t root_ = 0;
+  std::vector<torch::nn::Module*> checkpointed_;
+  std::vector<size_t> forward_order_;       ///< this step's, so far
+  std::vector<size_t> last_forward_order_;  ///< the last complete step's
+  std::vector<size_t> reduction_order_;     ///< this backward's, made at its first reduction
   size_t next_reduction_ = 0;
   std::deque<size_t> in_flight_;  ///< units whose reduce-scatter runs, oldest first
 };

@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include "state.h"
+#include "fsdp_state.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/core/error.h"
 
@@ -17,9 +17,9 @@ Scope FSDPStrategy::summon_full_params(torch::nn::Module& module, bool writeback
   STRATA_CHECK(found != nullptr, ConfigError, "[fsdp] summon_full_params got a module that was not set up (",
                module.name(), "); pass one returned by setup_module");
   std::shared_ptr<FSDPState> state = found->shared_from_this();
-  for (const detail::Unit& unit : state->units) {
-    STRATA_CHECK(unit.sharded_state == detail::ShardedState::kSharded && unit.grads_ready == 0, ConfigError,
-                 "[fsdp] summon_full_params inside a forward or backward (unit '", unit.name,
+  for (const detail::Unit& unit : state->units()) {
+    STRATA_CHECK(unit.sharded_state() == detail::ShardedState::kSharded && unit.grads_ready() == 0, ConfigError,
+                 "[fsdp] summon_full_params inside a forward or backward (unit '", unit.name(),
                  "' is gathered): enter it between training steps");
   }
   torch::NoGradGuard no_grad;
@@ -27,7 +27,7 @@ Scope FSDPStrategy::summon_full_params(torch::nn::Module& module, bool writeback
   // the module's own tensor, which typed members (LinearImpl::weight) alias,
   // and takes the shard's place in the parameter dictionary. All ranks
   // gather in the same order.
-  for (detail::ShardedParam& p : state->params) {
+  for (detail::ShardedParam& p : state->params()) {
     p.compute.set_data(state->gather_full(p, p.shard.detach()));
     if (with_grads && p.shard.grad().defined()) {
       p.compute.mutable_grad() = state->gather_full(p, p.shard.grad());
@@ -36,13 +36,13 @@ Scope FSDPStrategy::summon_full_params(torch::nn::Module& module, bool writeback
   }
   return Scope([state, writeback] {
     torch::NoGradGuard no_grad;
-    for (detail::ShardedParam& p : state->params) {
+    for (detail::ShardedParam& p : state->params()) {
       if (writeback) {
-        at::Tensor mine = checkpoint::shard_of(p.compute.detach().to(at::kFloat), state->world, state->rank);
+        at::Tensor mine = checkpoint::shard_of(p.compute.detach().to(at::kFloat), state->world(), state->rank());
         p.shard.detach().narrow(0, 0, mine.numel()).copy_(mine);
       }
       p.compute.mutable_grad() = at::Tensor();
-      p.reshard(state->compute_dtype);
+      p.reshard(state->compute_dtype());
       p.install_shard();
     }
   });
@@ -54,7 +54,7 @@ checkpoint::OptimizerState FSDPStrategy::full_optimizer_state(torch::optim::Opti
                "parameter of a module set up: build it from the parameters of the module setup_module returned");
   STRATA_CHECK(rank >= 0 && rank < world_size(), ConfigError, "[fsdp] full_optimizer_state: rank ", rank,
                " is not in the group of ", world_size());
-  checkpoint::OptimizerState sharded = checkpoint::optimizer_state(optimizer, checkpoint::param_names(*state->root_module));
+  checkpoint::OptimizerState sharded = checkpoint::optimizer_state(optimizer, checkpoint::param_names(*state->root_module()));
   checkpoint::OptimizerState out;
   out.json = sharded.json;
   // Every rank gathers, in the optimizer's order; only `rank` keeps them.

@@ -1,6 +1,6 @@
 // The FSDP schedule: which unit to prefetch, and the order and number of
 // gradient reductions in flight.
-#include "state.h"
+#include "fsdp_state.h"
 
 namespace strata::strategies::detail {
 
@@ -15,8 +15,8 @@ namespace strata::strategies::detail {
 // recorded. The first step has no order yet, so it prefetches nothing
 // before each unit has run once.
 std::optional<size_t> FSDPState::prefetch_target(size_t u, bool backward) const {
-  const std::vector<size_t>& order = forward_order.size() >= last_forward_order.size() ? forward_order
-                                                                                        : last_forward_order;
+  const std::vector<size_t>& order =
+      forward_order_.size() >= last_forward_order_.size() ? forward_order_ : last_forward_order_;
   const int direction = backward ? -1 : +1;
   for (size_t k = 0; k < order.size(); ++k) {
     if (order[k] != u) continue;
@@ -28,9 +28,9 @@ std::optional<size_t> FSDPState::prefetch_target(size_t u, bool backward) const 
 }
 
 std::vector<size_t> FSDPState::with_the_rest(std::vector<size_t> order) const {
-  std::vector<bool> listed(units.size(), false);
+  std::vector<bool> listed(units_.size(), false);
   for (size_t u : order) listed[u] = true;
-  for (size_t u = 0; u < units.size(); ++u) {
+  for (size_t u = 0; u < units_.size(); ++u) {
     if (!listed[u]) order.push_back(u);
   }
   return order;
@@ -45,22 +45,18 @@ std::vector<size_t> FSDPState::with_the_rest(std::vector<size_t> order) const {
 // on some rank (finalize_backward then starts the rest, missing gradients
 // counting as zero).
 void FSDPState::launch_ready_reductions(bool all) {
-  if (reduction_order_.empty()) reduction_order_ = with_the_rest({forward_order.rbegin(), forward_order.rend()});
+  if (reduction_order_.empty()) reduction_order_ = with_the_rest({forward_order_.rbegin(), forward_order_.rend()});
   while (next_reduction_ < reduction_order_.size()) {
     const size_t u = reduction_order_[next_reduction_];
-    const Unit& unit = units[u];
-    if (unit.trainable > 0 && !all && unit.training_state != TrainingState::kPostBackward) break;
-    if (unit.trainable > 0) launch_reduction(u);
+    const Unit& unit = units_[u];
+    if (unit.trainable() > 0 && !all && unit.training_state() != TrainingState::kPostBackward) break;
+    if (unit.trainable() > 0) launch_reduction(u);
     ++next_reduction_;
   }
 }
 
 void FSDPState::launch_reduction(size_t u) {
-  Unit& unit = units[u];
-  unit.reduce_work = start_reduce_scatter(group, params_of(unit), std::move(unit.grad_block), unit.shard_numel,
-                                         unit.segments, unit.flat_shard.options().dtype(reduce_dtype));
-  unit.grad_block = at::Tensor();
-  reshard(u);
+  units_[u].start_reduction();  // and reshards the unit
   // Note [One reduction in flight]: each reduction holds a unit's full
   // gradient block until it is done. Waiting for the previous one before
   // the next starts keeps one block in flight, as FSDP2 does; measured on
@@ -68,15 +64,9 @@ void FSDPState::launch_reduction(size_t u) {
   // block of peak memory (GPT large: 27 MB).
   in_flight_.push_back(u);
   while (in_flight_.size() > 1) {
-    complete_reduction(in_flight_.front());
+    units_[in_flight_.front()].finish_reduction();
     in_flight_.pop_front();
   }
-}
-
-void FSDPState::complete_reduction(size_t u) {
-  Unit& unit = units[u];
-  finish_reduce_scatter(*unit.reduce_work, params_of(unit), unit.flat_shard.scalar_type());
-  unit.reduce_work.reset();
 }
 
 }  // namespace strata::strategies::detail

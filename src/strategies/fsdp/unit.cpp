@@ -1,124 +1,98 @@
-// The transitions of an FSDP unit around forward and backward (the state
-// machine drawn in state.h).
+// The transitions of one FSDP unit around forward and backward (the state
+// machine drawn in unit.h).
+#include "unit.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <utility>
+
 #include "buffer_cache.h"
-#include "state.h"
-#include "strata/core/error.h"
 
 namespace strata::strategies::detail {
 
-std::vector<ShardedParam*> FSDPState::params_of(const Unit& unit) {
-  std::vector<ShardedParam*> out;
-  out.reserve(unit.params.size());
-  for (size_t i : unit.params) out.push_back(&params[i]);
-  return out;
+Unit::Unit(UnitContext& context, torch::nn::Module& module, std::string name, bool root,
+           std::optional<size_t> parent, std::vector<ShardedParam*> params)
+    : context_(context),
+      module_(&module),
+      name_(std::move(name)),
+      type_(module.name()),
+      root_(root),
+      parent_(parent),
+      params_(std::move(params)) {
+  int64_t offset = 0;
+  for (ShardedParam* p : params_) {
+    p->offset = offset;
+    offset += p->chunk;
+    segments_.push_back(p->chunk);
+    if (p->trainable) ++trainable_;
+  }
+  shard_numel_ = offset;
+  flat_shard_ = at::zeros({offset}, at::TensorOptions().dtype(at::kFloat));
 }
 
-void FSDPState::unshard(size_t u) {
-  Unit& unit = units[u];
-  if (unit.sharded_state == ShardedState::kUnsharded || unit.unshard_work) return;
-  const int64_t numel = world * unit.shard_numel;
+at::Tensor Unit::shard_view(const ShardedParam& p) const { return flat_shard_.narrow(0, p.offset, p.chunk); }
+
+// Note [Shards on the device]
+// Units keep their flat shard, and with it every parameter's shard, on the
+// root device. Construction makes the full values there one tensor at a
+// time (Note [Setup device]); a flat shard it made elsewhere moves here,
+// and each shard (the same tensor object, which the module and the
+// optimizer hold) is pointed at its slice of the moved flat shard with
+// set_data, so it stays a view of what the unit's all-gather sends.
+void Unit::move_shards_to(c10::Device device) {
+  if (!flat_shard_.defined() || flat_shard_.device() == device) return;
+  torch::NoGradGuard no_grad;
+  flat_shard_ = flat_shard_.to(device);
+  for (ShardedParam* p : params_) p->shard.set_data(shard_view(*p));
+}
+
+void Unit::unshard() {
+  if (sharded_state_ == ShardedState::kUnsharded || unshard_work_) return;
+  const int64_t numel = context_.world * shard_numel_;
   // After forward the block's storage is kept (empty) for autograd's saved
   // views: the gather refills it. Otherwise a fresh block.
-  at::Tensor block = unit.sharded_state == ShardedState::kShardedPostForward && !unit.params.empty()
-                         ? params[unit.params.front()].reallocate_storage(numel)
-                         : empty_buffer({numel}, unit.flat_shard.options().dtype(compute_dtype));
-  unit.unshard_work = start_all_gather(group, unit.flat_shard, block, unit.segments, compute_dtype);
+  at::Tensor block = sharded_state_ == ShardedState::kStorageFreed && !params_.empty()
+                         ? params_.front()->reallocate_storage(numel)
+                         : empty_buffer({numel}, flat_shard_.options().dtype(context_.compute_dtype));
+  unshard_work_ = start_all_gather(context_.group, flat_shard_, block, segments_, context_.compute_dtype);
 }
 
-void FSDPState::wait_for_unshard(size_t u) {
-  Unit& unit = units[u];
-  if (unit.sharded_state == ShardedState::kUnsharded) return;
-  unshard(u);
-  const bool refill = unit.sharded_state == ShardedState::kShardedPostForward;
-  finish_all_gather(*unit.unshard_work, params_of(unit), world, refill);
-  unit.unshard_work.reset();
-  unit.sharded_state = ShardedState::kUnsharded;
+void Unit::wait_for_unshard() {
+  if (sharded_state_ == ShardedState::kUnsharded) return;
+  unshard();
+  const bool refill = sharded_state_ == ShardedState::kStorageFreed;
+  finish_all_gather(*unshard_work_, params_, context_.world, refill);
+  unshard_work_.reset();
+  sharded_state_ = ShardedState::kUnsharded;
 }
 
-void FSDPState::free_after_forward(size_t u) {
-  Unit& unit = units[u];
-  if (unit.sharded_state != ShardedState::kUnsharded) return;
-  for (size_t i : unit.params) params[i].free_storage();
-  unit.sharded_state = ShardedState::kShardedPostForward;
+void Unit::free_storage() {
+  if (sharded_state_ != ShardedState::kUnsharded) return;
+  for (ShardedParam* p : params_) p->free_storage();
+  sharded_state_ = ShardedState::kStorageFreed;
 }
 
-void FSDPState::reshard(size_t u) {
-  Unit& unit = units[u];
-  if (unit.unshard_work) {  // a prefetch nobody used: finish it so the group stays in order
-    unit.unshard_work->work->wait();
-    unit.unshard_work.reset();
+void Unit::reshard() {
+  if (unshard_work_) {  // a prefetch nobody used: finish it so the group stays in order
+    unshard_work_->work->wait();
+    unshard_work_.reset();
     // A refill nobody used: empty the storage again.
-    if (unit.sharded_state == ShardedState::kShardedPostForward && !unit.params.empty()) {
-      params[unit.params.front()].free_storage();
-    }
+    if (sharded_state_ == ShardedState::kStorageFreed && !params_.empty()) params_.front()->free_storage();
   }
-  if (unit.sharded_state == ShardedState::kSharded) return;
-  for (size_t i : unit.params) params[i].reshard(compute_dtype);
-  unit.sharded_state = ShardedState::kSharded;
+  if (sharded_state_ == ShardedState::kSharded) return;
+  for (ShardedParam* p : params_) p->reshard(context_.compute_dtype);
+  sharded_state_ = ShardedState::kSharded;
 }
 
-void FSDPState::explain_failed_forward(const c10::Error& error) const {
-  std::string idle, first;
-  for (const Unit& unit : units) {
-    if (unit.training_state != TrainingState::kIdle || unit.params.empty() ||
-        unit.sharded_state == ShardedState::kUnsharded) {
-      continue;
-    }
-    idle += (idle.empty() ? "" : ", ") + ("'" + unit.name + "' (" + unit.type + ")");
-    if (first.empty()) first = unit.name.substr(unit.name.rfind('.') + 1);
-  }
-  if (idle.empty()) return;
-  std::string what = error.what_without_backtrace();
-  throw ConfigError("[fsdp] the forward failed: " + what.substr(0, what.find('\n')) +
-                    ". Under FSDP a unit's parameters are empty until its forward starts through strata's hooks; "
-                    "units whose forward had not started: " + idle + ". strata sees the calls a torch::nn::Sequential "
-                    "makes, but not a direct call of a module's typed forward: opt in where the model calls it, "
-                    "with strata::call(" + first + ", x) instead of " + first + "->forward(x) "
-                    "(strata/core/module_hooks.h), or run that module's forward through strata::hooked_forward");
+bool Unit::pre_forward() {
+  wait_for_unshard();
+  if (training_state_ != TrainingState::kIdle) return false;
+  training_state_ = TrainingState::kForward;
+  return true;
 }
 
-void FSDPState::pre_forward(size_t u) {
-  Unit& unit = units[u];
-  if (unit.root) {
-    grad_hooks.check_no_stray_backward("fsdp");
-    forward_order.clear();
-    for (Unit& other : units) other.training_state = TrainingState::kIdle;
-  } else {
-    // The units around this one must be computing: their parameters may be
-    // used around this forward. One that is not never ran hooked_forward.
-    for (std::optional<size_t> a = unit.parent; a; a = units[*a].parent) {
-      // The root's forward starts every step, even without parameters.
-      const Unit& around = units[*a];
-      if (around.training_state != TrainingState::kIdle || (around.params.empty() && !around.root) ||
-          around.sharded_state == ShardedState::kUnsharded) {
-        continue;
-      }
-      std::string which = around.root ? "the module passed to setup_module (" + around.type + ")"
-                                      : "unit '" + around.name + "' (" + around.type + ")";
-      std::string call = around.root ? "model" : around.name.substr(around.name.rfind('.') + 1);
-      throw ConfigError("[fsdp] the forward of unit '" + unit.name + "' ran, but the forward of " + which +
-                        " around it did not go through strata's hooks, so it never started. strata sees the calls a "
-                        "torch::nn::Sequential makes, but not a direct call of a module's typed forward: call it as "
-                        "strata::call(" + call + ", x) instead of " + call + "->forward(x) "
-                        "(strata/core/module_hooks.h), or run its forward through strata::hooked_forward");
-    }
-  }
-  wait_for_unshard(u);
-  if (unit.training_state == TrainingState::kIdle) {
-    forward_order.push_back(u);
-    unit.training_state = TrainingState::kForward;
-  }
-  if (prefetch && c10::GradMode::is_enabled()) {
-    std::optional<size_t> next = prefetch_target(u, /*backward=*/false);
-    if (next && units[*next].sharded_state != ShardedState::kUnsharded) unshard(*next);
-  }
-}
-
-void FSDPState::post_forward(size_t u, TensorList& outputs) {
-  Unit& unit = units[u];
+bool Unit::post_forward(const TensorList& outputs) {
   bool backward_follows = false;
   for (const at::Tensor& output : outputs) {
     backward_follows = backward_follows || (output.defined() && output.requires_grad());
@@ -126,73 +100,55 @@ void FSDPState::post_forward(size_t u, TensorList& outputs) {
   backward_follows = backward_follows && c10::GradMode::is_enabled();
   if (!backward_follows) {
     // No backward will come for this forward (evaluation): reshard now.
-    reshard(u);
-    return;
-  }
-  if (!unit.root && reshard_after_forward) free_after_forward(u);
-  // The gradient of the unit's outputs arrives just before the unit's own
-  // backward: gather its parameters again then (at the first of them).
-  std::weak_ptr<FSDPState> weak = weak_from_this();
-  for (at::Tensor& output : outputs) {
-    if (!output.defined() || !output.requires_grad()) continue;
-    output.register_hook([weak, u](const at::Tensor& grad) {
-      if (auto state = weak.lock()) state->pre_backward(u);
-      return grad;
-    });
-  }
-}
-
-void FSDPState::pre_backward(size_t u) {
-  // A late output gradient (an output that no parameter fed): the unit's
-  // backward is over.
-  if (units[u].training_state == TrainingState::kPostBackward) return;
-  wait_for_unshard(u);
-  if (prefetch) {
-    std::optional<size_t> previous = prefetch_target(u, /*backward=*/true);
-    if (previous && units[*previous].sharded_state == ShardedState::kShardedPostForward) unshard(*previous);
-  }
-}
-
-bool FSDPState::post_backward(size_t i) {
-  ShardedParam& p = params[i];
-  Unit& unit = units[p.unit];
-  // Every gradient autograd adds until the unit's reduction starts goes to
-  // the unit's block (Note [Gradient blocks]); under no_backward_sync they
-  // stay on the compute tensors, where the next synchronised backward adds.
-  if (sync && unit.training_state != TrainingState::kPostBackward) {
-    place_gradient(p, unit.grad_block, params_of(unit), world, unit.shard_numel, reduce_dtype);
-  }
-  if (p.grad_ready) return false;
-  p.grad_ready = true;
-  if (++unit.grads_ready < unit.trainable) return sync;
-  // Every gradient of the unit is in: its parameters are not needed again
-  // in this backward.
-  unit.training_state = TrainingState::kPostBackward;
-  if (!sync) {
-    reshard(p.unit);
+    reshard();
     return false;
   }
-  launch_ready_reductions(/*all=*/false);
+  if (!root_ && context_.reshard_after_forward) free_storage();
   return true;
 }
 
-void FSDPState::finalize_backward() {
-  // A module whose forward did not run since the last backward (on every
-  // rank alike) had no part in this one: its gradients stay as they were.
-  if (sync && !forward_order.empty()) launch_ready_reductions(/*all=*/true);  // what did not arrive counts as zero
-  for (size_t u : in_flight_) complete_reduction(u);
-  in_flight_.clear();
-  for (size_t u = 0; u < units.size(); ++u) reshard(u);
-  for (ShardedParam& p : params) p.grad_ready = false;
-  for (Unit& unit : units) {
-    unit.grads_ready = 0;
-    if (unit.training_state == TrainingState::kPostBackward) unit.training_state = TrainingState::kForward;
+bool Unit::pre_backward() {
+  // A late output gradient (an output that no parameter fed): the unit's
+  // backward is over.
+  if (training_state_ == TrainingState::kPostBackward) return false;
+  wait_for_unshard();
+  return true;
+}
+
+GradientArrival Unit::post_backward(ShardedParam& p, bool sync) {
+  // Every gradient autograd adds until the unit's reduction starts goes to
+  // the unit's block (Note [Gradient blocks]); under no_backward_sync they
+  // stay on the compute tensors, where the next synchronised backward adds.
+  if (sync && training_state_ != TrainingState::kPostBackward) {
+    place_gradient(p, grad_block_, params_, context_.world, shard_numel_, context_.reduce_dtype);
   }
-  next_reduction_ = 0;
-  reduction_order_.clear();
-  grad_hooks.end_backward();
-  if (!forward_order.empty()) last_forward_order = forward_order;
-  forward_order.clear();
+  if (p.grad_ready) return GradientArrival::kRepeat;
+  p.grad_ready = true;
+  if (++grads_ready_ < trainable_) return GradientArrival::kCounted;
+  // Every gradient of the unit is in: its parameters are not needed again
+  // in this backward.
+  training_state_ = TrainingState::kPostBackward;
+  if (!sync) reshard();
+  return GradientArrival::kUnitComplete;
+}
+
+void Unit::start_reduction() {
+  reduce_work_ = start_reduce_scatter(context_.group, params_, std::move(grad_block_), shard_numel_, segments_,
+                                      flat_shard_.options().dtype(context_.reduce_dtype));
+  grad_block_ = at::Tensor();
+  reshard();
+}
+
+void Unit::finish_reduction() {
+  finish_reduce_scatter(*reduce_work_, params_, flat_shard_.scalar_type());
+  reduce_work_.reset();
+}
+
+void Unit::finalize_backward() {
+  reshard();
+  for (ShardedParam* p : params_) p->grad_ready = false;
+  grads_ready_ = 0;
+  if (training_state_ == TrainingState::kPostBackward) training_state_ = TrainingState::kForward;
 }
 
 }  // namespace strata::strategies::detail
