@@ -1,0 +1,87 @@
+// The `xla` device: LibTorch tensors whose storage lives in PJRT buffers.
+//
+// strata registers LibTorch's PrivateUse1 device under the name "xla" (on
+// the first call of init() or device(), never at library load, so a process
+// that does not use it is unchanged). A tensor on `xla:i` owns an ordinary
+// storage whose bytes are a PJRT buffer on the plugin's device i; a write
+// rebinds the storage to a new buffer (XLA buffers are immutable), so views,
+// in-place ops, `Module::to` and the optimizers work as on any device.
+//
+// In this version every computing op runs through a CPU fallback: its xla
+// inputs are copied to the host, LibTorch's CPU kernel runs, and the
+// outputs are uploaded. Each op that falls back is counted in metrics() and
+// reported once; STRATA_XLA_FALLBACK=error makes a fallback an error. The
+// lowerings to StableHLO that replace the fallbacks come later.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace strata::xla {
+
+/// Where find_plugin() looked, and what it found.
+struct PluginSearch {
+  std::string path;                ///< the plugin chosen; empty when none was found
+  std::string source;              ///< "STRATA_PJRT_PLUGIN" or the folder it was found in
+  std::vector<std::string> looked;  ///< every path tried, in order
+};
+
+/// The PJRT plugin the device uses: STRATA_PJRT_PLUGIN when set (it must
+/// exist), else a CPU plugin installed in the Python environment's wheels
+/// (the site-packages of the LibTorch wheel strata runs on, $VIRTUAL_ENV,
+/// $STRATA_VENV, $STRATA_PYTHON's venv). Throws ConfigError listing where it
+/// looked when none is found.
+PluginSearch find_plugin();
+
+/// Registers the "xla" device (once per process; later calls return at
+/// once): the PrivateUse1 name, its device guard, hooks, allocator and
+/// kernels, and creates the PJRT client of find_plugin(). Call it (or
+/// device()) before the process's first backward pass: LibTorch's autograd
+/// engine counts each device's threads once, at its first backward.
+/// Throws ConfigError when the process already registered another
+/// PrivateUse1 backend, or when no plugin is found; XlaError when the plugin
+/// cannot be loaded or its client created.
+void init();
+
+/// Whether init() has completed in this process.
+bool is_initialized();
+
+/// The number of devices the plugin's client addresses (calls init()).
+int device_count();
+
+/// The LibTorch device `xla:index` (calls init()). Throws ConfigError when
+/// `index` is not below device_count().
+c10::Device device(int index = 0);
+
+/// The step boundary. Today: waits for pending transfers and releases the
+/// host copies the fallback kept, so state between steps lives in the
+/// device buffers. The lazy graph will cut, compile and run the recorded
+/// step here. A no-op before init().
+void mark_step();
+
+/// What the device did since the process started (or reset_metrics()).
+struct Metrics {
+  /// Ops that ran through the CPU fallback, by operator name
+  /// ("aten::addmm", "aten::add.Tensor"), with their call counts.
+  std::map<std::string, int64_t> fallbacks;
+  int64_t host_to_device_count = 0;  ///< buffers uploaded
+  int64_t host_to_device_bytes = 0;
+  int64_t device_to_host_count = 0;  ///< buffers downloaded
+  int64_t device_to_host_bytes = 0;
+  int64_t steps = 0;  ///< mark_step() calls
+
+  /// Total fallback calls over every op.
+  int64_t fallback_calls() const;
+};
+
+/// A snapshot of the counters.
+Metrics metrics();
+
+/// Sets every counter to zero. Ops already reported stay reported.
+void reset_metrics();
+
+}  // namespace strata::xla

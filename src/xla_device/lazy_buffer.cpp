@@ -1,0 +1,222 @@
+// LazyBuffer, the allocator of xla storages, and reading and writing xla
+// tensors through them (Note [Storage-backed xla tensors] in lazy_buffer.h).
+#include "lazy_buffer.h"
+
+#include <ATen/ops/from_blob.h>
+
+#include <cstring>
+#include <unordered_set>
+
+#include "strata/core/error.h"
+#include "strata/xla/error.h"
+#include "runtime.h"
+
+namespace strata::xla::detail {
+namespace {
+
+// Every live LazyBuffer, for mark_step. Lock order: this mutex, then a
+// buffer's.
+std::mutex& live_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_set<LazyBuffer*>& live_buffers() {
+  static auto* set = new std::unordered_set<LazyBuffer*>();  // outlives static destructors
+  return *set;
+}
+
+void delete_buffer(void* ptr) { delete static_cast<LazyBuffer*>(ptr); }
+
+Bytes zeros(size_t n) { return std::make_shared<const std::vector<uint8_t>>(n, uint8_t{0}); }
+
+class XlaAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const c10::DeviceIndex index = current_device();
+    auto* buffer = new LazyBuffer(n, index);
+    return {buffer, buffer, &delete_buffer, c10::Device(c10::DeviceType::PrivateUse1, index)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_buffer; }
+  // Clones (Allocator::clone) pass the base pointers, which are the
+  // LazyBuffers themselves.
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    auto& to = *static_cast<LazyBuffer*>(dest);
+    const auto& from = *static_cast<const LazyBuffer*>(src);
+    Bytes source = from.host_bytes();
+    auto bytes = std::make_shared<std::vector<uint8_t>>(*to.host_bytes());
+    STRATA_ASSERT(count <= bytes->size() && count <= source->size(), "[xla] copy_data of ", count,
+                     " bytes between storages of ", source->size(), " and ", bytes->size());
+    std::memcpy(bytes->data(), source->data(), count);
+    to.assign(std::move(bytes), ElementType::kU8);
+  }
+};
+
+}  // namespace
+
+LazyBuffer::LazyBuffer(size_t nbytes, int device_index) : nbytes_(nbytes), device_index_(device_index) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_buffers().insert(this);
+}
+
+LazyBuffer::~LazyBuffer() {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_buffers().erase(this);
+}
+
+size_t LazyBuffer::nbytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return nbytes_;
+}
+
+bool LazyBuffer::on_device() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::holds_alternative<OnDevice>(value_);
+}
+
+Bytes LazyBuffer::host_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (const auto* value = std::get_if<OnDevice>(&value_)) {
+    if (!value->host) {
+      auto bytes = std::make_shared<std::vector<uint8_t>>(nbytes_);
+      value->buffer->to_host(bytes->data(), bytes->size());
+      count_download(bytes->size());
+      value->host = std::move(bytes);
+    }
+    return value->host;
+  }
+  return zeros(nbytes_);
+}
+
+void LazyBuffer::assign(Bytes bytes, ElementType type) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  assign_locked(std::move(bytes), type);
+}
+
+void LazyBuffer::assign_locked(Bytes bytes, ElementType type) {
+  STRATA_ASSERT(bytes && bytes->size() == nbytes_, "[xla] a storage of ", nbytes_, " bytes was assigned ",
+                   bytes ? bytes->size() : 0, " bytes");
+  if (nbytes_ == 0) {
+    value_ = Unwritten{};  // nothing to hold; PJRT buffers are never empty here
+    return;
+  }
+  size_t width = element_size(type);
+  if (nbytes_ % width != 0) {
+    type = ElementType::kU8;
+    width = 1;
+  }
+  const std::vector<int64_t> dims{static_cast<int64_t>(nbytes_ / width)};
+  auto buffer = std::make_shared<const Buffer>(
+      client().buffer_from_host(bytes->data(), bytes->size(), type, dims, pjrt_device(device_index_)));
+  count_upload(bytes->size());
+  value_ = OnDevice{std::move(buffer), std::move(bytes)};
+}
+
+void LazyBuffer::grow(size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (nbytes <= nbytes_) return;
+  if (std::holds_alternative<Unwritten>(value_)) {
+    nbytes_ = nbytes;
+    return;
+  }
+  const auto& value = std::get<OnDevice>(value_);
+  std::vector<uint8_t> old(nbytes_);
+  if (value.host) {
+    old = *value.host;
+  } else {
+    value.buffer->to_host(old.data(), old.size());
+    count_download(old.size());
+  }
+  const ElementType type = value.buffer->element_type();
+  auto bytes = std::make_shared<std::vector<uint8_t>>(nbytes, uint8_t{0});
+  std::memcpy(bytes->data(), old.data(), old.size());
+  nbytes_ = nbytes;
+  assign_locked(std::move(bytes), type);
+}
+
+void LazyBuffer::release_host_copy() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto* value = std::get_if<OnDevice>(&value_)) value->host.reset();
+}
+
+c10::Allocator* allocator() {
+  static XlaAllocator instance;
+  return &instance;
+}
+
+LazyBuffer& lazy_buffer(const c10::StorageImpl& storage) {
+  const c10::DataPtr& ptr = storage.data_ptr();
+  if (ptr.get_deleter() != &delete_buffer || ptr.get_context() == nullptr)
+    throw XlaError(strata::detail::cat("[xla] a storage on ", ptr.device(),
+                                       " was not made by the xla allocator; create xla tensors with "
+                                       "torch::empty/zeros/... on strata::xla::device() or with .to(device)"));
+  return *static_cast<LazyBuffer*>(ptr.get_context());
+}
+
+LazyBuffer& lazy_buffer(const at::Tensor& tensor) { return lazy_buffer(*tensor.storage().unsafeGetStorageImpl()); }
+
+at::Tensor host_view(const at::Tensor& xla) {
+  Bytes bytes = lazy_buffer(xla).host_bytes();
+  static uint8_t empty_storage = 0;
+  void* data = bytes->empty() ? &empty_storage : const_cast<uint8_t*>(bytes->data());
+  return at::for_blob(data, xla.sizes())
+      .strides(xla.strides())
+      .storage_offset(xla.storage_offset())
+      .deleter([keep = bytes](void*) mutable { keep.reset(); })
+      .options(at::TensorOptions().dtype(xla.scalar_type()).device(at::kCPU))
+      .make_tensor();
+}
+
+void write(const at::Tensor& dst, const at::Tensor& src) {
+  LazyBuffer& buffer = lazy_buffer(dst);
+  const size_t nbytes = buffer.nbytes();
+  const bool covers_storage = dst.is_contiguous() && dst.storage_offset() == 0 &&
+                              static_cast<size_t>(dst.numel()) * dst.element_size() == nbytes;
+  // A write that leaves bytes of the storage alone (a view, a strided
+  // tensor) starts from the storage's current bytes.
+  auto bytes = covers_storage ? std::make_shared<std::vector<uint8_t>>(nbytes)
+                              : std::make_shared<std::vector<uint8_t>>(*buffer.host_bytes());
+  static uint8_t empty_storage = 0;
+  void* data = bytes->empty() ? &empty_storage : bytes->data();
+  at::Tensor target = at::for_blob(data, dst.sizes())
+                          .strides(dst.strides())
+                          .storage_offset(dst.storage_offset())
+                          .options(at::TensorOptions().dtype(dst.scalar_type()).device(at::kCPU))
+                          .make_tensor();
+  target.copy_(src);
+  ElementType type = ElementType::kU8;
+  element_type_of(dst.scalar_type(), type);
+  buffer.assign(std::move(bytes), type);
+}
+
+void grow_storage(c10::StorageImpl& storage, size_t nbytes) {
+  if (nbytes <= storage.nbytes()) return;
+  STRATA_ASSERT(storage.resizable(), "[xla] resizing a storage that is not resizable");
+  lazy_buffer(storage).grow(nbytes);
+  storage.set_nbytes(nbytes);
+}
+
+void release_host_copies() {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  for (LazyBuffer* buffer : live_buffers()) buffer->release_host_copy();
+}
+
+bool element_type_of(c10::ScalarType type, ElementType& out) {
+  switch (type) {
+    case c10::ScalarType::Bool: out = ElementType::kPred; return true;
+    case c10::ScalarType::Char: out = ElementType::kS8; return true;
+    case c10::ScalarType::Short: out = ElementType::kS16; return true;
+    case c10::ScalarType::Int: out = ElementType::kS32; return true;
+    case c10::ScalarType::Long: out = ElementType::kS64; return true;
+    case c10::ScalarType::Byte: out = ElementType::kU8; return true;
+    case c10::ScalarType::UInt16: out = ElementType::kU16; return true;
+    case c10::ScalarType::UInt32: out = ElementType::kU32; return true;
+    case c10::ScalarType::UInt64: out = ElementType::kU64; return true;
+    case c10::ScalarType::Half: out = ElementType::kF16; return true;
+    case c10::ScalarType::BFloat16: out = ElementType::kBF16; return true;
+    case c10::ScalarType::Float: out = ElementType::kF32; return true;
+    case c10::ScalarType::Double: out = ElementType::kF64; return true;
+    default: return false;
+  }
+}
+
+}  // namespace strata::xla::detail

@@ -1,0 +1,105 @@
+// The bytes of one xla storage: a LazyBuffer, held by the storage's DataPtr
+// as its context, and the helpers that read and write tensors through it.
+//
+// Note [Storage-backed xla tensors]
+// A tensor on the xla device is an ordinary TensorImpl over an ordinary
+// StorageImpl; only the DataPtr is special. Its data pointer is the
+// LazyBuffer's own address (unique and non-null, never dereferenced: no
+// kernel runs on xla memory) and its context is the same LazyBuffer, which
+// holds the storage's value. Views share the StorageImpl, so they resolve
+// against their base's LazyBuffer with their own sizes, strides and offset.
+// XLA buffers are immutable: a write builds the storage's new bytes and
+// rebinds the LazyBuffer to a new PJRT buffer; the old one is released.
+// The value is one of:
+//   - Unwritten: allocated, never written (reads see zeros);
+//   - OnDevice: a PJRT buffer, plus the host copy of its bytes while one is
+//     kept (a download or the upload that made it; mark_step releases it);
+// and, with the lazy graph, a pending value of the step being recorded.
+// A mutex guards the value: autograd's device thread runs kernels too.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <variant>
+#include <vector>
+
+#include "strata/xla/client.h"
+
+namespace strata::xla::detail {
+
+using Bytes = std::shared_ptr<const std::vector<uint8_t>>;
+
+/// The value of one xla storage.
+class LazyBuffer {
+ public:
+  LazyBuffer(size_t nbytes, int device_index);
+  ~LazyBuffer();
+  LazyBuffer(const LazyBuffer&) = delete;
+  LazyBuffer& operator=(const LazyBuffer&) = delete;
+
+  size_t nbytes() const;
+  int device_index() const { return device_index_; }
+
+  /// The storage's bytes on the host: the kept host copy, else a download
+  /// (kept until mark_step), zeros when never written.
+  Bytes host_bytes() const;
+
+  /// Rebinds the storage to `bytes` (exactly nbytes() of them), uploaded
+  /// to the device as a 1-d buffer of `type` (bytes when the size does not
+  /// divide). The host copy is kept.
+  void assign(Bytes bytes, ElementType type);
+
+  /// Grows the storage to `nbytes`, keeping its bytes (the rest zeros).
+  void grow(size_t nbytes);
+
+  /// Drops the host copy of a value that is on the device.
+  void release_host_copy();
+
+  /// Whether the value is a PJRT buffer (false: never written).
+  bool on_device() const;
+
+ private:
+  struct Unwritten {};
+  struct OnDevice {
+    std::shared_ptr<const Buffer> buffer;
+    mutable Bytes host;  // empty once released
+  };
+  void assign_locked(Bytes bytes, ElementType type);
+
+  mutable std::mutex mutex_;
+  size_t nbytes_;
+  const int device_index_;
+  std::variant<Unwritten, OnDevice> value_;
+};
+
+/// The allocator of xla storages (c10::GetAllocator(PrivateUse1)).
+c10::Allocator* allocator();
+
+/// The LazyBuffer behind an xla tensor's storage; throws XlaError when the
+/// storage was not made by allocator().
+LazyBuffer& lazy_buffer(const c10::StorageImpl& storage);
+LazyBuffer& lazy_buffer(const at::Tensor& tensor);
+
+/// A CPU tensor with `xla`'s dtype, sizes, strides and offset over a host
+/// copy of its storage (read-only by contract: it may share the kept copy).
+at::Tensor host_view(const at::Tensor& xla);
+
+/// Writes `src` (a CPU tensor, broadcast and cast to dst's dtype as copy_
+/// does) into the xla tensor `dst`, rebinding dst's storage.
+void write(const at::Tensor& dst, const at::Tensor& src);
+
+/// Grows an xla storage to at least `nbytes` (resize_ and the hooks).
+void grow_storage(c10::StorageImpl& storage, size_t nbytes);
+
+/// Releases the host copies of every live xla storage (mark_step).
+void release_host_copies();
+
+/// The ElementType that holds `type` on the device, false when none does.
+bool element_type_of(c10::ScalarType type, ElementType& out);
+
+}  // namespace strata::xla::detail
