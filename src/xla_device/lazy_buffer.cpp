@@ -111,6 +111,25 @@ void LazyBuffer::assign_locked(Bytes bytes, ElementType type) {
   value_ = OnDevice{std::move(buffer), std::move(bytes)};
 }
 
+std::vector<uint8_t> LazyBuffer::bytes_locked() const {
+  const auto* value = std::get_if<OnDevice>(&value_);
+  if (value == nullptr) return std::vector<uint8_t>(nbytes_, uint8_t{0});
+  if (value->host) return *value->host;
+  std::vector<uint8_t> bytes(nbytes_);
+  value->buffer->to_host(bytes.data(), bytes.size());
+  count_download(bytes.size());
+  return bytes;
+}
+
+void LazyBuffer::update(const std::function<void(std::vector<uint8_t>&)>& change, ElementType type,
+                        bool overwrite) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto bytes = overwrite ? std::make_shared<std::vector<uint8_t>>(nbytes_)
+                         : std::make_shared<std::vector<uint8_t>>(bytes_locked());
+  change(*bytes);
+  assign_locked(std::move(bytes), type);
+}
+
 void LazyBuffer::grow(size_t nbytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (nbytes <= nbytes_) return;
@@ -118,17 +137,9 @@ void LazyBuffer::grow(size_t nbytes) {
     nbytes_ = nbytes;
     return;
   }
-  const auto& value = std::get<OnDevice>(value_);
-  std::vector<uint8_t> old(nbytes_);
-  if (value.host) {
-    old = *value.host;
-  } else {
-    value.buffer->to_host(old.data(), old.size());
-    count_download(old.size());
-  }
-  const ElementType type = value.buffer->element_type();
-  auto bytes = std::make_shared<std::vector<uint8_t>>(nbytes, uint8_t{0});
-  std::memcpy(bytes->data(), old.data(), old.size());
+  const ElementType type = std::get<OnDevice>(value_).buffer->element_type();
+  auto bytes = std::make_shared<std::vector<uint8_t>>(bytes_locked());
+  bytes->resize(nbytes, uint8_t{0});
   nbytes_ = nbytes;
   assign_locked(std::move(bytes), type);
 }
@@ -168,24 +179,24 @@ at::Tensor host_view(const at::Tensor& xla) {
 
 void write(const at::Tensor& dst, const at::Tensor& src) {
   LazyBuffer& buffer = lazy_buffer(dst);
-  const size_t nbytes = buffer.nbytes();
-  const bool covers_storage = dst.is_contiguous() && dst.storage_offset() == 0 &&
-                              static_cast<size_t>(dst.numel()) * dst.element_size() == nbytes;
-  // A write that leaves bytes of the storage alone (a view, a strided
-  // tensor) starts from the storage's current bytes.
-  auto bytes = covers_storage ? std::make_shared<std::vector<uint8_t>>(nbytes)
-                              : std::make_shared<std::vector<uint8_t>>(*buffer.host_bytes());
-  static uint8_t empty_storage = 0;
-  void* data = bytes->empty() ? &empty_storage : bytes->data();
-  at::Tensor target = at::for_blob(data, dst.sizes())
-                          .strides(dst.strides())
-                          .storage_offset(dst.storage_offset())
-                          .options(at::TensorOptions().dtype(dst.scalar_type()).device(at::kCPU))
-                          .make_tensor();
-  target.copy_(src);
   ElementType type = ElementType::kU8;
   element_type_of(dst.scalar_type(), type);
-  buffer.assign(std::move(bytes), type);
+  const bool covers_storage = dst.is_contiguous() && dst.storage_offset() == 0 &&
+                              static_cast<size_t>(dst.numel()) * dst.element_size() == buffer.nbytes();
+  // The storage's current bytes, with dst's part replaced: a write to a
+  // view leaves the rest of its base alone.
+  buffer.update(
+      [&](std::vector<uint8_t>& bytes) {
+        static uint8_t empty_storage = 0;
+        void* data = bytes.empty() ? &empty_storage : bytes.data();
+        at::Tensor target = at::for_blob(data, dst.sizes())
+                                .strides(dst.strides())
+                                .storage_offset(dst.storage_offset())
+                                .options(at::TensorOptions().dtype(dst.scalar_type()).device(at::kCPU))
+                                .make_tensor();
+        target.copy_(src);
+      },
+      type, covers_storage);
 }
 
 void grow_storage(c10::StorageImpl& storage, size_t nbytes) {

@@ -23,6 +23,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <variant>
@@ -54,6 +55,12 @@ class LazyBuffer {
   /// divide). The host copy is kept.
   void assign(Bytes bytes, ElementType type);
 
+  /// Rebinds the storage to its current bytes (zeros when `overwrite`:
+  /// `change` writes all of them) changed by `change`, under the buffer's
+  /// lock, so that writes to two views of one storage from two threads do
+  /// not lose either.
+  void update(const std::function<void(std::vector<uint8_t>&)>& change, ElementType type, bool overwrite);
+
   /// Grows the storage to `nbytes`, keeping its bytes (the rest zeros).
   void grow(size_t nbytes);
 
@@ -70,6 +77,7 @@ class LazyBuffer {
     mutable Bytes host;  // empty once released
   };
   void assign_locked(Bytes bytes, ElementType type);
+  std::vector<uint8_t> bytes_locked() const;
 
   mutable std::mutex mutex_;
   size_t nbytes_;

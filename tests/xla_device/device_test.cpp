@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <unistd.h>
 
 #include "strata/core/error.h"
@@ -157,6 +158,20 @@ TEST_F(XlaDeviceTest, InPlaceOpsRebindTheTensorAndItsViews) {
   EXPECT_TRUE(same_bits(before.cpu(), cpu));
   EXPECT_TRUE(same_bits(x.cpu(), torch::zeros({3, 4})));
   EXPECT_FLOAT_EQ(before.sum().item<float>(), cpu.sum().item<float>());
+}
+
+TEST_F(XlaDeviceTest, WritesToTwoViewsOfOneStorageFromTwoThreadsKeepBoth) {
+  at::Tensor x = torch::zeros({2, 64}, torch::TensorOptions().device(device_));
+  constexpr int kRounds = 40;
+  auto bump = [&](int row, double by) {
+    for (int i = 0; i < kRounds; ++i) x.select(0, row).add_(by);
+  };
+  std::thread first(bump, 0, 1.0);
+  std::thread second(bump, 1, 2.0);
+  first.join();
+  second.join();
+  at::Tensor expected = torch::stack({torch::full({64}, 1.0 * kRounds), torch::full({64}, 2.0 * kRounds)});
+  EXPECT_TRUE(same_bits(x.cpu(), expected));
 }
 
 TEST_F(XlaDeviceTest, ManualSeedMakesRandomOpsReproducibleWithoutTouchingTheCpuStream) {
