@@ -60,7 +60,7 @@ TEST(CompileOptionsTest, DefaultsWriteOrdinalReplicasAndPartitions) {
 
 TEST(CompileOptionsTest, TwoReplicasWithAnAssignment) {
   CompileOptions options;
-  options.replicas(2).assignment({{0}, {1}});
+  options.with_num_replicas(2).with_device_assignment({{0}, {1}});
   // executable_build_options (field 3), 0x1b = 27 bytes:
   //   08 ff..ff01            device_ordinal -1
   //   20 02                  num_replicas 2
@@ -84,7 +84,7 @@ TEST(CompileOptionsTest, TwoReplicasWithAnAssignment) {
 
 TEST(CompileOptionsTest, AssignmentIsStoredPerPartition) {
   CompileOptions options;
-  options.replicas(2).partitions(2).assignment({{3, 1}, {2, 0}});
+  options.with_num_replicas(2).with_num_partitions(2).with_device_assignment({{3, 1}, {2, 0}});
   options.use_spmd_partitioning = true;
   const std::string bytes = options.serialize();
   // ... 30 01 (spmd), then the assignment: partition 0 lists replicas' 3, 2;
@@ -106,7 +106,7 @@ TEST(CompileOptionsTest, AssignmentIsStoredPerPartition) {
 
 TEST(CompileOptionsTest, LargeDeviceIdsUseMultiByteVarints) {
   CompileOptions options;
-  options.assignment({{300}});
+  options.with_device_assignment({{300}});
   options.device_ordinal = 0;
   EXPECT_EQ(hex(options.serialize()),
             "1a12"
@@ -126,15 +126,15 @@ TEST(CompileOptionsTest, RejectsBadCountsAndShapes) {
   zero.num_replicas = 0;
   EXPECT_EQ(error_message<ConfigError>([&] { zero.serialize(); }), "[pjrt] num_replicas must be >= 1, got 0");
   CompileOptions ragged;
-  ragged.replicas(2).assignment({{0}});
+  ragged.with_num_replicas(2).with_device_assignment({{0}});
   EXPECT_EQ(error_message<ConfigError>([&] { ragged.serialize(); }),
             "[pjrt] the device assignment has 1 replicas, num_replicas is 2");
   CompileOptions wide;
-  wide.replicas(1).assignment({{0, 1}});
+  wide.with_num_replicas(1).with_device_assignment({{0, 1}});
   EXPECT_EQ(error_message<ConfigError>([&] { wide.serialize(); }),
             "[pjrt] replica 0 of the device assignment has 2 partitions, num_partitions is 1");
   CompileOptions negative;
-  negative.assignment({{-2}});
+  negative.with_device_assignment({{-2}});
   EXPECT_EQ(error_message<ConfigError>([&] { negative.serialize(); }),
             "[pjrt] device id -2 (replica 0, partition 0) must be >= 0");
 }

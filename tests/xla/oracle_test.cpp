@@ -64,7 +64,7 @@ TEST(OracleTest, JaxRunsEveryEmittedProgramAsLibTorchDoes) {
   }
   const xla::CompileOptions one{};
   xla::CompileOptions two;
-  two.replicas(2).assignment({{0}, {1}});
+  two.with_num_replicas(2).with_device_assignment({{0}, {1}});
   request["compile_options"].push_back({{"name", "default"}, {"hex", hex(one.serialize())}});
   request["compile_options"].push_back({{"name", "two_replicas"}, {"hex", hex(two.serialize())}});
   // Note [Explicit counts] in compile_options.cpp: a proto without
@@ -115,14 +115,14 @@ TEST(OracleTest, CpuPluginRunsEveryEmittedProgramAsLibTorchDoes) {
   if (cpu_plugin_path().empty()) GTEST_SKIP() << kNoCpuPlugin;
   auto plugin = xla::Plugin::load(cpu_plugin_path());
   xla::Client client =
-      xla::Client::create(plugin, xla::ClientOptions().option("cpu_device_count", int64_t{2}));
+      xla::Client::create(plugin, xla::ClientOptions().with_create_option("cpu_device_count", int64_t{2}));
   const std::vector<xla::Device> devices = client.addressable_devices();
   ASSERT_EQ(devices.size(), 2u);
 
   for (const CatalogueEntry& e : catalogue()) {
     SCOPED_TRACE(e.name);
     xla::CompileOptions options;
-    options.replicas(e.replicas);
+    options.with_num_replicas(e.replicas);
     for (int r = 0; r < e.replicas; ++r) options.device_assignment.push_back({devices[r].id});
     xla::LoadedExecutable exe = client.compile(e.module, options);
 

@@ -34,7 +34,7 @@ TEST_F(RuntimeTest, ReportsVersionAttributesPlatformAndDevices) {
   EXPECT_EQ(Plugin::load(cpu_plugin_path()).get(), plugin_.get()) << "a second load opens nothing new";
 
   Client client = Client::create(
-      plugin_, ClientOptions().option("cpu_device_count", int64_t{2}).option("preallocate", false));
+      plugin_, ClientOptions().with_create_option("cpu_device_count", int64_t{2}).with_create_option("preallocate", false));
   EXPECT_EQ(client.platform_name(), "cpu");
   EXPECT_EQ(client.process_index(), 0);
   ASSERT_EQ(client.sent_options().size(), 1u);

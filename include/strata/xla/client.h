@@ -41,7 +41,7 @@ struct ClientOptions {
   /// Client::dropped_options().
   std::vector<NamedValue> create_options;
 
-  ClientOptions& option(std::string name, NamedValue::Value value) {
+  ClientOptions& with_create_option(std::string name, NamedValue::Value value) {
     create_options.push_back({std::move(name), std::move(value)});
     return *this;
   }

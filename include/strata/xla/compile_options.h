@@ -21,15 +21,15 @@ struct CompileOptions {
   /// the plugin's default assignment.
   std::vector<std::vector<int64_t>> device_assignment;
 
-  CompileOptions& replicas(int64_t n) {
+  CompileOptions& with_num_replicas(int64_t n) {
     num_replicas = n;
     return *this;
   }
-  CompileOptions& partitions(int64_t n) {
+  CompileOptions& with_num_partitions(int64_t n) {
     num_partitions = n;
     return *this;
   }
-  CompileOptions& assignment(std::vector<std::vector<int64_t>> a) {
+  CompileOptions& with_device_assignment(std::vector<std::vector<int64_t>> a) {
     device_assignment = std::move(a);
     return *this;
   }
