@@ -7,38 +7,21 @@
 #include <cstring>
 #include <sstream>
 
+#include "stablehlo_internal.h"
 #include "strata/core/error.h"
 
 namespace strata::xla::stablehlo {
 namespace {
 
-std::string join(const std::vector<int64_t>& values) {
-  std::string out;
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out;
-}
-
-std::string array_attr(const std::vector<int64_t>& values) {
-  return values.empty() ? "array<i64>" : "array<i64: " + join(values) + ">";
-}
+using detail::array_attr;
+using detail::check_dims;
+using detail::join;
+using detail::shape_text;
 
 std::string types_of(const std::vector<Value>& values) {
   std::string out;
   for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + values[i].type.text();
   return out;
-}
-
-std::string shape_text(const std::vector<int64_t>& dims) { return "[" + join(dims) + "]"; }
-
-void check_dims(const char* op, const std::vector<int64_t>& dims, size_t rank) {
-  std::vector<int64_t> seen;
-  for (int64_t d : dims) {
-    STRATA_CHECK(d >= 0 && static_cast<size_t>(d) < rank, ConfigError, "[stablehlo] ", op, ": dimension ", d,
-                 " is out of range for rank ", rank);
-    STRATA_CHECK(std::find(seen.begin(), seen.end(), d) == seen.end(), ConfigError, "[stablehlo] ", op,
-                 ": dimension ", d, " is listed twice");
-    seen.push_back(d);
-  }
 }
 
 const char* reduce_op_name(ReduceOp op) {
@@ -141,6 +124,7 @@ std::string replica_groups_attribute(const ReplicaGroups& groups) {
 Function::Function(std::string name, std::vector<Type> params) : name_(std::move(name)) {
   for (size_t i = 0; i < params.size(); ++i)
     args_.push_back({"%arg" + std::to_string(i), std::move(params[i])});
+  donated_.assign(args_.size(), -2);
 }
 
 const Value& Function::arg(size_t i) const {
@@ -157,13 +141,24 @@ void Function::check_open(const char* op) const {
 
 Value Function::emit(const std::string& op, const std::vector<Value>& operands, const std::string& region,
                      const std::string& attributes, const Type& result) {
-  Value out{fresh(), result};
-  std::string line = out.name + " = \"stablehlo." + op + "\"(";
+  return emit_op("stablehlo." + op, operands, region, attributes, {result})[0];
+}
+
+std::vector<Value> Function::emit_op(const std::string& op, const std::vector<Value>& operands,
+                                     const std::string& region, const std::string& attributes,
+                                     const std::vector<Type>& results) {
+  const std::string name = fresh();
+  std::vector<Value> out;
+  for (size_t i = 0; i < results.size(); ++i)
+    out.push_back({results.size() == 1 ? name : name + "#" + std::to_string(i), results[i]});
+  std::string line =
+      name + (results.size() == 1 ? "" : ":" + std::to_string(results.size())) + " = \"" + op + "\"(";
   for (size_t i = 0; i < operands.size(); ++i) line += (i ? ", " : "") + operands[i].name;
   line += ")";
   if (!region.empty()) line += " (" + region + ")";
   if (!attributes.empty()) line += " {" + attributes + "}";
-  line += " : (" + types_of(operands) + ") -> " + result.text();
+  line += " : (" + types_of(operands) + ") -> ";
+  line += results.size() == 1 ? results[0].text() : "(" + types_of(out) + ")";
   lines_.push_back(std::move(line));
   return out;
 }
@@ -387,8 +382,22 @@ void Function::returns(const std::vector<Value>& results) {
 std::string Function::text() const {
   STRATA_CHECK(closed_, ConfigError, "[stablehlo] ", name_, " has no returns()");
   std::string out = "func.func public @" + name_ + "(";
-  for (size_t i = 0; i < args_.size(); ++i)
+  for (size_t i = 0; i < args_.size(); ++i) {
     out += (i ? ", " : "") + args_[i].name + ": " + args_[i].type.text();
+    // Note [Donation]: XLA's MLIR import reads these argument attributes.
+    const int64_t d = donated_[i];
+    STRATA_CHECK(d < static_cast<int64_t>(results_.size()), ConfigError, "[stablehlo] donate: argument ", i,
+                 " of ", name_, " aliases output ", d, ", but there are ", results_.size(), " outputs");
+    if (d >= 0) {
+      STRATA_CHECK(results_[static_cast<size_t>(d)] == args_[i].type, ConfigError,
+                   "[stablehlo] donate: argument ", i, " of ", name_, " is ", args_[i].type.text(),
+                   ", output ", d, " is ", results_[static_cast<size_t>(d)].text(),
+                   "; an aliased output must have its type");
+      out += " {tf.aliasing_output = " + std::to_string(d) + " : i32}";
+    } else if (d == -1) {
+      out += " {jax.buffer_donor = true}";
+    }
+  }
   out += ") -> (";
   for (size_t i = 0; i < results_.size(); ++i) out += (i ? ", " : "") + results_[i].text();
   out += ") {\n";

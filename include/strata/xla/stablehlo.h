@@ -46,6 +46,10 @@ struct DotDims {
   std::vector<int64_t> lhs_batch, rhs_batch, lhs_contract, rhs_contract;
 };
 
+/// rng_bit_generator's algorithm; THREE_FRY and PHILOX take a
+/// tensor<2xui64> state (key, counter) and print the same bits everywhere.
+enum class RngAlgorithm { kDefault, kThreeFry, kPhilox };
+
 /// One function (`func.func public @name`) under construction.
 class Function {
  public:
@@ -72,6 +76,38 @@ class Function {
   Value tanh(const Value& a) { return unary("tanh", a); }
   Value abs(const Value& a) { return unary("abs", a); }
 
+  // More element-wise ops (stablehlo_ops.cpp). Float-only ops throw
+  // ConfigError for other element types. The logical_* ops are StableHLO's
+  // and/or/xor/not: logical on bool, bitwise on integers. remainder is C's
+  // fmod (the sign of the dividend, torch.fmod); sign takes signed integers
+  // and floats; round_nearest_even rounds halves to even (torch.round).
+  Value power(const Value& a, const Value& b) { return binary("power", a, b); }
+  Value remainder(const Value& a, const Value& b) { return binary("remainder", a, b); }
+  Value logical_and(const Value& a, const Value& b) { return bitwise("and", a, b); }
+  Value logical_or(const Value& a, const Value& b) { return bitwise("or", a, b); }
+  Value logical_xor(const Value& a, const Value& b) { return bitwise("xor", a, b); }
+  Value logical_not(const Value& a);
+  Value shift_right_logical(const Value& a, const Value& b) { return bitwise("shift_right_logical", a, b); }
+  Value shift_left(const Value& a, const Value& b) { return bitwise("shift_left", a, b); }
+  Value sign(const Value& a);
+  Value floor(const Value& a) { return float_unary("floor", a); }
+  Value ceil(const Value& a) { return float_unary("ceil", a); }
+  Value round_nearest_even(const Value& a) { return float_unary("round_nearest_even", a); }
+  Value logistic(const Value& a) { return float_unary("logistic", a); }
+  Value log_plus_one(const Value& a) { return float_unary("log_plus_one", a); }
+  Value exponential_minus_one(const Value& a) { return float_unary("exponential_minus_one", a); }
+  Value sine(const Value& a) { return float_unary("sine", a); }
+  Value cosine(const Value& a) { return float_unary("cosine", a); }
+  /// The Gauss error function, as `chlo.erf` (CHLO, which XLA's MLIR path
+  /// lowers; StableHLO's core opset has no erf). Float types only.
+  Value erf(const Value& a);
+  /// True where `a` is neither infinite nor nan (float types only).
+  Value is_finite(const Value& a);
+  /// min(max(x, lo), hi); `lo` and `hi` are scalars or of x's type.
+  Value clamp(const Value& lo, const Value& x, const Value& hi);
+  /// Reinterprets the bits of `x` as `dtype` (same element size).
+  Value bitcast_convert(const Value& x, ElementType dtype);
+
   /// Batched, contracted product: result dims are the batch dims, then
   /// lhs's free dims, then rhs's free dims.
   Value dot_general(const Value& lhs, const Value& rhs, const DotDims& dims);
@@ -88,6 +124,45 @@ class Function {
   Value compare(const Value& a, const Value& b, Direction direction);
   Value select(const Value& pred, const Value& on_true, const Value& on_false);
 
+  // Shapes and indexing (stablehlo_ops.cpp).
+  /// 0, 1, 2, ... along `dim` of `type`, repeated along the other dims.
+  Value iota(const Type& type, int64_t dim);
+  /// x[start:limit:stride] per dim; `strides` empty means all 1.
+  Value slice(const Value& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+              const std::vector<int64_t>& strides = {});
+  /// Joins same-typed values (equal but for `dim`) along `dim`.
+  Value concatenate(const std::vector<Value>& values, int64_t dim);
+  /// Pads `x` with the scalar `value`: `low`/`high` elements before and
+  /// after each dim (negative ones cut), `interior` between elements.
+  Value pad(const Value& x, const Value& value, const std::vector<int64_t>& low,
+            const std::vector<int64_t>& high, const std::vector<int64_t>& interior);
+  /// A `sizes` slice of `x` at the integer scalars `start` (one per dim,
+  /// clamped by XLA so the slice stays inside `x`).
+  Value dynamic_slice(const Value& x, const std::vector<Value>& start, const std::vector<int64_t>& sizes);
+  /// `x` with `update` written at the integer scalars `start` (clamped).
+  Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& start);
+
+  // Several results (stablehlo_ops.cpp).
+  /// Passes `values` through unchanged; XLA moves no computation across it.
+  std::vector<Value> optimization_barrier(const std::vector<Value>& values);
+  /// {new state, random bits of `type`} from a tensor<2xui64> `state`
+  /// (for THREE_FRY and PHILOX): the same state gives the same bits.
+  std::vector<Value> rng_bit_generator(const Value& state, const Type& type,
+                                       RngAlgorithm algorithm = RngAlgorithm::kThreeFry);
+  /// {new state, f32 values uniform in [0, 1) of shape `dims`} from
+  /// THREE_FRY bits: the top 23 bits as the mantissa of a float in [1, 2),
+  /// minus 1 (what jax.random.uniform does).
+  std::vector<Value> uniform(const Value& state, const std::vector<int64_t>& dims);
+  /// {max, index of the first max} of `x` along `dim` (nan counts as the
+  /// largest, as in torch.max); the index has `index_dtype`.
+  std::vector<Value> argmax(const Value& x, int64_t dim, ElementType index_dtype = ElementType::kS64);
+
+  /// Donation: argument `arg`'s buffer may be reused for result `output`
+  /// (`tf.aliasing_output`; the types must match), or, with output = -1,
+  /// for any result XLA chooses (`jax.buffer_donor`). The caller's buffer
+  /// is consumed by the execution.
+  void donate(size_t arg, int64_t output = -1);
+
   // Cross-replica collectives (compile with num_replicas = group size).
   Value all_reduce(const Value& x, ReduceOp op, const ReplicaGroups& groups);
   Value all_gather(const Value& x, int64_t dim, const ReplicaGroups& groups);
@@ -102,14 +177,22 @@ class Function {
  private:
   Value binary(const char* op, const Value& a, const Value& b);
   Value unary(const char* op, const Value& a);
+  Value float_unary(const char* op, const Value& a);
+  Value bitwise(const char* op, const Value& a, const Value& b);
   Value emit(const std::string& op, const std::vector<Value>& operands, const std::string& region,
              const std::string& attributes, const Type& result);
+  /// `op` with a dialect prefix ("stablehlo.add", "chlo.erf") and any
+  /// number of results, named %N#i when there are several.
+  std::vector<Value> emit_op(const std::string& op, const std::vector<Value>& operands,
+                             const std::string& region, const std::string& attributes,
+                             const std::vector<Type>& results);
   std::string reduction_region(ReduceOp op, ElementType dtype);
   std::string fresh();
   void check_open(const char* op) const;
 
   std::string name_;
   std::vector<Value> args_;
+  std::vector<int64_t> donated_;  ///< per argument: -2 none, -1 buffer donor, else the aliased output
   std::vector<std::string> lines_;
   std::vector<Type> results_;
   int next_ = 0;
