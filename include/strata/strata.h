@@ -38,3 +38,4 @@
 #include "strata/trainer/csv_logger.h"
 #include "strata/trainer/scheduler.h"
 #include "strata/trainer/trainer.h"
+#include "strata/xla/device.h"
