@@ -25,6 +25,7 @@ namespace strata::testing {
 namespace {
 
 namespace fs = std::filesystem;
+using xla::stablehlo::GatherDims;
 using xla::stablehlo::RngAlgorithm;
 using Tensors = std::vector<at::Tensor>;
 
@@ -127,6 +128,51 @@ std::vector<OpCase> op_cases() {
           at::Tensor updated = x[0].clone();
           updated.slice(0, 1, 3).slice(1, 3, 5).copy_(x[1]);
           return {x[0].slice(0, 1, 3).slice(1, 2, 5).contiguous(), updated};
+        });
+  }
+  {
+    const Type table{ElementType::kF32, {5, 3}}, cube{ElementType::kF32, {2, 4, 3}};
+    Function f("main", {table, Type{ElementType::kS32, {2, 2}}, cube, Type{ElementType::kS64, {3}}, kS32});
+    f.returns({f.take_rows(f.arg(0), f.arg(1)), f.take_rows(f.arg(2), f.arg(3), 1),
+               f.take_rows(f.arg(0), f.arg(4))});
+    add("take_rows", f,
+        {f32({5, 3}, -2, 2), ints(ElementType::kS32, {2, 2}, {4, 0, 2, 4}), f32({2, 4, 3}, -1, 5, 1),
+         ints(ElementType::kS64, {3}, {3, 1, 1}), ints(ElementType::kS32, {}, {2})},
+        [](const Tensors& x) -> Tensors {
+          return {x[0].index_select(0, x[1].flatten()).reshape({2, 2, 3}), x[2].index_select(1, x[3]),
+                  x[0].select(0, 2)};
+        });
+  }
+  {
+    // torch.gather along dim 1 (take_along_axis): row i of the operand and
+    // row i of the indices are one batch.
+    Function f("main", {Type{ElementType::kF32, {3, 4}}, Type{ElementType::kS32, {3, 2, 1}}});
+    GatherDims dims;
+    dims.collapsed_slice_dims = {1};
+    dims.operand_batching_dims = {0};
+    dims.start_indices_batching_dims = {0};
+    dims.start_index_map = {1};
+    dims.index_vector_dim = 2;
+    f.returns({f.gather(f.arg(0), f.arg(1), dims, {1, 1})});
+    add("gather_batched", f, {f32({3, 4}, -3, 3), ints(ElementType::kS32, {3, 2, 1}, {3, 0, 1, 1, 2, 3})},
+        [](const Tensors& x) -> Tensors { return {at::gather(x[0], 1, x[1].squeeze(2).to(at::kLong))}; });
+  }
+  {
+    // Embedding backward: gradient rows scatter-added into a zero table
+    // (repeated indices accumulate), and the same along dim 1.
+    Function f("main", {Type{ElementType::kS32, {2, 3}}, Type{ElementType::kF32, {2, 3, 4}},
+                        Type{ElementType::kF32, {2, 3}}, Type{ElementType::kS64, {4}},
+                        Type{ElementType::kF32, {2, 4}}});
+    const Value table = f.constant(Type{ElementType::kF32, {5, 4}}, {0.0});
+    f.returns(
+        {f.scatter_add_rows(table, f.arg(0), f.arg(1)), f.scatter_add_rows(f.arg(2), f.arg(3), f.arg(4), 1)});
+    add("scatter_add_rows", f,
+        {ints(ElementType::kS32, {2, 3}, {1, 4, 1, 0, 1, 3}), f32({2, 3, 4}, -2, 3), f32({2, 3}, 0, 1, 1),
+         ints(ElementType::kS64, {4}, {2, 0, 2, 2}), f32({2, 4}, -1, 1, 2)},
+        [](const Tensors& x) -> Tensors {
+          const at::Tensor grads =
+              at::zeros({5, 4}, at::kFloat).index_add(0, x[0].flatten().to(at::kLong), x[1].reshape({6, 4}));
+          return {grads, x[2].index_add(1, x[3], x[4])};
         });
   }
   {
@@ -353,6 +399,43 @@ TEST(StablehloOpsTest, OpsRejectBadOperands) {
       message([&] { f.text(); }),
       "[stablehlo] donate: argument 1 of main is tensor<2x2xf32>, output 0 is tensor<5x3xf32>; an aliased "
       "output must have its type");
+}
+
+TEST(StablehloOpsTest, GatherAndScatterRejectBadOperands) {
+  Function f("main", {Type{ElementType::kF32, {5, 3}}, Type{ElementType::kF32, {2, 2}},
+                      Type{ElementType::kS32, {2, 2}}});
+  const Value table = f.arg(0), floats = f.arg(1), idx = f.arg(2);
+  auto message = [](auto fn) { return error_message<ConfigError>(fn); };
+  EXPECT_EQ(message([&] { f.take_rows(table, floats); }),
+            "[stablehlo] take_rows: indices must be integers, got tensor<2x2xf32>");
+  EXPECT_EQ(message([&] { f.take_rows(table, idx, 2); }),
+            "[stablehlo] take_rows: dimension 2 is out of range for rank 2");
+  GatherDims wrong;
+  wrong.offset_dims = {1};
+  wrong.start_index_map = {0};
+  wrong.index_vector_dim = 2;
+  EXPECT_EQ(message([&] {
+              f.gather(table, idx, wrong, {1, 3});
+            }),
+            "[stablehlo] gather: offset_dims [1] for 2 kept slice dims");
+  wrong.collapsed_slice_dims = {0};
+  EXPECT_EQ(message([&] {
+              f.gather(table, idx, wrong, {2, 3});
+            }),
+            "[stablehlo] gather: dim 0 is collapsed or a batching dim, so its slice size must be 1, got 2");
+  EXPECT_EQ(
+      message([&] { f.scatter_add_rows(table, idx, floats); }),
+      "[stablehlo] scatter_add_rows: updates for tensor<5x3xf32> at indices tensor<2x2xi32> along dim 0 "
+      "must be tensor<2x2x3xf32>, got tensor<2x2xf32>");
+  xla::stablehlo::ScatterDims scatter;
+  scatter.update_window_dims = {2};
+  scatter.inserted_window_dims = {0};
+  scatter.scatter_dims_to_operand_dims = {0};
+  scatter.index_vector_dim = 2;
+  EXPECT_EQ(message([&] {
+              f.scatter(table, idx, f.constant(Type{ElementType::kF32, {2, 2, 4}}, {0}), scatter);
+            }),
+            "[stablehlo] scatter: update dim 2 (4) is larger than the operand's 3");
 }
 
 // Note [Erf accuracy]: chlo.erf is lowered by XLA itself (a rational

@@ -46,6 +46,27 @@ struct DotDims {
   std::vector<int64_t> lhs_batch, rhs_batch, lhs_contract, rhs_contract;
 };
 
+/// gather's dimension numbers (StableHLO's GatherDimensionNumbers). Empty
+/// lists are left out of the printed attribute.
+struct GatherDims {
+  std::vector<int64_t> offset_dims;           ///< result dims that hold the slice's kept dims
+  std::vector<int64_t> collapsed_slice_dims;  ///< operand dims of slice size 1 dropped from the result
+  std::vector<int64_t> operand_batching_dims;
+  std::vector<int64_t> start_indices_batching_dims;
+  std::vector<int64_t> start_index_map;  ///< operand dim each index vector entry indexes
+  int64_t index_vector_dim = 0;          ///< == rank of the indices: an implicit trailing 1
+};
+
+/// scatter's dimension numbers (StableHLO's ScatterDimensionNumbers).
+struct ScatterDims {
+  std::vector<int64_t> update_window_dims;    ///< updates dims that hold the window
+  std::vector<int64_t> inserted_window_dims;  ///< operand dims of window size 1, absent from updates
+  std::vector<int64_t> input_batching_dims;
+  std::vector<int64_t> scatter_indices_batching_dims;
+  std::vector<int64_t> scatter_dims_to_operand_dims;
+  int64_t index_vector_dim = 0;
+};
+
 /// rng_bit_generator's algorithm; THREE_FRY and PHILOX take a
 /// tensor<2xui64> state (key, counter) and print the same bits everywhere.
 enum class RngAlgorithm { kDefault, kThreeFry, kPhilox };
@@ -141,6 +162,25 @@ class Function {
   Value dynamic_slice(const Value& x, const std::vector<Value>& start, const std::vector<int64_t>& sizes);
   /// `x` with `update` written at the integer scalars `start` (clamped).
   Value dynamic_update_slice(const Value& x, const Value& update, const std::vector<Value>& start);
+
+  // Gather and scatter (stablehlo_gather.cpp).
+  /// StableHLO's gather of `slice_sizes` slices of `operand` at integer
+  /// `indices`; the result shape is inferred from `dims`.
+  Value gather(const Value& operand, const Value& indices, const GatherDims& dims,
+               const std::vector<int64_t>& slice_sizes, bool indices_are_sorted = false);
+  /// index_select / embedding lookup: the slices of `table` at `indices`
+  /// (integers of any shape) along `dim`. The result's dims are table's
+  /// before `dim`, then the indices', then table's after `dim` (jnp.take).
+  /// Out-of-range indices are clamped, as XLA's gather does.
+  Value take_rows(const Value& table, const Value& indices, int64_t dim = 0);
+  /// StableHLO's scatter: `operand` with each window of `updates` combined
+  /// into it by `op` at `indices`; the result has operand's type.
+  Value scatter(const Value& operand, const Value& indices, const Value& updates, const ScatterDims& dims,
+                ReduceOp op = ReduceOp::kSum, bool indices_are_sorted = false, bool unique_indices = false);
+  /// take_rows' adjoint (embedding backward): `table` plus each slice of
+  /// `updates` added at its index along `dim`; `updates` has take_rows'
+  /// result shape for `indices`. Repeated indices accumulate.
+  Value scatter_add_rows(const Value& table, const Value& indices, const Value& updates, int64_t dim = 0);
 
   // Several results (stablehlo_ops.cpp).
   /// Passes `values` through unchanged; XLA moves no computation across it.
