@@ -1,0 +1,145 @@
+// The lazy graph of a step: values recorded as they are computed and
+// emitted as one StableHLO function when the step is marked (the lazy xla
+// device's core; docs/xla.md, "The lazy graph").
+//
+// A Node is immutable once made and shared: a tensor's storage holds the
+// node of its current value, the nodes that use it hold it as an input, and
+// a node lives while anyone holds it. So recording needs no lock (backward
+// records from autograd's device thread while the main thread holds other
+// nodes), and a step's program is whatever the live outputs reach.
+//
+// Note [Graph parameters]
+// A step's inputs are parameters of the emitted function: device buffers
+// (weights, optimizer state, batches) and host scalars that change from
+// step to step (learning rate, Adam's bias corrections), fed when the step
+// runs, so the program text, and with it the compile cache's key, stays the
+// same from step to step. Only structural constants (0, +-1, eps,
+// exponents, -inf) are baked into the text, by the ops that emit them.
+//
+// Nothing here depends on LibTorch.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/xla/client.h"
+#include "strata/xla/stablehlo.h"
+
+namespace strata::xla::lazy {
+
+class Node;
+using NodePtr = std::shared_ptr<const Node>;
+
+/// Emits one op: its inputs' values in the function being built in, its
+/// result out.
+using EmitFn = std::function<stablehlo::Value(stablehlo::Function&, const std::vector<stablehlo::Value>&)>;
+
+/// A value of the graph: a parameter (Note [Graph parameters]) or the
+/// result of an op.
+class Node {
+ public:
+  enum class Kind { kBuffer, kHostScalar, kOp };
+
+  /// A device buffer fed to the step.
+  static NodePtr buffer(std::shared_ptr<const Buffer> buffer, stablehlo::Type type);
+  /// A host scalar fed to the step (a 0-dim value of `dtype`).
+  static NodePtr host_scalar(double value, ElementType dtype);
+  /// The result of `op` (a name for metrics and messages: "add", "mm")
+  /// applied to `inputs`, of `type`, emitted by `emit`. Throws ConfigError
+  /// for a null input or emitter.
+  static NodePtr op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit);
+
+  Kind kind() const { return kind_; }
+  const stablehlo::Type& type() const { return type_; }
+  const std::string& op_name() const { return op_; }
+  const std::vector<NodePtr>& inputs() const { return inputs_; }
+  const std::shared_ptr<const Buffer>& device_buffer() const { return buffer_; }
+  double scalar() const { return scalar_; }
+  const EmitFn& emitter() const { return emit_; }
+
+ private:
+  Node() = default;
+  Kind kind_ = Kind::kOp;
+  stablehlo::Type type_;
+  std::string op_;
+  std::vector<NodePtr> inputs_;
+  std::shared_ptr<const Buffer> buffer_;
+  double scalar_ = 0.0;
+  EmitFn emit_;
+};
+
+/// One step's program: the module text and what feeds it.
+struct Program {
+  std::string text;                 ///< the module (the compile cache's key, with the options)
+  std::vector<NodePtr> parameters;  ///< in argument order
+  std::vector<NodePtr> outputs;     ///< in result order (as asked)
+  size_t ops = 0;                   ///< op nodes emitted
+};
+
+/// Emits the function that computes `outputs` from the parameters they
+/// reach, visiting each shared node once (a depth-first walk without
+/// recursion, so a long chain of ops cannot overflow the stack). A
+/// parameter asked for as an output is returned as it is. Throws
+/// ConfigError for an empty or null output.
+Program build_program(const std::vector<NodePtr>& outputs, const std::string& name = "strata_step");
+
+/// What differed between the program compiled last and a new one, for a
+/// person: "the shapes" (only tensor types differ), "a constant baked into
+/// the program" (only dense<...> literals), "the ops" (anything else), with
+/// the first line that differs; "the first program" when `previous` is
+/// empty.
+std::string explain_difference(const std::string& previous, const std::string& next);
+
+/// What the executor did, for strata::xla::metrics().
+struct GraphMetrics {
+  int64_t compiles = 0;
+  int64_t cache_hits = 0;
+  int64_t executions = 0;
+  /// Why each new program was compiled (explain_difference), oldest first,
+  /// the last 32 kept.
+  std::vector<std::string> compile_reasons;
+  std::chrono::nanoseconds compile_time{0};
+  std::chrono::nanoseconds execute_time{0};
+  int64_t host_scalars_fed = 0;
+};
+
+/// Compiles programs through a bounded least-recently-used cache keyed by
+/// the module text and the compile options, and runs them on one device.
+/// Thread-safe.
+class Executor {
+ public:
+  /// `capacity`: programs kept compiled (at least 1).
+  Executor(std::shared_ptr<const Client> client, Device device, size_t capacity = 64);
+
+  /// Builds, compiles (or finds) and runs the program of `outputs`, and
+  /// returns one buffer per output, on the device.
+  std::vector<Buffer> run(const std::vector<NodePtr>& outputs);
+
+  GraphMetrics metrics() const;
+  size_t cached() const;
+
+ private:
+  struct Entry {
+    std::string key;
+    std::shared_ptr<const LoadedExecutable> executable;
+  };
+  std::shared_ptr<const LoadedExecutable> compiled(const std::string& text);
+
+  std::shared_ptr<const Client> client_;
+  Device device_;
+  size_t capacity_;
+  mutable std::mutex mutex_;
+  std::list<Entry> lru_;  // most recent first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  std::string last_compiled_;
+  GraphMetrics metrics_;
+};
+
+}  // namespace strata::xla::lazy

@@ -1,0 +1,300 @@
+// The lazy graph: nodes, the program of a step, and the executor with its
+// compile cache (strata/xla/lazy_graph.h).
+#include "strata/xla/lazy_graph.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "strata/core/error.h"
+
+namespace strata::xla::lazy {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kReasonsKept = 32;
+
+template <class T>
+void put(T value, uint8_t* out) {
+  std::memcpy(out, &value, sizeof(T));
+}
+
+// Round to nearest even on the bits of a float: bfloat16 is its top half.
+uint16_t to_bf16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // stays a quiet NaN
+  const uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+// IEEE half from a float, rounding to nearest even (subnormals included).
+uint16_t to_f16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  const uint32_t magnitude = bits & 0x7FFFFFFF;
+  if (magnitude >= 0x7F800000) return sign | (magnitude > 0x7F800000 ? 0x7E00 : 0x7C00);  // nan, inf
+  if (magnitude >= 0x477FF000) return sign | 0x7C00;  // rounds past 65504: inf
+  if (magnitude < 0x38800000) {                       // below 2^-14: a subnormal half (or 0)
+    const float scaled = std::bit_cast<float>(magnitude) * 16777216.0f;  // x 2^24: units of the smallest half
+    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
+  }
+  const uint32_t rounded = magnitude + 0xFFF + ((magnitude >> 13) & 1);
+  return sign | static_cast<uint16_t>((rounded - 0x38000000) >> 13);
+}
+
+// A host scalar's bytes as an element of `dtype`.
+void encode_scalar(double v, ElementType dtype, uint8_t* out) {
+  switch (dtype) {
+    case ElementType::kPred: put<uint8_t>(v != 0.0, out); return;
+    case ElementType::kS8: put(static_cast<int8_t>(v), out); return;
+    case ElementType::kS16: put(static_cast<int16_t>(v), out); return;
+    case ElementType::kS32: put(static_cast<int32_t>(v), out); return;
+    case ElementType::kS64: put(static_cast<int64_t>(v), out); return;
+    case ElementType::kU8: put(static_cast<uint8_t>(v), out); return;
+    case ElementType::kU16: put(static_cast<uint16_t>(v), out); return;
+    case ElementType::kU32: put(static_cast<uint32_t>(v), out); return;
+    case ElementType::kU64: put(static_cast<uint64_t>(v), out); return;
+    case ElementType::kF16: put(to_f16(static_cast<float>(v)), out); return;
+    case ElementType::kBF16: put(to_bf16(static_cast<float>(v)), out); return;
+    case ElementType::kF32: put(static_cast<float>(v), out); return;
+    case ElementType::kF64: put(v, out); return;
+  }
+  throw ConfigError("[xla] a host scalar of an unknown element type");
+}
+
+// The line of `text` that holds byte `at`.
+std::string line_at(const std::string& text, size_t at) {
+  const size_t begin = text.rfind('\n', at == 0 ? 0 : at - 1);
+  const size_t start = begin == std::string::npos ? 0 : begin + 1;
+  const size_t end = text.find('\n', at);
+  std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  const size_t first = line.find_first_not_of(' ');
+  return first == std::string::npos ? line : line.substr(first);
+}
+
+// `text` with every span that starts with `open` and ends at the matching
+// `close` replaced by `open` `close` (nesting counted on the close char's
+// opener, '<' for '>').
+std::string without_spans(const std::string& text, const std::string& open, char opener, char close) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text.compare(i, open.size(), open) == 0) {
+      out += open;
+      size_t j = i + open.size();
+      int depth = 1;
+      while (j < text.size() && depth > 0) {
+        if (text[j] == opener) ++depth;
+        else if (text[j] == close) --depth;
+        ++j;
+      }
+      out += close;
+      i = j;
+    } else {
+      out += text[i++];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+NodePtr Node::buffer(std::shared_ptr<const Buffer> buffer, stablehlo::Type type) {
+  STRATA_CHECK(buffer != nullptr, ConfigError, "[xla] a graph parameter needs a device buffer, got null");
+  auto node = std::shared_ptr<Node>(new Node());
+  node->kind_ = Kind::kBuffer;
+  node->type_ = std::move(type);
+  node->op_ = "parameter";
+  node->buffer_ = std::move(buffer);
+  return node;
+}
+
+NodePtr Node::host_scalar(double value, ElementType dtype) {
+  auto node = std::shared_ptr<Node>(new Node());
+  node->kind_ = Kind::kHostScalar;
+  node->type_ = stablehlo::Type{dtype, {}};
+  node->op_ = "scalar";
+  node->scalar_ = value;
+  return node;
+}
+
+NodePtr Node::op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit) {
+  STRATA_CHECK(emit != nullptr, ConfigError, "[xla] op '", op, "' has no emitter");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    STRATA_CHECK(inputs[i] != nullptr, ConfigError, "[xla] op '", op, "': input ", i, " is null");
+  }
+  auto node = std::shared_ptr<Node>(new Node());
+  node->kind_ = Kind::kOp;
+  node->type_ = std::move(type);
+  node->op_ = std::move(op);
+  node->inputs_ = std::move(inputs);
+  node->emit_ = std::move(emit);
+  return node;
+}
+
+Program build_program(const std::vector<NodePtr>& outputs, const std::string& name) {
+  STRATA_CHECK(!outputs.empty(), ConfigError, "[xla] a step program needs at least one output");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    STRATA_CHECK(outputs[i] != nullptr, ConfigError, "[xla] output ", i, " of the step is null");
+  }
+  // Post-order over the DAG, each node once: parameters in first-visit
+  // order become the arguments, ops are emitted after their inputs.
+  std::vector<const Node*> order;
+  std::vector<NodePtr> parameters;
+  std::unordered_map<const Node*, size_t> argument_of;
+  std::unordered_set<const Node*> done;
+  struct Frame {
+    const Node* node;
+    size_t next_input;
+  };
+  std::vector<Frame> stack;
+  std::unordered_map<const Node*, NodePtr> owner;  // keeps a pointer for each parameter
+  for (const NodePtr& output : outputs) {
+    if (done.count(output.get())) continue;
+    owner.emplace(output.get(), output);
+    stack.push_back({output.get(), 0});
+    while (!stack.empty()) {
+      Frame& top = stack.back();
+      if (top.next_input < top.node->inputs().size()) {
+        const NodePtr& input = top.node->inputs()[top.next_input++];
+        if (!done.count(input.get())) {
+          owner.emplace(input.get(), input);
+          stack.push_back({input.get(), 0});
+        }
+        continue;
+      }
+      const Node* node = top.node;
+      stack.pop_back();
+      if (!done.insert(node).second) continue;
+      if (node->kind() == Node::Kind::kOp) {
+        order.push_back(node);
+      } else {
+        argument_of[node] = parameters.size();
+        parameters.push_back(owner.at(node));
+      }
+    }
+  }
+  std::vector<stablehlo::Type> types;
+  for (const NodePtr& p : parameters) types.push_back(p->type());
+  stablehlo::Function function("main", types);
+  std::unordered_map<const Node*, stablehlo::Value> value_of;
+  for (const auto& [node, index] : argument_of) value_of.emplace(node, function.arg(index));
+  for (const Node* node : order) {
+    std::vector<stablehlo::Value> in;
+    in.reserve(node->inputs().size());
+    for (const NodePtr& input : node->inputs()) in.push_back(value_of.at(input.get()));
+    stablehlo::Value out = node->emitter()(function, in);
+    STRATA_CHECK(out.type == node->type(), Error, "[xla] op '", node->op_name(), "' emitted ", out.type.text(),
+                 " where its node says ", node->type().text());
+    value_of.emplace(node, std::move(out));
+  }
+  std::vector<stablehlo::Value> results;
+  for (const NodePtr& output : outputs) results.push_back(value_of.at(output.get()));
+  function.returns(results);
+  stablehlo::Module module(name);
+  module.add(function);
+  Program program;
+  program.text = module.text();
+  program.parameters = std::move(parameters);
+  program.outputs = outputs;
+  program.ops = order.size();
+  return program;
+}
+
+std::string explain_difference(const std::string& previous, const std::string& next) {
+  if (previous.empty()) return "the first program";
+  if (previous == next) return "nothing (the same program)";
+  const size_t n = std::min(previous.size(), next.size());
+  size_t at = 0;
+  while (at < n && previous[at] == next[at]) ++at;
+  const std::string line = line_at(next, std::min(at, next.size() ? next.size() - 1 : 0));
+  std::string what = "the ops";
+  if (without_spans(previous, "tensor<", '<', '>') == without_spans(next, "tensor<", '<', '>')) {
+    what = "the shapes";
+  } else if (without_spans(previous, "dense<", '<', '>') == without_spans(next, "dense<", '<', '>')) {
+    what = "a constant baked into the program";
+  }
+  return what + ", first at: " + line;
+}
+
+Executor::Executor(std::shared_ptr<const Client> client, Device device, size_t capacity)
+    : client_(std::move(client)), device_(std::move(device)), capacity_(capacity) {
+  STRATA_CHECK(client_ != nullptr, ConfigError, "[xla] the executor needs a client");
+  STRATA_CHECK(capacity_ >= 1, ConfigError, "[xla] the compile cache must hold at least 1 program, got ", capacity_);
+}
+
+std::shared_ptr<const LoadedExecutable> Executor::compiled(const std::string& text) {
+  const CompileOptions options = CompileOptions().with_device_assignment({{device_.id}});
+  const std::string key = options.serialize() + '\n' + text;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = index_.find(key);
+  if (found != index_.end()) {
+    lru_.splice(lru_.begin(), lru_, found->second);
+    ++metrics_.cache_hits;
+    return found->second->executable;
+  }
+  const auto start = Clock::now();
+  auto executable = std::make_shared<const LoadedExecutable>(client_->compile(text, options));
+  metrics_.compile_time += Clock::now() - start;
+  ++metrics_.compiles;
+  metrics_.compile_reasons.push_back(explain_difference(last_compiled_, text));
+  if (metrics_.compile_reasons.size() > kReasonsKept) metrics_.compile_reasons.erase(metrics_.compile_reasons.begin());
+  last_compiled_ = text;
+  lru_.push_front({key, executable});
+  index_[key] = lru_.begin();
+  while (lru_.size() > capacity_) {
+    index_.erase(lru_.back().key);
+    lru_.pop_back();
+  }
+  return executable;
+}
+
+std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs) {
+  Program program = build_program(outputs);
+  std::shared_ptr<const LoadedExecutable> executable = compiled(program.text);
+  // Host scalars are uploaded for this run (Note [Graph parameters]). The
+  // reserve keeps the pointers into `uploaded` valid.
+  std::vector<Buffer> uploaded;
+  uploaded.reserve(program.parameters.size());
+  std::vector<const Buffer*> arguments;
+  int64_t scalars = 0;
+  for (const NodePtr& p : program.parameters) {
+    if (p->kind() == Node::Kind::kBuffer) {
+      arguments.push_back(p->device_buffer().get());
+      continue;
+    }
+    const stablehlo::Type& t = p->type();
+    std::vector<uint8_t> bytes(element_size(t.dtype));
+    encode_scalar(p->scalar(), t.dtype, bytes.data());
+    uploaded.push_back(client_->buffer_from_host(bytes.data(), bytes.size(), t.dtype, {}, device_));
+    arguments.push_back(&uploaded.back());
+    ++scalars;
+  }
+  const auto start = Clock::now();
+  std::vector<std::vector<Buffer>> results = executable->execute({arguments});
+  const auto took = Clock::now() - start;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    metrics_.execute_time += took;
+    ++metrics_.executions;
+    metrics_.host_scalars_fed += scalars;
+  }
+  STRATA_CHECK(results.size() == 1 && results[0].size() == outputs.size(), Error, "[xla] the step returned ",
+               results.empty() ? 0 : results[0].size(), " outputs where ", outputs.size(), " were asked for");
+  return std::move(results[0]);
+}
+
+GraphMetrics Executor::metrics() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return metrics_;
+}
+
+size_t Executor::cached() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lru_.size();
+}
+
+}  // namespace strata::xla::lazy

@@ -1,0 +1,180 @@
+// The lazy graph on XLA's CPU plugin: a step's program is emitted from the
+// nodes its outputs reach (each shared node once), compiled once through
+// the LRU cache keyed by its text, fed host scalars as parameters so a
+// changing value compiles nothing new, and explained when it does compile.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "strata/xla/lazy_graph.h"
+#include "support/errors.h"
+#include "xla/xla_test_util.h"
+
+namespace strata::testing {
+namespace {
+
+using xla::ElementType;
+using xla::lazy::Node;
+using xla::lazy::NodePtr;
+namespace hlo = xla::stablehlo;
+
+hlo::Type f32(std::vector<int64_t> dims) { return hlo::Type{ElementType::kF32, std::move(dims)}; }
+
+NodePtr add(const NodePtr& a, const NodePtr& b) {
+  return Node::op("add", {a, b}, a->type(),
+                  [](hlo::Function& f, const std::vector<hlo::Value>& in) { return f.add(in[0], in[1]); });
+}
+NodePtr mul(const NodePtr& a, const NodePtr& b) {
+  return Node::op("mul", {a, b}, a->type(),
+                  [](hlo::Function& f, const std::vector<hlo::Value>& in) { return f.multiply(in[0], in[1]); });
+}
+// x * s with a scalar s broadcast to x's shape.
+NodePtr scale(const NodePtr& x, const NodePtr& s) {
+  return Node::op("scale", {x, s}, x->type(), [](hlo::Function& f, const std::vector<hlo::Value>& in) {
+    return f.multiply(in[0], f.broadcast_in_dim(in[1], in[0].type.dims, {}));
+  });
+}
+
+std::vector<float> read(const xla::Buffer& b) {
+  std::vector<float> out(b.byte_size() / sizeof(float));
+  b.to_host(out.data(), b.byte_size());
+  return out;
+}
+
+class LazyGraphTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cpu_plugin_path().empty()) GTEST_SKIP() << kNoCpuPlugin;
+    client_ = std::make_shared<xla::Client>(xla::Client::create(xla::Plugin::load(cpu_plugin_path())));
+    device_ = client_->addressable_devices().at(0);
+  }
+  NodePtr upload(const std::vector<float>& values, std::vector<int64_t> dims) {
+    auto buffer = std::make_shared<xla::Buffer>(client_->buffer_from_host(
+        values.data(), values.size() * sizeof(float), ElementType::kF32, dims, device_));
+    return Node::buffer(buffer, f32(std::move(dims)));
+  }
+  std::shared_ptr<xla::Client> client_;
+  xla::Device device_;
+};
+
+TEST_F(LazyGraphTest, ASharedNodeIsEmittedOnceAndParametersComeInFirstUseOrder) {
+  NodePtr a = Node::host_scalar(2.0, ElementType::kF32);
+  NodePtr b = Node::host_scalar(3.0, ElementType::kF32);
+  NodePtr s = add(a, b);
+  NodePtr out = mul(s, s);  // s used twice: one add in the program
+  xla::lazy::Program p = xla::lazy::build_program({out, s});
+  EXPECT_EQ(p.ops, 2u);
+  ASSERT_EQ(p.parameters.size(), 2u);
+  EXPECT_EQ(p.parameters[0].get(), a.get());
+  EXPECT_EQ(p.parameters[1].get(), b.get());
+  size_t adds = 0;
+  for (size_t at = p.text.find("stablehlo.add"); at != std::string::npos; at = p.text.find("stablehlo.add", at + 1))
+    ++adds;
+  EXPECT_EQ(adds, 1u) << p.text;
+  // The same nodes print the same text.
+  EXPECT_EQ(xla::lazy::build_program({out, s}).text, p.text);
+}
+
+TEST_F(LazyGraphTest, AStepRunsAndAChangingScalarCompilesNothingNew) {
+  xla::lazy::Executor executor(client_, device_);
+  NodePtr w = upload({1, 2, 3, 4}, {2, 2});
+  for (int step = 0; step < 5; ++step) {
+    // w * lr + w, with lr changing every step: a parameter, not a constant.
+    const double lr = 0.5 + step;
+    NodePtr out = add(scale(w, Node::host_scalar(lr, ElementType::kF32)), w);
+    std::vector<xla::Buffer> result = executor.run({out});
+    ASSERT_EQ(result.size(), 1u);
+    const std::vector<float> got = read(result[0]);
+    const std::vector<float> base{1, 2, 3, 4};
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], base[i] * static_cast<float>(lr) + base[i]);
+  }
+  const xla::lazy::GraphMetrics m = executor.metrics();
+  EXPECT_EQ(m.compiles, 1);
+  EXPECT_EQ(m.cache_hits, 4);
+  EXPECT_EQ(m.executions, 5);
+  EXPECT_EQ(m.host_scalars_fed, 5);
+  ASSERT_EQ(m.compile_reasons.size(), 1u);
+  EXPECT_EQ(m.compile_reasons[0], "the first program");
+}
+
+TEST_F(LazyGraphTest, ANewShapeCompilesAgainAndSaysWhy) {
+  xla::lazy::Executor executor(client_, device_);
+  executor.run({add(upload({1, 2}, {2}), upload({3, 4}, {2}))});
+  executor.run({add(upload({1, 2, 3}, {3}), upload({3, 4, 5}, {3}))});
+  executor.run({mul(upload({1, 2, 3}, {3}), upload({3, 4, 5}, {3}))});
+  const xla::lazy::GraphMetrics m = executor.metrics();
+  EXPECT_EQ(m.compiles, 3);
+  ASSERT_EQ(m.compile_reasons.size(), 3u);
+  EXPECT_EQ(m.compile_reasons[1].rfind("the shapes, first at: ", 0), 0u) << m.compile_reasons[1];
+  EXPECT_EQ(m.compile_reasons[2].rfind("the ops, first at: ", 0), 0u) << m.compile_reasons[2];
+  EXPECT_NE(m.compile_reasons[2].find("stablehlo.multiply"), std::string::npos) << m.compile_reasons[2];
+}
+
+TEST_F(LazyGraphTest, TheCacheKeepsAtMostItsCapacityLeastRecentlyUsedFirstOut) {
+  xla::lazy::Executor executor(client_, device_, /*capacity=*/2);
+  auto program = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+    return add(upload(v, {n}), upload(v, {n}));
+  };
+  executor.run({program(1)});
+  executor.run({program(2)});
+  executor.run({program(1)});  // a hit: 1 is now the most recent
+  executor.run({program(3)});  // evicts 2
+  EXPECT_EQ(executor.cached(), 2u);
+  executor.run({program(1)});  // still cached
+  executor.run({program(2)});  // compiled again
+  const xla::lazy::GraphMetrics m = executor.metrics();
+  EXPECT_EQ(m.compiles, 4);
+  EXPECT_EQ(m.cache_hits, 2);
+}
+
+TEST_F(LazyGraphTest, ScalarsOfEveryFloatTypeArriveExactly) {
+  xla::lazy::Executor executor(client_, device_);
+  // 1/3 rounded into bf16 and f16, then widened to f32 on the device.
+  for (ElementType type : {ElementType::kBF16, ElementType::kF16, ElementType::kF32}) {
+    NodePtr s = Node::host_scalar(1.0 / 3.0, type);
+    NodePtr wide = Node::op("convert", {s}, f32({}), [](hlo::Function& f, const std::vector<hlo::Value>& in) {
+      return f.convert(in[0], ElementType::kF32);
+    });
+    const float got = read(executor.run({wide})[0]).at(0);
+    const float want = type == ElementType::kBF16 ? 0.333984375f : type == ElementType::kF16 ? 0.333251953125f
+                                                                                              : 1.0f / 3.0f;
+    EXPECT_EQ(got, want) << xla::stablehlo_name(type);
+  }
+}
+
+TEST_F(LazyGraphTest, NodesRecordedFromTwoThreadsRunAsOneStep) {
+  // Recording needs no lock: nodes are immutable and shared.
+  NodePtr w = upload({1, 1, 1, 1}, {4});
+  NodePtr left, right;
+  std::thread t([&] {
+    NodePtr x = w;
+    for (int i = 0; i < 200; ++i) x = add(x, w);
+    left = x;
+  });
+  NodePtr y = w;
+  for (int i = 0; i < 300; ++i) y = add(y, w);
+  right = y;
+  t.join();
+  xla::lazy::Executor executor(client_, device_);
+  std::vector<xla::Buffer> out = executor.run({left, right});
+  EXPECT_EQ(read(out[0]), std::vector<float>(4, 201.0f));
+  EXPECT_EQ(read(out[1]), std::vector<float>(4, 301.0f));
+}
+
+TEST_F(LazyGraphTest, BadGraphsAreRefusedNamingWhat) {
+  EXPECT_EQ(error_message([] { xla::lazy::build_program({}); }), "[xla] a step program needs at least one output");
+  EXPECT_EQ(error_message([] { Node::op("add", {nullptr}, f32({}), [](hlo::Function& f, const auto& in) {
+              return in[0];
+            }); }),
+            "[xla] op 'add': input 0 is null");
+  NodePtr s = Node::host_scalar(1.0, ElementType::kF32);
+  NodePtr liar = Node::op("liar", {s}, f32({2}), [](hlo::Function&, const std::vector<hlo::Value>& in) { return in[0]; });
+  EXPECT_EQ(error_message([&] { xla::lazy::build_program({liar}); }),
+            "[xla] op 'liar' emitted tensor<f32> where its node says tensor<2xf32>");
+  EXPECT_NE(xla::lazy::explain_difference("a\nb dense<1.0>\n", "a\nb dense<2.0>\n").find("a constant baked"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata::testing
