@@ -281,6 +281,7 @@ std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs) {
     metrics_.execute_time += took;
     ++metrics_.executions;
     metrics_.host_scalars_fed += scalars;
+    metrics_.ops_executed += static_cast<int64_t>(program.ops);
   }
   STRATA_CHECK(results.size() == 1 && results[0].size() == outputs.size(), Error, "[xla] the step returned ",
                results.empty() ? 0 : results[0].size(), " outputs where ", outputs.size(), " were asked for");

@@ -89,6 +89,7 @@ const at::Tensor& resize_xla(const at::Tensor& self, c10::IntArrayRef size,
 // is the source, `dst` the destination.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   if (is_xla(dst)) {
+    if (is_xla(self) && lower_copy(self, dst)) return dst;
     write(dst, is_xla(self) ? host_view(self) : self);
   } else {
     TORCH_CHECK(dst.device().is_cpu(), "[xla] copies from the xla device go to the CPU, not to ", dst.device(),
@@ -154,7 +155,9 @@ void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* sta
   }
 }
 
-void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+}  // namespace
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = c10::toString(op.schema().operator_name());
   if (fallback_mode() == FallbackMode::kError)
     throw XlaError(strata::detail::cat("[xla] ", name,
@@ -167,10 +170,11 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                  "back): steps that use it are slower. strata::xla::metrics().fallbacks counts it; "
                  "STRATA_XLA_FALLBACK=error makes it an error");
   substitute_generators(op, stack);
+  // The inputs are read on the host: the recorded step runs first, whole
+  // (Note [One program per step] in recorder.cpp).
+  sync_pending();
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
-
-}  // namespace
 
 void register_kernels() {
   // Note [Registered at init, not at load] (runtime.cpp): these libraries
@@ -189,7 +193,8 @@ void register_kernels() {
   kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   static auto* fallbacks =
       new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  fallbacks->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  fallbacks->fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+  register_lowerings(*kernels);
 }
 
 }  // namespace strata::xla::detail

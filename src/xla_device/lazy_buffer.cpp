@@ -4,6 +4,8 @@
 
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <unordered_set>
 
@@ -26,6 +28,8 @@ std::unordered_set<LazyBuffer*>& live_buffers() {
 }
 
 void delete_buffer(void* ptr) { delete static_cast<LazyBuffer*>(ptr); }
+
+std::atomic<uint64_t> next_serial{0};
 
 Bytes zeros(size_t n) { return std::make_shared<const std::vector<uint8_t>>(n, uint8_t{0}); }
 
@@ -53,7 +57,8 @@ class XlaAllocator final : public c10::Allocator {
 
 }  // namespace
 
-LazyBuffer::LazyBuffer(size_t nbytes, int device_index) : nbytes_(nbytes), device_index_(device_index) {
+LazyBuffer::LazyBuffer(size_t nbytes, int device_index)
+    : nbytes_(nbytes), device_index_(device_index), serial_(next_serial.fetch_add(1)) {
   std::lock_guard<std::mutex> lock(live_mutex());
   live_buffers().insert(this);
 }
@@ -74,7 +79,14 @@ bool LazyBuffer::on_device() const {
 }
 
 Bytes LazyBuffer::host_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (std::holds_alternative<Pending>(value_)) {
+    // The bytes of a pending value: the whole step runs first (Note [One
+    // program per step] in recorder.cpp).
+    lock.unlock();
+    sync_pending();
+    lock.lock();
+  }
   if (const auto* value = std::get_if<OnDevice>(&value_)) {
     if (!value->host) {
       auto bytes = std::make_shared<std::vector<uint8_t>>(nbytes_);
@@ -108,10 +120,11 @@ void LazyBuffer::assign_locked(Bytes bytes, ElementType type) {
   auto buffer = std::make_shared<const Buffer>(
       client().buffer_from_host(bytes->data(), bytes->size(), type, dims, pjrt_device(device_index_)));
   count_upload(bytes->size());
-  value_ = OnDevice{std::move(buffer), std::move(bytes)};
+  value_ = OnDevice{std::move(buffer), stablehlo::Type{type, dims}, std::move(bytes), nullptr};
 }
 
 std::vector<uint8_t> LazyBuffer::bytes_locked() const {
+  STRATA_ASSERT(!std::holds_alternative<Pending>(value_), "[xla] the bytes of a pending storage were read unsynced");
   const auto* value = std::get_if<OnDevice>(&value_);
   if (value == nullptr) return std::vector<uint8_t>(nbytes_, uint8_t{0});
   if (value->host) return *value->host;
@@ -123,7 +136,12 @@ std::vector<uint8_t> LazyBuffer::bytes_locked() const {
 
 void LazyBuffer::update(const std::function<void(std::vector<uint8_t>&)>& change, ElementType type,
                         bool overwrite) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!overwrite && std::holds_alternative<Pending>(value_)) {
+    lock.unlock();
+    sync_pending();
+    lock.lock();
+  }
   auto bytes = overwrite ? std::make_shared<std::vector<uint8_t>>(nbytes_)
                          : std::make_shared<std::vector<uint8_t>>(bytes_locked());
   change(*bytes);
@@ -131,8 +149,13 @@ void LazyBuffer::update(const std::function<void(std::vector<uint8_t>&)>& change
 }
 
 void LazyBuffer::grow(size_t nbytes) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (nbytes <= nbytes_) return;
+  while (std::holds_alternative<Pending>(value_)) {
+    lock.unlock();
+    sync_pending();
+    lock.lock();
+  }
   if (std::holds_alternative<Unwritten>(value_)) {
     nbytes_ = nbytes;
     return;
@@ -142,6 +165,50 @@ void LazyBuffer::grow(size_t nbytes) {
   bytes->resize(nbytes, uint8_t{0});
   nbytes_ = nbytes;
   assign_locked(std::move(bytes), type);
+}
+
+bool LazyBuffer::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::holds_alternative<Pending>(value_);
+}
+
+lazy::NodePtr LazyBuffer::value_node(ElementType type) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t width = element_size(type);
+  if (nbytes_ == 0 || nbytes_ % width != 0) return nullptr;
+  const stablehlo::Type want{type, {static_cast<int64_t>(nbytes_ / width)}};
+  if (const auto* value = std::get_if<Pending>(&value_)) return value->node->type() == want ? value->node : nullptr;
+  if (const auto* value = std::get_if<OnDevice>(&value_)) {
+    if (!(value->type == want)) return nullptr;
+    if (!value->node) value->node = lazy::Node::buffer(value->buffer, want);
+    return value->node;
+  }
+  return lazy::Node::op("zeros", {}, want, [want](stablehlo::Function& f, const std::vector<stablehlo::Value>&) {
+    return f.constant(want, {0.0});
+  });
+}
+
+void LazyBuffer::set_pending(lazy::NodePtr node) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  STRATA_ASSERT(node && node->type().dims.size() == 1 &&
+                    static_cast<size_t>(node->type().numel()) * element_size(node->type().dtype) == nbytes_,
+                "[xla] a storage of ", nbytes_, " bytes was bound to a value of ",
+                node ? node->type().text() : std::string("null"));
+  value_ = Pending{std::move(node)};
+}
+
+lazy::NodePtr LazyBuffer::pending_node() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto* value = std::get_if<Pending>(&value_);
+  return value ? value->node : nullptr;
+}
+
+bool LazyBuffer::bind_result(const lazy::NodePtr& node, std::shared_ptr<const Buffer> result) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto* value = std::get_if<Pending>(&value_);
+  if (value == nullptr || value->node != node) return false;
+  value_ = OnDevice{std::move(result), node->type(), nullptr, nullptr};
+  return true;
 }
 
 void LazyBuffer::release_host_copy() {
@@ -209,6 +276,36 @@ void grow_storage(c10::StorageImpl& storage, size_t nbytes) {
 void release_host_copies() {
   std::lock_guard<std::mutex> lock(live_mutex());
   for (LazyBuffer* buffer : live_buffers()) buffer->release_host_copy();
+}
+
+std::vector<PendingValue> pending_values() {
+  std::vector<std::pair<uint64_t, PendingValue>> found;
+  {
+    std::lock_guard<std::mutex> lock(live_mutex());
+    for (LazyBuffer* buffer : live_buffers()) {
+      if (lazy::NodePtr node = buffer->pending_node())
+        found.push_back({buffer->serial(), PendingValue{buffer, std::move(node), buffer->device_index()}});
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<PendingValue> out;
+  out.reserve(found.size());
+  for (auto& [serial, value] : found) out.push_back(std::move(value));
+  return out;
+}
+
+size_t bind_results(const std::vector<PendingValue>& values,
+                    const std::vector<std::shared_ptr<const Buffer>>& results) {
+  STRATA_ASSERT(values.size() == results.size(), "[xla] ", results.size(), " results for ", values.size(),
+                " pending values");
+  // Under the live set's lock, a storage freed since pending_values() is
+  // not touched; one made since at the same address holds another node.
+  std::lock_guard<std::mutex> lock(live_mutex());
+  size_t bound = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (live_buffers().count(values[i].buffer) && values[i].buffer->bind_result(values[i].node, results[i])) ++bound;
+  }
+  return bound;
 }
 
 bool element_type_of(c10::ScalarType type, ElementType& out) {

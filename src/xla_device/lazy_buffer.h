@@ -14,7 +14,13 @@
 //   - Unwritten: allocated, never written (reads see zeros);
 //   - OnDevice: a PJRT buffer, plus the host copy of its bytes while one is
 //     kept (a download or the upload that made it; mark_step releases it);
-// and, with the lazy graph, a pending value of the step being recorded.
+//   - Pending: a node of the step being recorded (lazy_graph.h), the
+//     storage's whole contents as a 1-d value of its element type. A lowered
+//     kernel (lowerings.cpp) rebinds its output's storage to one; mark_step
+//     runs every live pending value in one program and rebinds each storage
+//     to its result buffer (Note [One program per step] in recorder.cpp).
+//     Whatever needs the bytes of a pending storage (a read on the host, a
+//     write to part of it, a resize) syncs the whole step first.
 // A mutex guards the value: autograd's device thread runs kernels too.
 #pragma once
 
@@ -30,6 +36,7 @@
 #include <vector>
 
 #include "strata/xla/client.h"
+#include "strata/xla/lazy_graph.h"
 
 namespace strata::xla::detail {
 
@@ -67,14 +74,44 @@ class LazyBuffer {
   /// Drops the host copy of a value that is on the device.
   void release_host_copy();
 
-  /// Whether the value is a PJRT buffer (false: never written).
+  /// Whether the value is a PJRT buffer (false: never written or pending).
   bool on_device() const;
+
+  /// Whether the value is a pending node of the step being recorded.
+  bool pending() const;
+
+  /// The storage's whole value as a graph node of type {`type`, {nbytes /
+  /// element size}}: the pending node, a parameter over the device buffer,
+  /// or zeros when never written. Null when the storage does not hold
+  /// `type` elements (its buffer has another element type, or the size
+  /// does not divide), so the caller falls back.
+  lazy::NodePtr value_node(ElementType type) const;
+
+  /// Rebinds the storage to the pending `node` (of value_node's type).
+  void set_pending(lazy::NodePtr node);
+
+  /// The pending node, null when the value is not pending.
+  lazy::NodePtr pending_node() const;
+
+  /// Rebinds the storage to `result`, the buffer computed for `node`, if
+  /// the storage still holds `node` (a kernel on another thread may have
+  /// written it since). True when it did.
+  bool bind_result(const lazy::NodePtr& node, std::shared_ptr<const Buffer> result);
+
+  /// The storage's creation number: the order in which mark_step returns
+  /// the pending values (Note [One program per step] in recorder.cpp).
+  uint64_t serial() const { return serial_; }
 
  private:
   struct Unwritten {};
   struct OnDevice {
     std::shared_ptr<const Buffer> buffer;
-    mutable Bytes host;  // empty once released
+    stablehlo::Type type;           // the buffer's, 1-d
+    mutable Bytes host;             // empty once released
+    mutable lazy::NodePtr node;     // the buffer as a graph parameter, made on first use
+  };
+  struct Pending {
+    lazy::NodePtr node;
   };
   void assign_locked(Bytes bytes, ElementType type);
   std::vector<uint8_t> bytes_locked() const;
@@ -82,8 +119,24 @@ class LazyBuffer {
   mutable std::mutex mutex_;
   size_t nbytes_;
   const int device_index_;
-  std::variant<Unwritten, OnDevice> value_;
+  const uint64_t serial_;
+  std::variant<Unwritten, OnDevice, Pending> value_;
 };
+
+/// A pending value of a live storage, for mark_step.
+struct PendingValue {
+  LazyBuffer* buffer;
+  lazy::NodePtr node;
+  int device_index;
+};
+
+/// The pending values of every live storage, by serial().
+std::vector<PendingValue> pending_values();
+
+/// Rebinds each storage still alive and still holding its node to its
+/// result buffer; returns how many were rebound.
+size_t bind_results(const std::vector<PendingValue>& values,
+                    const std::vector<std::shared_ptr<const Buffer>>& results);
 
 /// The allocator of xla storages (c10::GetAllocator(PrivateUse1)).
 c10::Allocator* allocator();

@@ -40,7 +40,7 @@ constexpr c10::DeviceType kXla = c10::DeviceType::PrivateUse1;
 
 struct State {
   std::shared_ptr<const Plugin> plugin;
-  std::unique_ptr<Client> client;
+  std::shared_ptr<Client> client;
   std::vector<Device> devices;
   std::deque<at::Generator> generators;  // one per device
 };
@@ -169,6 +169,11 @@ const Client& client() {
   return *state().client;
 }
 
+std::shared_ptr<const Client> shared_client() {
+  client();  // throws before init()
+  return state().client;
+}
+
 int addressable_device_count() { return initialized.load() ? static_cast<int>(state().devices.size()) : 0; }
 
 const Device& pjrt_device(int index) {
@@ -209,6 +214,12 @@ bool count_fallback(const std::string& op) {
   std::lock_guard<std::mutex> lock(metrics_mutex);
   ++counters.fallbacks[op];
   return reported.insert(op).second;
+}
+
+void count_lowered(const char* op, int64_t nodes) {
+  std::lock_guard<std::mutex> lock(metrics_mutex);
+  ++counters.lowered[op];
+  counters.nodes_recorded += nodes;
 }
 
 }  // namespace detail
@@ -261,7 +272,7 @@ void init() {
     const PluginSearch search = find_plugin();
     auto& s = detail::state();
     s.plugin = Plugin::load(search.path);
-    s.client = std::make_unique<Client>(Client::create(s.plugin));
+    s.client = std::make_shared<Client>(Client::create(s.plugin));
     s.devices = s.client->addressable_devices();
     STRATA_CHECK(!s.devices.empty(), ConfigError, "[xla] the PJRT plugin ", search.path,
                  " addresses no device from this process");
@@ -297,8 +308,10 @@ c10::Device device(int index) {
 
 void mark_step() {
   if (!is_initialized()) return;
-  // Every transfer has completed when its call returns; what the step
-  // leaves behind is the host copies the fallback made.
+  // Note [One program per step] (recorder.cpp). Every transfer has
+  // completed when its call returns; what the step leaves behind is the
+  // host copies the fallback made.
+  detail::sync_pending();
   detail::release_host_copies();
   std::lock_guard<std::mutex> lock(detail::metrics_mutex);
   ++detail::counters.steps;
@@ -311,13 +324,21 @@ int64_t Metrics::fallback_calls() const {
 }
 
 Metrics metrics() {
-  std::lock_guard<std::mutex> lock(detail::metrics_mutex);
-  return detail::counters;
+  Metrics out;
+  {
+    std::lock_guard<std::mutex> lock(detail::metrics_mutex);
+    out = detail::counters;
+  }
+  detail::graph_metrics(out);
+  return out;
 }
 
 void reset_metrics() {
-  std::lock_guard<std::mutex> lock(detail::metrics_mutex);
-  detail::counters = Metrics{};
+  {
+    std::lock_guard<std::mutex> lock(detail::metrics_mutex);
+    detail::counters = Metrics{};
+  }
+  detail::reset_graph_metrics();
 }
 
 }  // namespace strata::xla

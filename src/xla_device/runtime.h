@@ -4,12 +4,19 @@
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 
 #include <cstddef>
 #include <string>
 
 #include "strata/xla/client.h"
+#include "strata/xla/device.h"
+
+namespace torch {
+class Library;
+}
 
 namespace strata::xla::detail {
 
@@ -33,8 +40,35 @@ void count_upload(size_t bytes);
 void count_download(size_t bytes);
 /// Counts a fallback of `op`; true on its first one in this process.
 bool count_fallback(const std::string& op);
+/// Counts one op recorded into the lazy graph by a lowered kernel `op`
+/// ("aten::add.out") that made `nodes` graph nodes.
+void count_lowered(const char* op, int64_t nodes);
+
+/// The shared PJRT client made by init().
+std::shared_ptr<const Client> shared_client();
+
+/// Runs every live pending value of every device as one program per
+/// device and rebinds their storages to the results (recorder.cpp; Note
+/// [One program per step]). A no-op when nothing is pending.
+void sync_pending();
+
+/// The graph counters of every device's executor since the last
+/// reset_metrics() (recorder.cpp): filled into `out`.
+void graph_metrics(Metrics& out);
+void reset_graph_metrics();
+
+/// The boxed CPU fallback every op without a lowering takes (kernels.cpp,
+/// Note [The CPU fallback]); lowered kernels call it when a case is not
+/// lowered.
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 /// Registers the aten kernels and the fallback on PrivateUse1 (kernels.cpp).
 void register_kernels();
+/// Records the copy of the xla tensor `src` into the xla tensor `dst` (a
+/// cast and a broadcast) when both are lowerable (Note [What is lowered]
+/// in lowerings.cpp); false, having changed nothing, when not.
+bool lower_copy(const at::Tensor& src, const at::Tensor& dst);
+/// Registers the lowered kernels (lowerings.cpp) on `library`.
+void register_lowerings(torch::Library& library);
 
 }  // namespace strata::xla::detail

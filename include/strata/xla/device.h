@@ -7,11 +7,15 @@
 // rebinds the storage to a new buffer (XLA buffers are immutable), so views,
 // in-place ops, `Module::to` and the optimizers work as on any device.
 //
-// In this version every computing op runs through a CPU fallback: its xla
-// inputs are copied to the host, LibTorch's CPU kernel runs, and the
-// outputs are uploaded. Each op that falls back is counted in metrics() and
-// reported once; STRATA_XLA_FALLBACK=error makes a fallback an error. The
-// lowerings to StableHLO that replace the fallbacks come later.
+// The device is lazy for the ops it lowers (element-wise arithmetic, mm and
+// addmm, relu, sums and means, mse_loss, fills and copies: docs/xla.md,
+// "The xla device"): their kernels record nodes of a graph instead of
+// computing, and mark_step() compiles (once per distinct program) and runs
+// the step. Every other op runs through a CPU fallback: the pending step is
+// run first, the op's xla inputs are copied to the host, LibTorch's CPU
+// kernel runs, and the outputs are uploaded. Each op that falls back is
+// counted in metrics() and reported once; STRATA_XLA_FALLBACK=error makes a
+// fallback an error.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -57,10 +61,14 @@ int device_count();
 /// `index` is not below device_count().
 c10::Device device(int index = 0);
 
-/// The step boundary. Today: waits for pending transfers and releases the
-/// host copies the fallback kept, so state between steps lives in the
-/// device buffers. The lazy graph will cut, compile and run the recorded
-/// step here. A no-op before init().
+/// The step boundary: runs every live storage's pending value as one
+/// program per device (compiled once per distinct program text, cached),
+/// rebinds each storage to its result buffer, and releases the host copies
+/// the fallback kept, so state between steps lives in device buffers.
+/// Reading a pending tensor on the host (.cpu(), .item(), printing) and the
+/// CPU fallback sync the same way, so a step's partial graph never runs
+/// twice. Thread-safe. A no-op before init(). Throws XlaError when the
+/// plugin refuses to compile or run the program.
 void mark_step();
 
 /// What the device did since the process started (or reset_metrics()).
@@ -73,6 +81,18 @@ struct Metrics {
   int64_t device_to_host_count = 0;  ///< buffers downloaded
   int64_t device_to_host_bytes = 0;
   int64_t steps = 0;  ///< mark_step() calls
+  /// Ops recorded into the lazy graph by lowered kernels, by operator name.
+  std::map<std::string, int64_t> lowered;
+  int64_t nodes_recorded = 0;  ///< graph nodes those kernels made
+  int64_t compiles = 0;        ///< programs compiled (a new program text)
+  int64_t cache_hits = 0;      ///< programs found compiled
+  int64_t executions = 0;      ///< programs run (mark_step and syncs)
+  int64_t nodes_executed = 0;  ///< op nodes in the programs run
+  /// Why each program was compiled (what differed from the one before),
+  /// oldest first, the last 32 kept.
+  std::vector<std::string> compile_reasons;
+  double compile_seconds = 0;
+  double execute_seconds = 0;
 
   /// Total fallback calls over every op.
   int64_t fallback_calls() const;

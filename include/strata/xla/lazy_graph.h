@@ -108,6 +108,7 @@ struct GraphMetrics {
   std::chrono::nanoseconds compile_time{0};
   std::chrono::nanoseconds execute_time{0};
   int64_t host_scalars_fed = 0;
+  int64_t ops_executed = 0;  ///< op nodes in the programs run (Program::ops)
 };
 
 /// Compiles programs through a bounded least-recently-used cache keyed by

@@ -1,0 +1,625 @@
+// The xla device's lowered kernels: ops that record nodes of the lazy graph
+// (lazy_graph.h) instead of running, emitted as StableHLO when the step is
+// marked (Note [One program per step] in recorder.cpp).
+//
+// Note [What is lowered]
+// A kernel lowers a call only in the simple, common case, and hands every
+// other one to the CPU fallback (Note [The CPU fallback] in kernels.cpp),
+// which syncs the step first and so stays correct for anything:
+//   - each xla input is its storage's whole value: offset 0, numel times the
+//     element size equal to the storage's bytes, and laid out densely in
+//     some order of its dims (contiguous, or a transpose such as w.t(), read
+//     as a reshape and a transpose of the storage's 1-d value);
+//   - the output (out=, or self for in-place) is contiguous and covers its
+//     storage, so its new value is the storage's whole new value;
+//   - the other inputs are Scalars or 0-dim CPU tensors (wrapped numbers).
+// Views keep resolving against their base's storage: a view that is not a
+// whole storage (a narrow, a select) takes the fallback.
+//
+// Note [Shapes and dtypes from meta tensors]
+// Each kernel runs its op on meta copies of its inputs (wrapped numbers
+// stay wrapped), so the output's sizes and dtype follow LibTorch's own
+// broadcasting and promotion rules; the emitted op converts every input to
+// that dtype, computes in it, and converts to the out tensor's dtype last,
+// as a TensorIterator kernel does.
+//
+// Note [Scalars in the graph]
+// 0, 1 and -1 are baked into the program, as torch_xla does; every other
+// Scalar and wrapped number is a host-scalar parameter fed at run time, so
+// AdamW's step-varying bias corrections and learning rate give the same
+// program text, and the compile cache hits, step after step. Constants that
+// follow from shapes (the 1/N of a mean) are baked.
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/addcdiv.h>
+#include <ATen/ops/addcmul.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/fill.h>
+#include <ATen/ops/mean.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/mse_loss_backward.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/neg.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/sub.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/threshold_backward.h>
+#include <ATen/ops/zero.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/WrapDimMinimal.h>
+#include <ATen/ExpandUtils.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "strata/xla/lazy_graph.h"
+#include "lazy_buffer.h"
+#include "runtime.h"
+
+namespace strata::xla::detail {
+namespace {
+
+namespace shlo = stablehlo;
+using lazy::Node;
+using lazy::NodePtr;
+
+constexpr c10::DeviceType kXla = c10::DeviceType::PrivateUse1;
+
+// Thrown where a call is not lowered (Note [What is lowered]); the kernel
+// then takes the CPU fallback. Nothing has been written when it is thrown.
+struct NotLowered {};
+
+std::vector<int64_t> vec(c10::IntArrayRef a) { return {a.begin(), a.end()}; }
+
+ElementType element_type(c10::ScalarType type) {
+  ElementType out = ElementType::kF32;
+  if (!element_type_of(type, out)) throw NotLowered{};
+  return out;
+}
+
+// The nodes one kernel call makes, and the helpers that make them.
+class Recorder {
+ public:
+  explicit Recorder(const char* op) : op_(op) {}
+
+  NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, lazy::EmitFn emit) {
+    ++nodes_;
+    return Node::op(std::move(name), std::move(inputs), std::move(type), std::move(emit));
+  }
+
+  // A 0-dim constant baked into the program.
+  NodePtr constant(double value, ElementType dtype) {
+    if (dtype == ElementType::kF32) value = static_cast<float>(value);
+    const shlo::Type type{dtype, {}};
+    return op("constant", {}, type,
+              [type, value](shlo::Function& f, const std::vector<shlo::Value>&) { return f.constant(type, {value}); });
+  }
+
+  // Note [Scalars in the graph]
+  NodePtr scalar(const at::Scalar& s, ElementType dtype) {
+    if (s.isComplex()) throw NotLowered{};
+    const double v = s.toDouble();
+    if (v == 0.0 || v == 1.0 || v == -1.0) return constant(v, dtype);
+    return Node::host_scalar(v, dtype);
+  }
+
+  NodePtr reshape(const NodePtr& x, const std::vector<int64_t>& dims) {
+    if (x->type().dims == dims) return x;
+    return op("reshape", {x}, {x->type().dtype, dims},
+              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.reshape(in[0], dims); });
+  }
+
+  NodePtr transpose(const NodePtr& x, const std::vector<int64_t>& perm) {
+    bool identity = true;
+    for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+    if (identity) return x;
+    shlo::Type type{x->type().dtype, {}};
+    for (int64_t p : perm) type.dims.push_back(x->type().dims[static_cast<size_t>(p)]);
+    return op("transpose", {x}, type,
+              [perm](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.transpose(in[0], perm); });
+  }
+
+  NodePtr convert(const NodePtr& x, ElementType dtype) {
+    if (x->type().dtype == dtype) return x;
+    return op("convert", {x}, {dtype, x->type().dims},
+              [dtype](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.convert(in[0], dtype); });
+  }
+
+  // Numpy-style broadcast to `dims` (trailing dims aligned).
+  NodePtr broadcast(const NodePtr& x, const std::vector<int64_t>& dims) {
+    if (x->type().dims == dims) return x;
+    const size_t rank = x->type().dims.size();
+    if (rank > dims.size()) throw NotLowered{};
+    std::vector<int64_t> mapping(rank);
+    std::iota(mapping.begin(), mapping.end(), static_cast<int64_t>(dims.size() - rank));
+    return op("broadcast", {x}, {x->type().dtype, dims}, [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.broadcast_in_dim(in[0], dims, mapping);
+    });
+  }
+
+  enum class Binary { kAdd, kSubtract, kMultiply, kDivide, kMaximum };
+
+  NodePtr binary(Binary kind, const NodePtr& a, const NodePtr& b) {
+    if (!(a->type() == b->type())) throw NotLowered{};
+    static const char* const kNames[] = {"add", "subtract", "multiply", "divide", "maximum"};
+    return op(kNames[static_cast<int>(kind)], {a, b}, a->type(),
+              [kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                switch (kind) {
+                  case Binary::kAdd: return f.add(in[0], in[1]);
+                  case Binary::kSubtract: return f.subtract(in[0], in[1]);
+                  case Binary::kMultiply: return f.multiply(in[0], in[1]);
+                  case Binary::kDivide: return f.divide(in[0], in[1]);
+                  case Binary::kMaximum: return f.maximum(in[0], in[1]);
+                }
+                return f.add(in[0], in[1]);
+              });
+  }
+
+  // `s` times `x` (x itself when s is 1).
+  NodePtr scaled(const at::Scalar& s, const NodePtr& x) {
+    if (!s.isComplex() && s.toDouble() == 1.0) return x;
+    return binary(Binary::kMultiply, broadcast(scalar(s, x->type().dtype), x->type().dims), x);
+  }
+
+  NodePtr sum(const NodePtr& x, std::vector<int64_t> dims) {
+    if (dims.empty()) return x;
+    std::sort(dims.begin(), dims.end());
+    shlo::Type type{x->type().dtype, {}};
+    for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
+      if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
+    NodePtr zero = constant(0.0, x->type().dtype);
+    return op("reduce_sum", {x, zero}, type, [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.reduce(in[0], in[1], dims, shlo::ReduceOp::kSum);
+    });
+  }
+
+  // The whole value of an xla tensor, of its own shape and dtype (Note
+  // [What is lowered]).
+  NodePtr tensor(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kXla || t.numel() == 0 || t.storage_offset() != 0) throw NotLowered{};
+    const ElementType dtype = element_type(t.scalar_type());
+    LazyBuffer& storage = lazy_buffer(t);
+    if (storage.nbytes() != static_cast<size_t>(t.numel()) * t.element_size()) throw NotLowered{};
+    // The dims of size > 1 from the outermost in memory to the innermost.
+    std::vector<int64_t> laid;
+    for (int64_t d = 0; d < t.dim(); ++d)
+      if (t.size(d) > 1) laid.push_back(d);
+    std::vector<int64_t> original = laid;
+    std::stable_sort(laid.begin(), laid.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+    int64_t expect = 1;
+    for (size_t i = laid.size(); i-- > 0;) {
+      if (t.stride(laid[i]) != expect) throw NotLowered{};
+      expect *= t.size(laid[i]);
+    }
+    NodePtr base = storage.value_node(dtype);
+    if (!base) throw NotLowered{};
+    std::vector<int64_t> laid_sizes, perm;
+    for (int64_t d : laid) laid_sizes.push_back(t.size(d));
+    for (int64_t d : original)
+      perm.push_back(static_cast<int64_t>(std::find(laid.begin(), laid.end(), d) - laid.begin()));
+    return reshape(transpose(reshape(base, laid_sizes), perm), vec(t.sizes()));
+  }
+
+  // An operand of an element-wise op: an xla tensor or a 0-dim CPU tensor
+  // (Note [Scalars in the graph]), converted to `dtype` and broadcast to
+  // `dims`.
+  NodePtr operand(const at::Tensor& t, ElementType dtype, const std::vector<int64_t>& dims) {
+    if (t.defined() && t.device().is_cpu() && t.dim() == 0) return broadcast(scalar(t.item(), dtype), dims);
+    return broadcast(convert(tensor(t), dtype), dims);
+  }
+
+  // Rebinds `out` (resized to `dims` first, as an out= kernel does) to
+  // `value`, converted to out's dtype.
+  void write(const at::Tensor& out, NodePtr value) {
+    const std::vector<int64_t> dims = value->type().dims;
+    if (out.device().type() != kXla) throw NotLowered{};
+    if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
+    const ElementType dtype = element_type(out.scalar_type());
+    if (out.numel() == 0 || !out.is_contiguous() || out.storage_offset() != 0) throw NotLowered{};
+    const size_t needed = static_cast<size_t>(out.numel()) * out.element_size();
+    if (lazy_buffer(out).nbytes() != needed) {
+      // A storage larger than its only tensor (an out= tensor made for a
+      // bigger shape and resized down, as the structured kernels of the
+      // losses do): nothing else can see the rest, so the tensor gets a
+      // storage of its own size.
+      if (out.storage().use_count() != 1 || out.is_view()) throw NotLowered{};
+      c10::DeviceGuard guard(out.device());
+      out.unsafeGetTensorImpl()->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), needed,
+                                                                     allocator(), /*resizable=*/true));
+    }
+    value = reshape(convert(value, dtype), {out.numel()});
+    lazy_buffer(out).set_pending(std::move(value));
+    count_lowered(op_, nodes_);
+  }
+
+ private:
+  const char* op_;
+  int64_t nodes_ = 0;
+};
+
+using Binary = Recorder::Binary;
+
+at::Tensor meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return m;
+}
+
+// The shape and dtype of an op's result (Note [Shapes and dtypes from meta
+// tensors]), and the check that `out` may hold it.
+struct Result {
+  std::vector<int64_t> dims;
+  ElementType dtype;
+};
+
+template <class F>
+Result result_of(F&& run_on_meta, const at::Tensor* out = nullptr) {
+  at::Tensor m;
+  try {
+    m = run_on_meta();
+  } catch (const c10::Error&) {
+    throw NotLowered{};  // the fallback raises LibTorch's own error
+  }
+  if (out != nullptr && !c10::canCast(m.scalar_type(), out->scalar_type())) throw NotLowered{};
+  return {vec(m.sizes()), element_type(m.scalar_type())};
+}
+
+// Runs `lower`; where it does not lower the call, the CPU fallback runs
+// the op (Note [What is lowered]).
+#define STRATA_LOWER(OP, FALLBACK_OP, ...)                                                   \
+  try {                                                                                      \
+    Recorder r(OP);                                                                          \
+    lower(r);                                                                                \
+    return out;                                                                              \
+  } catch (const NotLowered&) {                                                              \
+  }                                                                                          \
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::FALLBACK_OP>::call(__VA_ARGS__)
+
+at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::add(meta(self), meta(other), alpha); }, &out);
+    r.write(out, r.binary(Binary::kAdd, r.operand(self, res.dtype, res.dims),
+                          r.scaled(alpha, r.operand(other, res.dtype, res.dims))));
+  };
+  STRATA_LOWER("aten::add.out", add_out, self, other, alpha, out);
+}
+
+at::Tensor& sub_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::sub(meta(self), meta(other), alpha); }, &out);
+    r.write(out, r.binary(Binary::kSubtract, r.operand(self, res.dtype, res.dims),
+                          r.scaled(alpha, r.operand(other, res.dtype, res.dims))));
+  };
+  STRATA_LOWER("aten::sub.out", sub_out, self, other, alpha, out);
+}
+
+at::Tensor& mul_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::mul(meta(self), meta(other)); }, &out);
+    r.write(out, r.binary(Binary::kMultiply, r.operand(self, res.dtype, res.dims),
+                          r.operand(other, res.dtype, res.dims)));
+  };
+  STRATA_LOWER("aten::mul.out", mul_out, self, other, out);
+}
+
+at::Tensor& div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::div(meta(self), meta(other)); }, &out);
+    if (!is_floating(res.dtype)) throw NotLowered{};
+    r.write(out, r.binary(Binary::kDivide, r.operand(self, res.dtype, res.dims),
+                          r.operand(other, res.dtype, res.dims)));
+  };
+  STRATA_LOWER("aten::div.out", div_out, self, other, out);
+}
+
+// self + value * t1 * t2, in LibTorch's CPU kernel's order.
+at::Tensor& addcmul_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const at::Scalar& value,
+                        at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::addcmul(meta(self), meta(t1), meta(t2), value); }, &out);
+    NodePtr product = r.binary(Binary::kMultiply, r.scaled(value, r.operand(t1, res.dtype, res.dims)),
+                               r.operand(t2, res.dtype, res.dims));
+    r.write(out, r.binary(Binary::kAdd, r.operand(self, res.dtype, res.dims), product));
+  };
+  STRATA_LOWER("aten::addcmul.out", addcmul_out, self, t1, t2, value, out);
+}
+
+// self + value * t1 / t2, in LibTorch's CPU kernel's order.
+at::Tensor& addcdiv_out(const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2, const at::Scalar& value,
+                        at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::addcdiv(meta(self), meta(t1), meta(t2), value); }, &out);
+    if (!is_floating(res.dtype)) throw NotLowered{};
+    NodePtr quotient = r.binary(Binary::kDivide, r.scaled(value, r.operand(t1, res.dtype, res.dims)),
+                                r.operand(t2, res.dtype, res.dims));
+    r.write(out, r.binary(Binary::kAdd, r.operand(self, res.dtype, res.dims), quotient));
+  };
+  STRATA_LOWER("aten::addcdiv.out", addcdiv_out, self, t1, t2, value, out);
+}
+
+at::Tensor& sqrt_out(const at::Tensor& self, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::sqrt(meta(self)); }, &out);
+    if (!is_floating(res.dtype)) throw NotLowered{};
+    NodePtr x = r.operand(self, res.dtype, res.dims);
+    r.write(out, r.op("sqrt", {x}, x->type(), [](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.sqrt(in[0]);
+    }));
+  };
+  STRATA_LOWER("aten::sqrt.out", sqrt_out, self, out);
+}
+
+at::Tensor& neg_out(const at::Tensor& self, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::neg(meta(self)); }, &out);
+    NodePtr x = r.operand(self, res.dtype, res.dims);
+    r.write(out, r.op("negate", {x}, x->type(), [](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.negate(in[0]);
+    }));
+  };
+  STRATA_LOWER("aten::neg.out", neg_out, self, out);
+}
+
+// mat1 @ mat2 of two matrices in `dtype`.
+NodePtr matmul(Recorder& r, const at::Tensor& mat1, const at::Tensor& mat2, ElementType dtype) {
+  NodePtr a = r.convert(r.tensor(mat1), dtype), b = r.convert(r.tensor(mat2), dtype);
+  if (a->type().dims.size() != 2 || b->type().dims.size() != 2) throw NotLowered{};
+  const shlo::Type type{dtype, {a->type().dims[0], b->type().dims[1]}};
+  return r.op("dot", {a, b}, type, [](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return f.dot_general(in[0], in[1], shlo::DotDims{{}, {}, {1}, {0}});
+  });
+}
+
+at::Tensor& mm_out(const at::Tensor& self, const at::Tensor& mat2, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::mm(meta(self), meta(mat2)); }, &out);
+    r.write(out, matmul(r, self, mat2, res.dtype));
+  };
+  STRATA_LOWER("aten::mm.out", mm_out, self, mat2, out);
+}
+
+// beta * self + alpha * (mat1 @ mat2); self is not read when beta is 0.
+at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
+                      const at::Scalar& alpha, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::addmm(meta(self), meta(mat1), meta(mat2), beta, alpha); }, &out);
+    NodePtr product = r.scaled(alpha, matmul(r, mat1, mat2, res.dtype));
+    if (!beta.isComplex() && beta.toDouble() == 0.0) {
+      r.write(out, product);
+      return;
+    }
+    r.write(out, r.binary(Binary::kAdd, r.scaled(beta, r.operand(self, res.dtype, res.dims)), product));
+  };
+  STRATA_LOWER("aten::addmm.out", addmm_out, self, mat1, mat2, beta, alpha, out);
+}
+
+NodePtr relu_of(Recorder& r, const at::Tensor& self) {
+  NodePtr x = r.tensor(self);
+  return r.binary(Binary::kMaximum, x, r.broadcast(r.constant(0.0, x->type().dtype), x->type().dims));
+}
+
+at::Tensor relu(const at::Tensor& self) {
+  try {
+    Recorder r("aten::relu");
+    if (self.scalar_type() == at::kBool) throw NotLowered{};
+    NodePtr value = relu_of(r, self);
+    at::Tensor out = at::empty(self.sizes(), self.options());
+    r.write(out, value);
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::relu>::call(self);
+}
+
+at::Tensor& relu_(at::Tensor& self) {
+  try {
+    Recorder r("aten::relu_");
+    if (self.scalar_type() == at::kBool) throw NotLowered{};
+    r.write(self, relu_of(r, self));
+    return self;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::relu_>::call(self);
+}
+
+// grad_output where self > threshold, else 0.
+at::Tensor& threshold_backward_out(const at::Tensor& grad_output, const at::Tensor& self, const at::Scalar& threshold,
+                                   at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res =
+        result_of([&] { return at::threshold_backward(meta(grad_output), meta(self), threshold); }, &out);
+    NodePtr g = r.operand(grad_output, res.dtype, res.dims);
+    NodePtr x = r.operand(self, res.dtype, res.dims);
+    NodePtr t = r.broadcast(r.scalar(threshold, res.dtype), res.dims);
+    NodePtr zero = r.broadcast(r.constant(0.0, res.dtype), res.dims);
+    r.write(out, r.op("threshold_backward", {x, t, zero, g}, g->type(),
+                      [](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                        return f.select(f.compare(in[0], in[1], shlo::Direction::kLE), in[2], in[3]);
+                      }));
+  };
+  STRATA_LOWER("aten::threshold_backward.grad_input", threshold_backward_grad_input, grad_output, self, threshold,
+               out);
+}
+
+// The dims a reduction over `dim` (none or empty: all) covers.
+std::vector<int64_t> reduced_dims(const at::Tensor& self, at::OptionalIntArrayRef dim) {
+  std::vector<int64_t> dims;
+  if (!dim.has_value() || dim->empty()) {
+    for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
+    return dims;
+  }
+  for (int64_t d : *dim) dims.push_back(c10::maybe_wrap_dim(d, self.dim()));
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  return dims;
+}
+
+at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                    std::optional<at::ScalarType> dtype, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::sum(meta(self), dim, keepdim, dtype); }, &out);
+    NodePtr x = r.convert(r.tensor(self), res.dtype);
+    r.write(out, r.reshape(r.sum(x, reduced_dims(self, dim)), res.dims));
+  };
+  STRATA_LOWER("aten::sum.IntList_out", sum_IntList_out, self, dim, keepdim, dtype, out);
+}
+
+at::Tensor& mean_out(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
+                     std::optional<at::ScalarType> dtype, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::mean(meta(self), dim, keepdim, dtype); }, &out);
+    if (!is_floating(res.dtype)) throw NotLowered{};
+    const std::vector<int64_t> dims = reduced_dims(self, dim);
+    int64_t count = 1;
+    for (int64_t d : dims) count *= self.size(d);
+    NodePtr total = r.reshape(r.sum(r.convert(r.tensor(self), res.dtype), dims), res.dims);
+    r.write(out, r.binary(Binary::kDivide, total, r.broadcast(r.constant(static_cast<double>(count), res.dtype), res.dims)));
+  };
+  STRATA_LOWER("aten::mean.out", mean_out, self, dim, keepdim, dtype, out);
+}
+
+// Reduction codes of LibTorch's losses (at::Reduction).
+constexpr int64_t kReductionNone = 0, kReductionMean = 1, kReductionSum = 2;
+
+at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64_t reduction, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    // mse_loss has no meta kernel: the element-wise difference's meta
+    // result gives the dtype and the broadcast shape.
+    const Result diff_res = result_of([&] { return at::sub(meta(self), meta(target)); }, &out);
+    if (!is_floating(diff_res.dtype)) throw NotLowered{};
+    const std::vector<int64_t> shape = diff_res.dims;
+    const Result res{reduction == kReductionNone ? shape : std::vector<int64_t>{}, diff_res.dtype};
+    NodePtr diff = r.binary(Binary::kSubtract, r.operand(self, res.dtype, shape), r.operand(target, res.dtype, shape));
+    NodePtr squared = r.binary(Binary::kMultiply, diff, diff);
+    if (reduction == kReductionNone) {
+      r.write(out, squared);
+      return;
+    }
+    std::vector<int64_t> all(shape.size());
+    std::iota(all.begin(), all.end(), 0);
+    NodePtr total = r.sum(squared, all);
+    if (reduction == kReductionMean) {
+      int64_t n = 1;
+      for (int64_t s : shape) n *= s;
+      total = r.binary(Binary::kDivide, total, r.constant(static_cast<double>(n), res.dtype));
+    } else if (reduction != kReductionSum) {
+      throw NotLowered{};
+    }
+    r.write(out, r.reshape(total, res.dims));
+  };
+  STRATA_LOWER("aten::mse_loss.out", mse_loss_out, self, target, reduction, out);
+}
+
+// norm * (self - target) * grad_output, norm = 2 (2/N for a mean), as
+// LibTorch's CPU kernel computes it.
+NodePtr mse_loss_grad(Recorder& r, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                      int64_t reduction) {
+  if (reduction != kReductionNone && reduction != kReductionMean && reduction != kReductionSum) throw NotLowered{};
+  if (self.scalar_type() != target.scalar_type() || self.scalar_type() != grad_output.scalar_type()) throw NotLowered{};
+  const ElementType dtype = element_type(self.scalar_type());
+  if (!is_floating(dtype)) throw NotLowered{};
+  const std::vector<int64_t> dims = vec(self.sizes());
+  if (at::infer_size(at::infer_size(self.sizes(), target.sizes()), grad_output.sizes()) != self.sizes())
+    throw NotLowered{};
+  const double norm = reduction == kReductionMean ? 2.0 / static_cast<double>(self.numel()) : 2.0;
+  NodePtr diff = r.binary(Binary::kSubtract, r.operand(self, dtype, dims), r.operand(target, dtype, dims));
+  NodePtr scaled = r.binary(Binary::kMultiply, r.broadcast(r.constant(norm, dtype), dims), diff);
+  return r.binary(Binary::kMultiply, scaled, r.operand(grad_output, dtype, dims));
+}
+
+at::Tensor mse_loss_backward(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                             int64_t reduction) {
+  try {
+    Recorder r("aten::mse_loss_backward");
+    NodePtr value = mse_loss_grad(r, grad_output, self, target, reduction);
+    at::Tensor out = at::empty(self.sizes(), self.options());
+    r.write(out, value);
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::mse_loss_backward>::call(grad_output, self, target,
+                                                                                        reduction);
+}
+
+at::Tensor& mse_loss_backward_out(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+                                  int64_t reduction, at::Tensor& out) {
+  auto lower = [&](Recorder& r) { r.write(out, mse_loss_grad(r, grad_output, self, target, reduction)); };
+  STRATA_LOWER("aten::mse_loss_backward.grad_input", mse_loss_backward_grad_input, grad_output, self, target,
+               reduction, out);
+}
+
+// The whole of `self` set to `value` (a view that is not its whole
+// storage takes the fallback).
+void fill_whole(Recorder& r, const at::Tensor& self, const at::Scalar& value) {
+  const ElementType dtype = element_type(self.scalar_type());
+  r.write(self, r.broadcast(r.scalar(value, dtype), vec(self.sizes())));
+}
+
+at::Tensor& fill_(at::Tensor& self, const at::Scalar& value) {
+  try {
+    Recorder r("aten::fill_.Scalar");
+    fill_whole(r, self, value);
+    return self;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::fill__Scalar>::call(self, value);
+}
+
+at::Tensor& zero_(at::Tensor& self) {
+  try {
+    Recorder r("aten::zero_");
+    fill_whole(r, self, 0);
+    return self;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::zero_>::call(self);
+}
+
+#undef STRATA_LOWER
+
+}  // namespace
+
+bool lower_copy(const at::Tensor& src, const at::Tensor& dst) {
+  try {
+    Recorder r("aten::_copy_from");
+    const ElementType dtype = element_type(dst.scalar_type());
+    if (dst.numel() == 0) throw NotLowered{};
+    r.write(dst, r.broadcast(r.convert(r.tensor(src), dtype), vec(dst.sizes())));
+    return true;
+  } catch (const NotLowered&) {
+    return false;
+  }
+}
+
+void register_lowerings(torch::Library& library) {
+  library.impl("add.out", TORCH_FN(add_out));
+  library.impl("sub.out", TORCH_FN(sub_out));
+  library.impl("mul.out", TORCH_FN(mul_out));
+  library.impl("div.out", TORCH_FN(div_out));
+  library.impl("addcmul.out", TORCH_FN(addcmul_out));
+  library.impl("addcdiv.out", TORCH_FN(addcdiv_out));
+  library.impl("sqrt.out", TORCH_FN(sqrt_out));
+  library.impl("neg.out", TORCH_FN(neg_out));
+  library.impl("mm.out", TORCH_FN(mm_out));
+  library.impl("addmm.out", TORCH_FN(addmm_out));
+  library.impl("relu", TORCH_FN(relu));
+  library.impl("relu_", TORCH_FN(relu_));
+  library.impl("threshold_backward.grad_input", TORCH_FN(threshold_backward_out));
+  library.impl("sum.IntList_out", TORCH_FN(sum_out));
+  library.impl("mean.out", TORCH_FN(mean_out));
+  library.impl("mse_loss.out", TORCH_FN(mse_loss_out));
+  library.impl("mse_loss_backward", TORCH_FN(mse_loss_backward));
+  library.impl("mse_loss_backward.grad_input", TORCH_FN(mse_loss_backward_out));
+  library.impl("fill_.Scalar", TORCH_FN(fill_));
+  library.impl("zero_", TORCH_FN(zero_));
+}
+
+}  // namespace strata::xla::detail
