@@ -10,8 +10,9 @@ namespace strata::cli {
 Command make_train_command() {
   auto config = std::make_shared<TrainConfig>();
   auto numbers = std::make_shared<NumericFlags>("train");
+  auto strategy_flag = std::make_shared<CLI::Option*>(nullptr);
   Command command;
-  command.register_fn = [config, numbers](CLI::App& app) {
+  command.register_fn = [config, numbers, strategy_flag](CLI::App& app) {
     CLI::App* sub = app.add_subcommand(
         "train",
         "Train the example GPT on byte-level text on several workers.\n"
@@ -19,8 +20,9 @@ Command make_train_command() {
         "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt --logger csv\n"
         "         strata train --devices 2 --strategy fsdp --activation-checkpointing --ckpt-dir ckpt");
     TrainConfig& c = *config;
-    sub->add_option("--strategy", c.strategy,
-                    "Training strategy: ddp (replicated), fsdp (fully sharded), single_device")
+    *strategy_flag = sub->add_option("--strategy", c.strategy,
+                    "Training strategy: ddp (replicated), fsdp (fully sharded), single_device (the default with "
+                    "--accelerator xla)")
         ->capture_default_str();
     sub->add_option("--wrap-policy", c.wrap_policy,
                     "fsdp: comma-separated module types that become sharded units (default: Block, each "
@@ -34,8 +36,12 @@ Command make_train_command() {
     sub->add_flag("--sequential-save", c.sequential_save,
                   "fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
     sub->add_option("--accelerator", c.accelerator,
-                    "Device kind: cpu, cuda (one worker per GPU, worker i on cuda:i), auto")
+                    "Device kind: cpu, cuda (one worker per GPU, worker i on cuda:i), auto, xla (one PJRT device; "
+                    "ops without a lowering run on the CPU and are reported)")
         ->capture_default_str();
+    sub->add_option("--pjrt-plugin", c.pjrt_plugin,
+                    "--accelerator xla: the PJRT plugin (.so) to load; default: STRATA_PJRT_PLUGIN, else the CPU "
+                    "plugin installed in the Python environment");
     NumericFlags& n = *numbers;
     n.add_integer(sub, "--devices", "Workers on this host (-1: one per visible GPU with --accelerator cuda; one worker on the CPU)", -1, 1024,
                   [&c](int64_t v) { c.devices = int(v); }, "2");
@@ -87,8 +93,11 @@ Command make_train_command() {
         ->capture_default_str();
     return sub;
   };
-  command.run = [config, numbers] {
+  command.run = [config, numbers, strategy_flag] {
     numbers->apply();
+    // --strategy's default is ddp; on one xla device it is single_device
+    // (the xla strategies are not built yet).
+    if (config->accelerator == "xla" && (*strategy_flag)->count() == 0) config->strategy = "single_device";
     return run_train(*config);
   };
   return command;

@@ -112,6 +112,8 @@ void TrainConfig::validate() const {
                "' is not one of csv, jsonl, tensorboard");
   models::GPTConfig::preset(model_size);  // throws for an unknown size
 
+  STRATA_CHECK(pjrt_plugin.empty() || accelerator == "xla", ConfigError, "[train] --pjrt-plugin applies only to "
+               "--accelerator xla, but --accelerator is '", accelerator, "'; drop one of them");
   const bool fsdp = strategy == "fsdp";
   auto fsdp_only = [&](bool given, const char* flag) {
     STRATA_CHECK(!given || fsdp, ConfigError, "[train] ", flag, " applies only to --strategy fsdp, but --strategy is '",

@@ -22,6 +22,8 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -231,6 +233,8 @@ void check_paths(const TrainConfig& config) {
 
 int run_train(const TrainConfig& config) {
   config.validate();
+  // The xla device reads its plugin from the environment when it starts.
+  if (!config.pjrt_plugin.empty()) ::setenv("STRATA_PJRT_PLUGIN", config.pjrt_plugin.c_str(), 1);
   const runtime::Environment env = runtime::Environment::from_env();
   Trainer trainer(trainer_options(config, /*rank_zero=*/env.rank == 0));
   config.check_world(trainer.placement().world_size);

@@ -150,8 +150,11 @@ Group init_process_group(const runtime::Environment& env, const ProcessGroupOpti
     }
   }
   if (backend == "auto") {
-    STRATA_CHECK(device == "cpu" || device == "cuda", ConfigError, "[comm] unknown device type '",
-                 options.device_type, "'; use cpu or cuda");
+    // xla: one process for now (its collectives go into the compiled step,
+    // which is not built yet); a one-rank group has nothing to move.
+    STRATA_CHECK(device == "cpu" || device == "cuda" || (device == "xla" && env.world_size == 1), ConfigError,
+                 "[comm] ", device == "xla" ? "no collectives for device type 'xla' yet (a one-process job only)"
+                                            : "unknown device type '" + options.device_type + "'; use cpu or cuda");
     backend = env.world_size == 1 ? "local" : (device == "cuda" ? "nccl" : "auto-cpu");
   }
   STRATA_CHECK(backend == "gloo" || backend == "shm" || backend == "nccl" || backend == "local" || backend == "auto-cpu",

@@ -18,6 +18,7 @@
 #include "strata/core/strings.h"
 #include "strata/strategies/precision.h"
 #include "strata/strategies/saved_state.h"
+#include "strata/xla/device.h"
 
 namespace strata::strategies {
 namespace {
@@ -59,12 +60,30 @@ bool names_one_device(const char* visible_devices) {
 
 std::string gpus(int n) { return std::to_string(n) + (n == 1 ? " GPU" : " GPUs"); }
 
+// The devices of the PJRT plugin strata::xla finds (strata/xla/device.h);
+// the plugin's client starts on the first query.
+class XlaAccelerator : public Accelerator {
+ public:
+  std::string name() const override { return "xla"; }
+  c10::Device device(int local_rank) const override { return xla::device(local_rank); }
+  int auto_device_count() const override { return xla::device_count(); }
+};
+
 }  // namespace
 
 int resolve_devices(const std::string& kind, int requested, int available, const char* visible_devices) {
   STRATA_CHECK(requested == -1 || requested >= 1, ConfigError, "[accelerator] devices must be >= 1 (or -1 for "
                "every visible device), got ", requested);
   if (lower(kind) == "cpu") return requested == -1 ? 1 : requested;
+  if (lower(kind) == "xla") {
+    STRATA_CHECK(available >= 1, ConfigError, "[accelerator] devices=", requested,
+                 " on 'xla', but the PJRT plugin addresses no device");
+    if (requested == -1) return available;
+    STRATA_CHECK(requested <= available, ConfigError, "[accelerator] devices=", requested, " on 'xla', but the PJRT "
+                 "plugin (", xla::find_plugin().path, ") addresses ", available, " device", available == 1 ? "" : "s",
+                 "; ask for at most ", available);
+    return requested;
+  }
   STRATA_CHECK(available >= 1, ConfigError, "[accelerator] devices=", requested, " on '", kind,
                "', but this process sees no GPU (", visible_note(visible_devices),
                "); check nvidia-smi and CUDA_VISIBLE_DEVICES, or use accelerator 'cpu'");
@@ -133,18 +152,22 @@ std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {
   }
   if (n == "auto") return at::hasCUDA() ? std::make_shared<CudaAccelerator>() : cpu_accelerator();
   if (n == "xla" || n == "tpu") {
-    throw ConfigError("[accelerator] '" + name +
-                      "' (XLA devices) is not supported yet: strata trains on 'cpu' and 'cuda' today; "
-                      "XLA through PJRT is planned");
+    // Finds the plugin and starts its client now, so a missing plugin is
+    // refused before any worker starts (the error lists where it looked).
+    xla::init();
+    return std::make_shared<XlaAccelerator>();
   }
-  throw ConfigError("[accelerator] unknown accelerator '" + name + "'; choose one of: cpu, cuda, gpu, auto");
+  throw ConfigError("[accelerator] unknown accelerator '" + name + "'; choose one of: cpu, cuda, gpu, auto, xla");
 }
 
 // ---- precision ----------------------------------------------------------------
 
 Precision Precision::parse(const std::string& name, const std::string& device_type) {
   std::string n = lower(name);
-  if (n == "32-true" || n == "32" || n == "fp32" || n == "32-bit") return Precision("32-true", c10::kFloat, device_type);
+  const bool full = n == "32-true" || n == "32" || n == "fp32" || n == "32-bit";
+  STRATA_CHECK(device_type != "xla" || full, ConfigError, "[precision] '", name,
+               "' is not supported on xla yet; choose 32-true");
+  if (full) return Precision("32-true", c10::kFloat, device_type);
   if (n == "bf16-mixed") return Precision("bf16-mixed", c10::kBFloat16, device_type);
   if (n == "16-mixed" && device_type == "cuda") return Precision("16-mixed", c10::kHalf, device_type);
   if (n == "bf16-true" || n == "16-true" || n == "16-mixed" || n == "64-true") {

@@ -40,6 +40,13 @@ const char* to_string(StateDictType type) { return type == StateDictType::kFull 
 
 std::shared_ptr<Strategy> make_strategy(const StrategyOptions& options) {
   std::shared_ptr<Accelerator> accelerator = options.accelerator ? options.accelerator : cpu_accelerator();
+  const bool replicated_or_sharded =
+      options.kind == StrategyKind::kDDP || options.kind == StrategyKind::kFSDP ||
+      (options.kind == StrategyKind::kAuto && options.world_size > 1);
+  STRATA_CHECK(accelerator->name() != "xla" || !replicated_or_sharded, ConfigError,
+               "[strategy] '", options.kind == StrategyKind::kFSDP ? "fsdp" : "ddp",
+               "' runs on cpu and cuda; on accelerator 'xla' train with 'single_device' (or 'auto') on one device "
+               "(the xla and xla_fsdp strategies are not built yet)");
   switch (options.kind) {
     case StrategyKind::kDDP:
       return std::make_shared<DDPStrategy>(std::move(accelerator), options.precision, options.ddp);

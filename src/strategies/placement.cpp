@@ -149,6 +149,10 @@ ResolvedPlacement resolve_placement(const Placement& placement, const std::strin
   // The one place a job's size is worked out: the launcher's word when one
   // started this process, else the workers launch() will start.
   out.world_size = out.launched ? env.world_size : out.processes_per_node * out.num_nodes;
+  STRATA_CHECK(out.accelerator->name() != "xla" || out.world_size == 1, ConfigError, "[", who,
+               "] accelerator 'xla' trains on one device for now (devices=1, num_nodes=1, no launcher), got a job "
+               "of ", out.world_size, " workers; the data-parallel and fully-sharded xla strategies are not built "
+               "yet: train on 'cpu' or 'cuda' with ddp or fsdp");
   // The precision, when given, is a strategy object's too (Lightning's rule).
   out.strategy = resolve_strategy(placement.strategy, out.accelerator, placement.precision, out.world_size, who);
   if (!out.strategy->launched()) out.strategy->set_collective_timeout(placement.collective_timeout);

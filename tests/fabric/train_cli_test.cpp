@@ -404,4 +404,58 @@ TEST_F(TrainCliTest, SigintAndSigtermStopTrainingWithTheShellsExitCodes) {
   }
 }
 
+// strata train on one xla device (the test environment's CPU PJRT plugin):
+// it trains as the CPU does, and its checkpoints resume on the CPU and the
+// reverse. Ops without a lowering run LibTorch's CPU kernels; lowered ones
+// run XLA's, which may reorder a sum: a few ulps a step, so losses agree
+// within 1e-3 relative over 6 steps (the bound for 20), not bitwise.
+TEST_F(TrainCliTest, OneXlaDeviceTrainsAndItsCheckpointsResumeOnTheCpuAndBack) {
+  const std::string base = common() + " --devices 1 --val-every 0 --ckpt-every 3";
+  CommandResult xla = run_strata(base + " --accelerator xla --max-steps 6 --ckpt-dir " + path("xla") +
+                                 " --metrics-file " + path("xla.jsonl"));
+  if (xla.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << xla.output;
+  ASSERT_EQ(xla.exit_code, 0) << xla.output;
+  EXPECT_NE(xla.output.find("with single_device on 1 worker(s)"), std::string::npos) << xla.output;
+  CommandResult cpu = run_strata(base + " --strategy single_device --max-steps 6 --ckpt-dir " + path("cpu") +
+                                 " --metrics-file " + path("cpu.jsonl"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  const std::vector<double> on_xla = losses(path("xla.jsonl")), on_cpu = losses(path("cpu.jsonl"));
+  ASSERT_EQ(on_xla.size(), 6u);
+  ASSERT_EQ(on_cpu.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(on_xla[i], on_cpu[i], 1e-3 * on_cpu[i]) << "step " << i + 1;
+
+  // xla's step 3 resumes on the CPU; the CPU's step 3 resumes on xla.
+  fs::remove_all(path("xla/step-00000006"));
+  fs::remove_all(path("cpu/step-00000006"));
+  CommandResult to_cpu = run_strata(base + " --strategy single_device --max-steps 6 --resume latest --ckpt-dir " +
+                                    path("xla") + " --metrics-file " + path("to_cpu.jsonl"));
+  ASSERT_EQ(to_cpu.exit_code, 0) << to_cpu.output;
+  EXPECT_NE(to_cpu.output.find("resumed from"), std::string::npos) << to_cpu.output;
+  CommandResult to_xla = run_strata(base + " --accelerator xla --max-steps 6 --resume latest --ckpt-dir " +
+                                    path("cpu") + " --metrics-file " + path("to_xla.jsonl"));
+  ASSERT_EQ(to_xla.exit_code, 0) << to_xla.output;
+  const std::vector<double> a = losses(path("to_cpu.jsonl")), b = losses(path("to_xla.jsonl"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(a[i], on_xla[3 + i], 1e-3 * on_xla[3 + i]) << "step " << i + 4 << " resumed on the cpu";
+    EXPECT_NEAR(b[i], on_cpu[3 + i], 1e-3 * on_cpu[3 + i]) << "step " << i + 4 << " resumed on xla";
+  }
+}
+
+TEST_F(TrainCliTest, XlaRefusesSeveralDevicesAndReplicatedStrategiesNamingWhatWorks) {
+  CommandResult ddp = run_strata(common() + " --accelerator xla --devices 1 --strategy ddp --max-steps 1");
+  if (ddp.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << ddp.output;
+  EXPECT_NE(ddp.exit_code, 0);
+  EXPECT_NE(ddp.output.find("on accelerator 'xla' train with 'single_device'"), std::string::npos) << ddp.output;
+  CommandResult plugin = run_strata(common() + " --pjrt-plugin /nonexistent/plugin.so --max-steps 1");
+  EXPECT_NE(plugin.exit_code, 0);
+  EXPECT_NE(plugin.output.find("--pjrt-plugin applies only to --accelerator xla"), std::string::npos)
+      << plugin.output;
+  CommandResult missing = run_strata(common() + " --accelerator xla --devices 1 --pjrt-plugin " +
+                                     path("missing.so") + " --max-steps 1");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find(path("missing.so")), std::string::npos) << missing.output;
+}
+
 }  // namespace

@@ -104,8 +104,9 @@ class DeviceLoader : public Loader {
   void produce();
   void stop();
   Batch to_device(const Batch& batch) const;
-  // Note [One batch ahead]: the producer pins, the consumer copies.
-  bool staged() const { return !device_.is_cpu(); }
+  // Note [One batch ahead]: on CUDA the producer pins, the consumer copies
+  // on its stream; on other devices (xla) the producer uploads the batch.
+  bool staged() const { return device_.is_cuda(); }
   Batch pin(const Batch& batch) const;
   std::optional<Item> pop(bool wait);
   Item start_copy(Item item);

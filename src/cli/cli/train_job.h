@@ -19,6 +19,7 @@ struct TrainConfig {
   static constexpr int64_t kMaxSampleTokens = 4096;
   // placement
   std::string accelerator = "cpu";
+  std::string pjrt_plugin;  ///< --accelerator xla: the plugin to load ("": STRATA_PJRT_PLUGIN or the venv's)
   std::string strategy = "ddp";  ///< ddp, fsdp, single_device
   int devices = 2;
   int num_nodes = 1;
