@@ -18,6 +18,7 @@
 #include "strata/core/strings.h"
 #include "strata/strategies/precision.h"
 #include "strata/strategies/saved_state.h"
+#include "strata/xla/client.h"
 #include "strata/xla/device.h"
 
 namespace strata::strategies {
@@ -152,6 +153,15 @@ std::shared_ptr<Accelerator> make_accelerator(const std::string& name) {
   }
   if (n == "auto") return at::hasCUDA() ? std::make_shared<CudaAccelerator>() : cpu_accelerator();
   if (n == "xla" || n == "tpu") {
+    // "tpu" asks for a TPU: the plugin found must be one (Lightning's name
+    // for the XLA accelerator on TPU hosts), never the CPU plugin quietly.
+    if (n == "tpu") {
+      const std::string plugin = xla::find_plugin().path;
+      STRATA_CHECK(xla::plugin_kind(plugin) == "tpu", ConfigError, "[accelerator] 'tpu' asks for a TPU, but the "
+                   "PJRT plugin found is ", plugin, " (", xla::plugin_kind(plugin).empty() ? "not a TPU plugin"
+                   : xla::plugin_kind(plugin) + " plugin", "); set STRATA_PJRT_PLUGIN to libtpu's plugin, or use "
+                   "accelerator 'xla' for the plugin found");
+    }
     // Finds the plugin and starts its client now, so a missing plugin is
     // refused before any worker starts (the error lists where it looked).
     xla::init();
