@@ -6,15 +6,15 @@
 // A kernel lowers a call only in the simple, common case, and hands every
 // other one to the CPU fallback (Note [The CPU fallback] in kernels.cpp),
 // which syncs the step first and so stays correct for anything:
-//   - each xla input is its storage's whole value: offset 0, numel times the
-//     element size equal to the storage's bytes, and laid out densely in
-//     some order of its dims (contiguous, or a transpose such as w.t(), read
-//     as a reshape and a transpose of the storage's 1-d value);
+//   - each xla input is read from its storage's whole value: contiguous, a
+//     transpose such as w.t(), or a strided sub-box of the storage such as
+//     a split or a narrow (Note [Strided views as slices] in lowering.h);
 //   - the output (out=, or self for in-place) is contiguous and covers its
 //     storage, so its new value is the storage's whole new value;
 //   - the other inputs are Scalars or 0-dim CPU tensors (wrapped numbers).
-// Views keep resolving against their base's storage: a view that is not a
-// whole storage (a narrow, a select) takes the fallback.
+// Views keep resolving against their base's storage: an output view that
+// is not a whole storage (a narrow, a select written in place) takes the
+// fallback.
 //
 // Note [Shapes and dtypes from meta tensors]
 // Each kernel runs its op on meta copies of its inputs (wrapped numbers
@@ -61,227 +61,13 @@
 
 #include "strata/xla/lazy_graph.h"
 #include "lazy_buffer.h"
+#include "lowering.h"
 #include "runtime.h"
 
 namespace strata::xla::detail {
 namespace {
 
-namespace shlo = stablehlo;
-using lazy::Node;
-using lazy::NodePtr;
-
-constexpr c10::DeviceType kXla = c10::DeviceType::PrivateUse1;
-
-// Thrown where a call is not lowered (Note [What is lowered]); the kernel
-// then takes the CPU fallback. Nothing has been written when it is thrown.
-struct NotLowered {};
-
-std::vector<int64_t> vec(c10::IntArrayRef a) { return {a.begin(), a.end()}; }
-
-ElementType element_type(c10::ScalarType type) {
-  ElementType out = ElementType::kF32;
-  if (!element_type_of(type, out)) throw NotLowered{};
-  return out;
-}
-
-// The nodes one kernel call makes, and the helpers that make them.
-class Recorder {
- public:
-  explicit Recorder(const char* op) : op_(op) {}
-
-  NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, lazy::EmitFn emit) {
-    ++nodes_;
-    return Node::op(std::move(name), std::move(inputs), std::move(type), std::move(emit));
-  }
-
-  // A 0-dim constant baked into the program.
-  NodePtr constant(double value, ElementType dtype) {
-    if (dtype == ElementType::kF32) value = static_cast<float>(value);
-    const shlo::Type type{dtype, {}};
-    return op("constant", {}, type,
-              [type, value](shlo::Function& f, const std::vector<shlo::Value>&) { return f.constant(type, {value}); });
-  }
-
-  // Note [Scalars in the graph]
-  NodePtr scalar(const at::Scalar& s, ElementType dtype) {
-    if (s.isComplex()) throw NotLowered{};
-    const double v = s.toDouble();
-    if (v == 0.0 || v == 1.0 || v == -1.0) return constant(v, dtype);
-    return Node::host_scalar(v, dtype);
-  }
-
-  NodePtr reshape(const NodePtr& x, const std::vector<int64_t>& dims) {
-    if (x->type().dims == dims) return x;
-    return op("reshape", {x}, {x->type().dtype, dims},
-              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.reshape(in[0], dims); });
-  }
-
-  NodePtr transpose(const NodePtr& x, const std::vector<int64_t>& perm) {
-    bool identity = true;
-    for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
-    if (identity) return x;
-    shlo::Type type{x->type().dtype, {}};
-    for (int64_t p : perm) type.dims.push_back(x->type().dims[static_cast<size_t>(p)]);
-    return op("transpose", {x}, type,
-              [perm](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.transpose(in[0], perm); });
-  }
-
-  NodePtr convert(const NodePtr& x, ElementType dtype) {
-    if (x->type().dtype == dtype) return x;
-    return op("convert", {x}, {dtype, x->type().dims},
-              [dtype](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.convert(in[0], dtype); });
-  }
-
-  // Numpy-style broadcast to `dims` (trailing dims aligned).
-  NodePtr broadcast(const NodePtr& x, const std::vector<int64_t>& dims) {
-    if (x->type().dims == dims) return x;
-    const size_t rank = x->type().dims.size();
-    if (rank > dims.size()) throw NotLowered{};
-    std::vector<int64_t> mapping(rank);
-    std::iota(mapping.begin(), mapping.end(), static_cast<int64_t>(dims.size() - rank));
-    return op("broadcast", {x}, {x->type().dtype, dims}, [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.broadcast_in_dim(in[0], dims, mapping);
-    });
-  }
-
-  enum class Binary { kAdd, kSubtract, kMultiply, kDivide, kMaximum };
-
-  NodePtr binary(Binary kind, const NodePtr& a, const NodePtr& b) {
-    if (!(a->type() == b->type())) throw NotLowered{};
-    static const char* const kNames[] = {"add", "subtract", "multiply", "divide", "maximum"};
-    return op(kNames[static_cast<int>(kind)], {a, b}, a->type(),
-              [kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
-                switch (kind) {
-                  case Binary::kAdd: return f.add(in[0], in[1]);
-                  case Binary::kSubtract: return f.subtract(in[0], in[1]);
-                  case Binary::kMultiply: return f.multiply(in[0], in[1]);
-                  case Binary::kDivide: return f.divide(in[0], in[1]);
-                  case Binary::kMaximum: return f.maximum(in[0], in[1]);
-                }
-                return f.add(in[0], in[1]);
-              });
-  }
-
-  // `s` times `x` (x itself when s is 1).
-  NodePtr scaled(const at::Scalar& s, const NodePtr& x) {
-    if (!s.isComplex() && s.toDouble() == 1.0) return x;
-    return binary(Binary::kMultiply, broadcast(scalar(s, x->type().dtype), x->type().dims), x);
-  }
-
-  NodePtr sum(const NodePtr& x, std::vector<int64_t> dims) {
-    if (dims.empty()) return x;
-    std::sort(dims.begin(), dims.end());
-    shlo::Type type{x->type().dtype, {}};
-    for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
-      if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
-    NodePtr zero = constant(0.0, x->type().dtype);
-    return op("reduce_sum", {x, zero}, type, [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.reduce(in[0], in[1], dims, shlo::ReduceOp::kSum);
-    });
-  }
-
-  // The whole value of an xla tensor, of its own shape and dtype (Note
-  // [What is lowered]).
-  NodePtr tensor(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kXla || t.numel() == 0 || t.storage_offset() != 0) throw NotLowered{};
-    const ElementType dtype = element_type(t.scalar_type());
-    LazyBuffer& storage = lazy_buffer(t);
-    if (storage.nbytes() != static_cast<size_t>(t.numel()) * t.element_size()) throw NotLowered{};
-    // The dims of size > 1 from the outermost in memory to the innermost.
-    std::vector<int64_t> laid;
-    for (int64_t d = 0; d < t.dim(); ++d)
-      if (t.size(d) > 1) laid.push_back(d);
-    std::vector<int64_t> original = laid;
-    std::stable_sort(laid.begin(), laid.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
-    int64_t expect = 1;
-    for (size_t i = laid.size(); i-- > 0;) {
-      if (t.stride(laid[i]) != expect) throw NotLowered{};
-      expect *= t.size(laid[i]);
-    }
-    NodePtr base = storage.value_node(dtype);
-    if (!base) throw NotLowered{};
-    std::vector<int64_t> laid_sizes, perm;
-    for (int64_t d : laid) laid_sizes.push_back(t.size(d));
-    for (int64_t d : original)
-      perm.push_back(static_cast<int64_t>(std::find(laid.begin(), laid.end(), d) - laid.begin()));
-    return reshape(transpose(reshape(base, laid_sizes), perm), vec(t.sizes()));
-  }
-
-  // An operand of an element-wise op: an xla tensor or a 0-dim CPU tensor
-  // (Note [Scalars in the graph]), converted to `dtype` and broadcast to
-  // `dims`.
-  NodePtr operand(const at::Tensor& t, ElementType dtype, const std::vector<int64_t>& dims) {
-    if (t.defined() && t.device().is_cpu() && t.dim() == 0) return broadcast(scalar(t.item(), dtype), dims);
-    return broadcast(convert(tensor(t), dtype), dims);
-  }
-
-  // Rebinds `out` (resized to `dims` first, as an out= kernel does) to
-  // `value`, converted to out's dtype.
-  void write(const at::Tensor& out, NodePtr value) {
-    const std::vector<int64_t> dims = value->type().dims;
-    if (out.device().type() != kXla) throw NotLowered{};
-    if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
-    const ElementType dtype = element_type(out.scalar_type());
-    if (out.numel() == 0 || !out.is_contiguous() || out.storage_offset() != 0) throw NotLowered{};
-    const size_t needed = static_cast<size_t>(out.numel()) * out.element_size();
-    if (lazy_buffer(out).nbytes() != needed) {
-      // A storage larger than its only tensor (an out= tensor made for a
-      // bigger shape and resized down, as the structured kernels of the
-      // losses do): nothing else can see the rest, so the tensor gets a
-      // storage of its own size.
-      if (out.storage().use_count() != 1 || out.is_view()) throw NotLowered{};
-      c10::DeviceGuard guard(out.device());
-      out.unsafeGetTensorImpl()->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), needed,
-                                                                     allocator(), /*resizable=*/true));
-    }
-    value = reshape(convert(value, dtype), {out.numel()});
-    lazy_buffer(out).set_pending(std::move(value));
-    count_lowered(op_, nodes_);
-  }
-
- private:
-  const char* op_;
-  int64_t nodes_ = 0;
-};
-
-using Binary = Recorder::Binary;
-
-at::Tensor meta(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
-  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return m;
-}
-
-// The shape and dtype of an op's result (Note [Shapes and dtypes from meta
-// tensors]), and the check that `out` may hold it.
-struct Result {
-  std::vector<int64_t> dims;
-  ElementType dtype;
-};
-
-template <class F>
-Result result_of(F&& run_on_meta, const at::Tensor* out = nullptr) {
-  at::Tensor m;
-  try {
-    m = run_on_meta();
-  } catch (const c10::Error&) {
-    throw NotLowered{};  // the fallback raises LibTorch's own error
-  }
-  if (out != nullptr && !c10::canCast(m.scalar_type(), out->scalar_type())) throw NotLowered{};
-  return {vec(m.sizes()), element_type(m.scalar_type())};
-}
-
-// Runs `lower`; where it does not lower the call, the CPU fallback runs
-// the op (Note [What is lowered]).
-#define STRATA_LOWER(OP, FALLBACK_OP, ...)                                                   \
-  try {                                                                                      \
-    Recorder r(OP);                                                                          \
-    lower(r);                                                                                \
-    return out;                                                                              \
-  } catch (const NotLowered&) {                                                              \
-  }                                                                                          \
-  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::FALLBACK_OP>::call(__VA_ARGS__)
+using namespace lowering;
 
 at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
@@ -449,19 +235,6 @@ at::Tensor& threshold_backward_out(const at::Tensor& grad_output, const at::Tens
                out);
 }
 
-// The dims a reduction over `dim` (none or empty: all) covers.
-std::vector<int64_t> reduced_dims(const at::Tensor& self, at::OptionalIntArrayRef dim) {
-  std::vector<int64_t> dims;
-  if (!dim.has_value() || dim->empty()) {
-    for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
-    return dims;
-  }
-  for (int64_t d : *dim) dims.push_back(c10::maybe_wrap_dim(d, self.dim()));
-  std::sort(dims.begin(), dims.end());
-  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
-  return dims;
-}
-
 at::Tensor& sum_out(const at::Tensor& self, at::OptionalIntArrayRef dim, bool keepdim,
                     std::optional<at::ScalarType> dtype, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
@@ -600,6 +373,8 @@ bool lower_copy(const at::Tensor& src, const at::Tensor& dst) {
 }
 
 void register_lowerings(torch::Library& library) {
+  lowering::register_nn(library);
+  lowering::register_shape(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));

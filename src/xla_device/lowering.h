@@ -1,0 +1,365 @@
+// What the xla device's lowered kernels share (lowerings.cpp, kernels_nn.cpp,
+// kernels_shape.cpp): the Recorder that makes one call's graph nodes, the
+// meta-tensor result of an op, and STRATA_LOWER, which runs a lowering and
+// takes the CPU fallback where it does not apply (Note [What is lowered] in
+// lowerings.cpp).
+#pragma once
+
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/WrapDimMinimal.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "strata/xla/lazy_graph.h"
+#include "lazy_buffer.h"
+#include "runtime.h"
+
+namespace strata::xla::detail::lowering {
+namespace shlo = stablehlo;
+using lazy::Node;
+using lazy::NodePtr;
+
+constexpr c10::DeviceType kXla = c10::DeviceType::PrivateUse1;
+
+// Thrown where a call is not lowered (Note [What is lowered]); the kernel
+// then takes the CPU fallback. Nothing has been written when it is thrown.
+struct NotLowered {};
+
+inline std::vector<int64_t> vec(c10::IntArrayRef a) { return {a.begin(), a.end()}; }
+
+inline ElementType element_type(c10::ScalarType type) {
+  ElementType out = ElementType::kF32;
+  if (!element_type_of(type, out)) throw NotLowered{};
+  return out;
+}
+
+// The nodes one kernel call makes, and the helpers that make them.
+class Recorder {
+ public:
+  explicit Recorder(const char* op) : op_(op) {}
+
+  NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, lazy::EmitFn emit) {
+    ++nodes_;
+    return Node::op(std::move(name), std::move(inputs), std::move(type), std::move(emit));
+  }
+
+  // A 0-dim constant baked into the program.
+  NodePtr constant(double value, ElementType dtype) {
+    if (dtype == ElementType::kF32) value = static_cast<float>(value);
+    const shlo::Type type{dtype, {}};
+    return op("constant", {}, type,
+              [type, value](shlo::Function& f, const std::vector<shlo::Value>&) { return f.constant(type, {value}); });
+  }
+
+  // Note [Scalars in the graph]
+  NodePtr scalar(const at::Scalar& s, ElementType dtype) {
+    if (s.isComplex()) throw NotLowered{};
+    const double v = s.toDouble();
+    if (v == 0.0 || v == 1.0 || v == -1.0) return constant(v, dtype);
+    return Node::host_scalar(v, dtype);
+  }
+
+  NodePtr reshape(const NodePtr& x, const std::vector<int64_t>& dims) {
+    if (x->type().dims == dims) return x;
+    return op("reshape", {x}, {x->type().dtype, dims},
+              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.reshape(in[0], dims); });
+  }
+
+  NodePtr transpose(const NodePtr& x, const std::vector<int64_t>& perm) {
+    bool identity = true;
+    for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+    if (identity) return x;
+    shlo::Type type{x->type().dtype, {}};
+    for (int64_t p : perm) type.dims.push_back(x->type().dims[static_cast<size_t>(p)]);
+    return op("transpose", {x}, type,
+              [perm](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.transpose(in[0], perm); });
+  }
+
+  NodePtr convert(const NodePtr& x, ElementType dtype) {
+    if (x->type().dtype == dtype) return x;
+    return op("convert", {x}, {dtype, x->type().dims},
+              [dtype](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.convert(in[0], dtype); });
+  }
+
+  // Numpy-style broadcast to `dims` (trailing dims aligned).
+  NodePtr broadcast(const NodePtr& x, const std::vector<int64_t>& dims) {
+    if (x->type().dims == dims) return x;
+    const size_t rank = x->type().dims.size();
+    if (rank > dims.size()) throw NotLowered{};
+    std::vector<int64_t> mapping(rank);
+    std::iota(mapping.begin(), mapping.end(), static_cast<int64_t>(dims.size() - rank));
+    return op("broadcast", {x}, {x->type().dtype, dims}, [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.broadcast_in_dim(in[0], dims, mapping);
+    });
+  }
+
+  enum class Binary { kAdd, kSubtract, kMultiply, kDivide, kMaximum, kMinimum };
+
+  NodePtr binary(Binary kind, const NodePtr& a, const NodePtr& b) {
+    if (!(a->type() == b->type())) throw NotLowered{};
+    static const char* const kNames[] = {"add", "subtract", "multiply", "divide", "maximum", "minimum"};
+    return op(kNames[static_cast<int>(kind)], {a, b}, a->type(),
+              [kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                switch (kind) {
+                  case Binary::kAdd: return f.add(in[0], in[1]);
+                  case Binary::kSubtract: return f.subtract(in[0], in[1]);
+                  case Binary::kMultiply: return f.multiply(in[0], in[1]);
+                  case Binary::kDivide: return f.divide(in[0], in[1]);
+                  case Binary::kMaximum: return f.maximum(in[0], in[1]);
+                  case Binary::kMinimum: return f.minimum(in[0], in[1]);
+                }
+                return f.add(in[0], in[1]);
+              });
+  }
+
+  // `s` times `x` (x itself when s is 1).
+  NodePtr scaled(const at::Scalar& s, const NodePtr& x) {
+    if (!s.isComplex() && s.toDouble() == 1.0) return x;
+    return binary(Binary::kMultiply, broadcast(scalar(s, x->type().dtype), x->type().dims), x);
+  }
+
+  using UnaryFn = shlo::Value (shlo::Function::*)(const shlo::Value&);
+  NodePtr unary(const char* name, const NodePtr& x, UnaryFn fn) {
+    return op(name, {x}, x->type(), [fn](shlo::Function& f, const std::vector<shlo::Value>& in) { return (f.*fn)(in[0]); });
+  }
+
+  // A constant of `dtype` broadcast to `dims`.
+  NodePtr splat(double value, ElementType dtype, const std::vector<int64_t>& dims) {
+    return broadcast(constant(value, dtype), dims);
+  }
+
+  NodePtr compare(const NodePtr& a, const NodePtr& b, shlo::Direction direction) {
+    if (!(a->type() == b->type())) throw NotLowered{};
+    return op("compare", {a, b}, {ElementType::kPred, a->type().dims},
+              [direction](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.compare(in[0], in[1], direction);
+              });
+  }
+
+  NodePtr select(const NodePtr& pred, const NodePtr& on_true, const NodePtr& on_false) {
+    return op("select", {pred, on_true, on_false}, on_true->type(),
+              [](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.select(in[0], in[1], in[2]); });
+  }
+
+  // `x` reduced over `dims` by `kind` from `init`.
+  NodePtr reduce(const NodePtr& x, std::vector<int64_t> dims, shlo::ReduceOp kind, double init) {
+    if (dims.empty()) return x;
+    std::sort(dims.begin(), dims.end());
+    shlo::Type type{x->type().dtype, {}};
+    for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
+      if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
+    NodePtr start = constant(init, x->type().dtype);
+    return op("reduce", {x, start}, type, [dims, kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.reduce(in[0], in[1], dims, kind);
+    });
+  }
+
+  // A reduction's result `x` over `reduced` (sorted) broadcast back to `dims`.
+  NodePtr expand_back(const NodePtr& x, const std::vector<int64_t>& dims, const std::vector<int64_t>& reduced) {
+    std::vector<int64_t> mapping;
+    for (int64_t d = 0; d < static_cast<int64_t>(dims.size()); ++d)
+      if (!std::binary_search(reduced.begin(), reduced.end(), d)) mapping.push_back(d);
+    return op("broadcast", {x}, {x->type().dtype, dims}, [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.broadcast_in_dim(in[0], dims, mapping);
+    });
+  }
+
+  // 0, 1, 2, ... along `dim` of {dtype, dims}.
+  NodePtr iota(ElementType dtype, const std::vector<int64_t>& dims, int64_t dim) {
+    const shlo::Type type{dtype, dims};
+    return op("iota", {}, type, [type, dim](shlo::Function& f, const std::vector<shlo::Value>&) { return f.iota(type, dim); });
+  }
+
+  NodePtr sum(const NodePtr& x, std::vector<int64_t> dims) {
+    if (dims.empty()) return x;
+    std::sort(dims.begin(), dims.end());
+    shlo::Type type{x->type().dtype, {}};
+    for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
+      if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
+    NodePtr zero = constant(0.0, x->type().dtype);
+    return op("reduce_sum", {x, zero}, type, [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.reduce(in[0], in[1], dims, shlo::ReduceOp::kSum);
+    });
+  }
+
+  NodePtr slice(const NodePtr& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit) {
+    shlo::Type type{x->type().dtype, {}};
+    bool whole = true;
+    for (size_t i = 0; i < start.size(); ++i) {
+      type.dims.push_back(limit[i] - start[i]);
+      whole = whole && start[i] == 0 && limit[i] == x->type().dims[i];
+    }
+    if (whole) return x;
+    return op("slice", {x}, type, [start, limit](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.slice(in[0], start, limit);
+    });
+  }
+
+  // Note [Strided views as slices]
+  // An input view is read from its storage's whole 1-d value without a
+  // sync: its dims that move (size > 1, stride > 0), outermost first, must
+  // each have a stride that divides the one outside it, so the storage's
+  // first elements form a box of those strides' ratios, and the view (its
+  // offset included) is a sub-box of it: a slice, a reshape and a
+  // transpose. qkv.split(...) and the head transposes of attention are
+  // such views; dims of stride 0 (expand) are broadcast afterwards. Any
+  // other layout takes the fallback.
+  // The value of an xla tensor, of its own shape and dtype.
+  NodePtr tensor(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kXla || t.numel() == 0) throw NotLowered{};
+    const ElementType dtype = element_type(t.scalar_type());
+    LazyBuffer& storage = lazy_buffer(t);
+    NodePtr base = storage.value_node(dtype);
+    if (!base) throw NotLowered{};
+    const int64_t n = base->type().dims.at(0);
+    // The dims of size > 1 that move in memory, from the outermost to the
+    // innermost; the broadcast ones (stride 0) are added back last.
+    std::vector<int64_t> laid;
+    bool broadcasts = false;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.size(d) > 1 && t.stride(d) > 0) laid.push_back(d);
+      if (t.size(d) > 1 && t.stride(d) == 0) broadcasts = true;
+      if (t.stride(d) < 0) throw NotLowered{};
+    }
+    const std::vector<int64_t> original = laid;
+    std::stable_sort(laid.begin(), laid.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+    // The storage as a box of `extents` (each dim's stride divides the one
+    // outside it), the view a sub-box of it at `start`.
+    std::vector<int64_t> extents, start, limit;
+    int64_t rest = t.storage_offset();
+    for (size_t i = 0; i < laid.size(); ++i) {
+      const int64_t stride = t.stride(laid[i]), size = t.size(laid[i]);
+      if (i > 0 && t.stride(laid[i - 1]) % stride != 0) throw NotLowered{};
+      const int64_t extent = i == 0 ? 0 : t.stride(laid[i - 1]) / stride;
+      start.push_back(rest / stride);
+      rest %= stride;
+      limit.push_back(start.back() + size);
+      extents.push_back(i == 0 ? limit.back() : extent);
+      if (i > 0 && limit.back() > extent) throw NotLowered{};
+    }
+    const int64_t inner = laid.empty() ? 1 : t.stride(laid.back());
+    extents.push_back(inner);
+    start.push_back(rest);
+    limit.push_back(rest + 1);
+    int64_t used = 1;
+    for (int64_t e : extents) used *= e;
+    if (laid.empty()) used = rest + 1;
+    if (used > n) throw NotLowered{};
+    NodePtr box = reshape(slice(base, {0}, {used}), laid.empty() ? std::vector<int64_t>{used} : extents);
+    if (laid.empty()) {
+      start = {rest};
+      limit = {rest + 1};
+    }
+    std::vector<int64_t> laid_sizes, perm;
+    for (int64_t d : laid) laid_sizes.push_back(t.size(d));
+    NodePtr value = reshape(slice(box, start, limit), laid_sizes);
+    for (int64_t d : original)
+      perm.push_back(static_cast<int64_t>(std::find(laid.begin(), laid.end(), d) - laid.begin()));
+    value = transpose(value, perm);
+    if (!broadcasts) return reshape(value, vec(t.sizes()));
+    const std::vector<int64_t> dims = vec(t.sizes());
+    return op("broadcast", {value}, {dtype, dims}, [dims, original](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.broadcast_in_dim(in[0], dims, original);
+    });
+  }
+
+  // An operand of an element-wise op: an xla tensor or a 0-dim CPU tensor
+  // (Note [Scalars in the graph]), converted to `dtype` and broadcast to
+  // `dims`.
+  NodePtr operand(const at::Tensor& t, ElementType dtype, const std::vector<int64_t>& dims) {
+    if (t.defined() && t.device().is_cpu() && t.dim() == 0) return broadcast(scalar(t.item(), dtype), dims);
+    return broadcast(convert(tensor(t), dtype), dims);
+  }
+
+  // Rebinds `out` (resized to `dims` first, as an out= kernel does) to
+  // `value`, converted to out's dtype.
+  void write(const at::Tensor& out, NodePtr value) {
+    const std::vector<int64_t> dims = value->type().dims;
+    if (out.device().type() != kXla) throw NotLowered{};
+    if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
+    const ElementType dtype = element_type(out.scalar_type());
+    if (out.numel() == 0 || !out.is_contiguous() || out.storage_offset() != 0) throw NotLowered{};
+    const size_t needed = static_cast<size_t>(out.numel()) * out.element_size();
+    if (lazy_buffer(out).nbytes() != needed) {
+      // A storage larger than its only tensor (an out= tensor made for a
+      // bigger shape and resized down, as the structured kernels of the
+      // losses do): nothing else can see the rest, so the tensor gets a
+      // storage of its own size.
+      if (out.storage().use_count() != 1 || out.is_view()) throw NotLowered{};
+      c10::DeviceGuard guard(out.device());
+      out.unsafeGetTensorImpl()->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), needed,
+                                                                     allocator(), /*resizable=*/true));
+    }
+    value = reshape(convert(value, dtype), {out.numel()});
+    lazy_buffer(out).set_pending(std::move(value));
+    count_lowered(op_, nodes_);
+  }
+
+ private:
+  const char* op_;
+  int64_t nodes_ = 0;
+};
+
+using Binary = Recorder::Binary;
+
+inline at::Tensor meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return m;
+}
+
+// The shape and dtype of an op's result (Note [Shapes and dtypes from meta
+// tensors]), and the check that `out` may hold it.
+struct Result {
+  std::vector<int64_t> dims;
+  ElementType dtype;
+};
+
+template <class F>
+Result result_of(F&& run_on_meta, const at::Tensor* out = nullptr) {
+  at::Tensor m;
+  try {
+    m = run_on_meta();
+  } catch (const c10::Error&) {
+    throw NotLowered{};  // the fallback raises LibTorch's own error
+  }
+  if (out != nullptr && !c10::canCast(m.scalar_type(), out->scalar_type())) throw NotLowered{};
+  return {vec(m.sizes()), element_type(m.scalar_type())};
+}
+
+// Runs `lower`; where it does not lower the call, the CPU fallback runs
+// the op (Note [What is lowered]).
+#define STRATA_LOWER(OP, FALLBACK_OP, ...)                                                   \
+  try {                                                                                      \
+    Recorder r(OP);                                                                          \
+    lower(r);                                                                                \
+    return out;                                                                              \
+  } catch (const NotLowered&) {                                                              \
+  }                                                                                          \
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::FALLBACK_OP>::call(__VA_ARGS__)
+
+// The dims a reduction over `dim` (none or empty: all) covers.
+inline std::vector<int64_t> reduced_dims(const at::Tensor& self, at::OptionalIntArrayRef dim) {
+  std::vector<int64_t> dims;
+  if (!dim.has_value() || dim->empty()) {
+    for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
+    return dims;
+  }
+  for (int64_t d : *dim) dims.push_back(c10::maybe_wrap_dim(d, self.dim()));
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  return dims;
+}
+
+/// The lowered kernels of the nn ops (kernels_nn.cpp) and of the shape and
+/// indexing ops (kernels_shape.cpp).
+void register_nn(torch::Library& library);
+void register_shape(torch::Library& library);
+
+}  // namespace strata::xla::detail::lowering
