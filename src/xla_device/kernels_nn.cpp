@@ -383,6 +383,14 @@ at::Tensor& clamp_out(const at::Tensor& self, const std::optional<at::Scalar>& m
   STRATA_LOWER("aten::clamp.out", clamp_out, self, min, max, out);
 }
 
+at::Tensor& clamp_max_out(const at::Tensor& self, const at::Scalar& max, at::Tensor& out) {
+  return clamp_out(self, std::nullopt, max, out);
+}
+
+at::Tensor& clamp_min_out(const at::Tensor& self, const at::Scalar& min, at::Tensor& out) {
+  return clamp_out(self, min, std::nullopt, out);
+}
+
 }  // namespace
 
 void register_nn(torch::Library& library) {
@@ -398,6 +406,8 @@ void register_nn(torch::Library& library) {
   library.impl("nll_loss_backward.grad_input", TORCH_FN(nll_loss_backward_out));
   library.impl("norm.out", TORCH_FN(norm_out));
   library.impl("clamp.out", TORCH_FN(clamp_out));
+  library.impl("clamp_max.out", TORCH_FN(clamp_max_out));
+  library.impl("clamp_min.out", TORCH_FN(clamp_min_out));
 }
 
 }  // namespace strata::xla::detail::lowering

@@ -1,0 +1,185 @@
+// The lowered ops the example GPT reaches (kernels_nn.cpp, kernels_shape.cpp)
+// against LibTorch's CPU kernels: shapes, broadcasts, dims, dtypes and the
+// options each op takes, recorded into one step with no fallback. Inputs
+// include strided views (splits, narrows, transposes, expands), read as
+// slices of their storage. Skips, saying so, without the CPU PJRT plugin.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "strata/core/error.h"
+#include "strata/xla/device.h"
+
+namespace {
+
+using strata::xla::metrics;
+
+// |a - b| <= tol * max(1, max|b|) elementwise, same dtype and shape.
+::testing::AssertionResult close(const at::Tensor& xla, const at::Tensor& cpu, double tol) {
+  at::Tensor a = xla.cpu();
+  if (a.scalar_type() != cpu.scalar_type() || a.sizes() != cpu.sizes())
+    return ::testing::AssertionFailure() << "dtype/shape " << a.scalar_type() << a.sizes() << " vs "
+                                         << cpu.scalar_type() << cpu.sizes();
+  at::Tensor x = a.to(torch::kDouble), y = cpu.to(torch::kDouble);
+  // -inf where LibTorch has -inf (masked_fill): compare the rest.
+  at::Tensor same_inf = (x == y) & y.isinf();
+  x = x.masked_fill(same_inf, 0), y = y.masked_fill(same_inf, 0);
+  const double scale = std::max(1.0, y.abs().max().item<double>());
+  const double diff = (x - y).abs().max().item<double>();
+  if (diff <= tol * scale) return ::testing::AssertionSuccess() << diff;
+  return ::testing::AssertionFailure() << "max difference " << diff << " over " << tol * scale;
+}
+
+struct Case {
+  const char* what;
+  at::Tensor xla, cpu;
+  double tol;
+};
+
+// Note [Tolerances of the lowered nn ops]
+// Exact ops (indexing, cat, triu, arange, masked_fill, clamp) must match to
+// the bit. Sums (bmm, norm, softmax, layer norm, nll_loss) are ordered by
+// XLA's CPU kernels their own way: 1e-6 of the largest value. exp, log,
+// tanh and erf are XLA's polynomial approximations, not libm's (LibTorch's
+// vectorised CPU kernels use Sleef): 2e-6. bf16 results differ by one bf16
+// rounding where the f32 values straddle it: 1e-2.
+constexpr double kExact = 0, kSum = 1e-6, kTranscendental = 2e-6, kBf16 = 1e-2;
+
+TEST(XlaNnOpsTest, LoweredNnOpsMatchTheCpu) {
+  try {
+    strata::xla::find_plugin();
+  } catch (const strata::ConfigError& e) {
+    GTEST_SKIP() << "no PJRT plugin for the xla device: " << e.what();
+  }
+  strata::xla::init();
+  const c10::Device dev = strata::xla::device(0);
+  auto on = [&](const at::Tensor& t) { return t.to(dev); };
+  torch::manual_seed(7);
+  const at::Tensor a3 = torch::randn({3, 4, 5}), b3 = torch::randn({3, 5, 2}), c3 = torch::randn({3, 2, 5});
+  const at::Tensor m = torch::randn({6, 8}), g = torch::randn({6, 8}), n = torch::randn({2, 6, 8});
+  const at::Tensor wide = torch::randn({4, 12});  // split into three [4, 4] views
+  const at::Tensor ints = torch::arange(12, torch::kInt).view({3, 4});
+  const at::Tensor mask = torch::rand({6, 8}) > 0.5, row_mask = torch::rand({8}) > 0.5;
+  const at::Tensor table = torch::randn({10, 4}), idx = torch::tensor({3, 0, 2, 3, 3}, torch::kLong);
+  const at::Tensor idx2 = torch::tensor({{1, 2, 1}, {0, 2, 1}}, torch::kLong), eg = torch::randn({2, 3, 4});
+  const at::Tensor lw = torch::randn({8}), lb = torch::randn({8});
+  const at::Tensor logits = torch::randn({5, 7}), target = torch::tensor({1, 6, 0, 3, 3}, torch::kLong);
+  const at::Tensor cw = torch::rand({7}) + 0.5;
+  const at::Tensor xa3 = on(a3), xb3 = on(b3), xc3 = on(c3), xm = on(m), xg = on(g), xn = on(n), xwide = on(wide),
+                   xints = on(ints), xmask = on(mask), xrow_mask = on(row_mask), xtable = on(table), xidx = on(idx),
+                   xidx2 = on(idx2), xeg = on(eg), xlw = on(lw), xlb = on(lb), xlogits = on(logits),
+                   xtarget = on(target), xcw = on(cw);
+  const auto pieces = wide.split(4, 1);
+  const auto xpieces = xwide.split(4, 1);
+  const double ninf = -std::numeric_limits<double>::infinity();
+  const at::Tensor lm = m.to(torch::kBFloat16), xlm = xm.to(torch::kBFloat16);
+  const at::Tensor causal = m.masked_fill(torch::ones({6, 8}, torch::kBool).triu(1), ninf), xcausal = on(causal);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+
+  const auto ln = at::native_layer_norm(m, {8}, lw, lb, 1e-5);
+  const auto xln = at::native_layer_norm(xm, {8}, xlw, xlb, 1e-5);
+  const auto ln3 = at::native_layer_norm(n, {6, 8}, {}, {}, 1e-5);
+  const auto xln3 = at::native_layer_norm(xn, {6, 8}, {}, {}, 1e-5);
+  const auto lnb = at::native_layer_norm_backward(g, m, {8}, std::get<1>(ln), std::get<2>(ln), lw, lb,
+                                                  {true, true, true});
+  const auto xlnb = at::native_layer_norm_backward(xg, xm, {8}, std::get<1>(xln), std::get<2>(xln), xlw, xlb,
+                                                   {true, true, true});
+  const auto nll = at::nll_loss_forward(logits.log_softmax(1), target, {}, at::Reduction::Mean, -100);
+  const auto xnll = at::nll_loss_forward(xlogits.log_softmax(1), xtarget, {}, at::Reduction::Mean, -100);
+  const auto nllw = at::nll_loss_forward(logits, target, cw, at::Reduction::Mean, 3);
+  const auto xnllw = at::nll_loss_forward(xlogits, xtarget, xcw, at::Reduction::Mean, 3);
+  const at::Tensor one = torch::tensor(0.7f), xone = on(one);
+  at::Tensor filled = m.clone(), xfilled = xm.clone();
+  filled.masked_fill_(mask, ninf);
+  xfilled.masked_fill_(xmask, ninf);
+  at::Tensor filled2 = m.clone(), xfilled2 = xm.clone();
+  filled2.masked_fill_(row_mask, 2.5);
+  xfilled2.masked_fill_(xrow_mask, 2.5);
+
+  std::vector<Case> cases = {
+      {"bmm", xa3.bmm(xb3), a3.bmm(b3), kSum},
+      {"bmm, transposed operand", xa3.bmm(xc3.transpose(1, 2)), a3.bmm(c3.transpose(1, 2)), kSum},
+      {"matmul of 4-d heads", at::matmul(xn.view({2, 2, 3, 8}), xn.view({2, 2, 3, 8}).transpose(-2, -1)),
+       at::matmul(n.view({2, 2, 3, 8}), n.view({2, 2, 3, 8}).transpose(-2, -1)), kSum},
+      {"cat dim 0", torch::cat({xm, xg}), torch::cat({m, g}), kExact},
+      {"cat dim -1 of split views", torch::cat({xpieces[2], xpieces[0]}, -1), torch::cat({pieces[2], pieces[0]}, -1),
+       kExact},
+      {"cat promotes int with float", torch::cat({xints.to(torch::kFloat), xints}, 0),
+       torch::cat({ints.to(torch::kFloat), ints}, 0), kExact},
+      {"stack", torch::stack({xm, xg}), torch::stack({m, g}), kExact},
+      {"split view + add", xpieces[1] + xpieces[2], pieces[1] + pieces[2], kExact},
+      {"narrow view * 2", xm.narrow(0, 2, 3) * 2, m.narrow(0, 2, 3) * 2, kExact},
+      {"expand view", xlw.expand({6, 8}).contiguous(), lw.expand({6, 8}).contiguous(), kExact},
+      {"triu", xm.triu(), m.triu(), kExact},
+      {"triu 1 of bool", torch::ones({5, 5}, torch::TensorOptions(dev).dtype(torch::kBool)).triu(1),
+       torch::ones({5, 5}, torch::kBool).triu(1), kExact},
+      {"triu -1 of 3-d", xa3.triu(-1), a3.triu(-1), kExact},
+      {"arange", torch::arange(7, torch::TensorOptions(dev).dtype(torch::kLong)), torch::arange(7, torch::kLong),
+       kExact},
+      {"arange start step", torch::arange(2, 11, 3, torch::TensorOptions(dev).dtype(torch::kInt)),
+       torch::arange(2, 11, 3, torch::kInt), kExact},
+      {"masked_fill_ -inf", xfilled, filled, kExact},
+      {"masked_fill_ broadcast mask", xfilled2, filled2, kExact},
+      {"index_select dim 0", xtable.index_select(0, xidx), table.index_select(0, idx), kExact},
+      {"index_select dim 1 of a narrowed index", xtable.index_select(1, xidx.narrow(0, 1, 2)),
+       table.index_select(1, idx.narrow(0, 1, 2)), kExact},
+      {"embedding", torch::embedding(xtable, xidx2), torch::embedding(table, idx2), kExact},
+      {"embedding_dense_backward, repeated indices",
+       at::embedding_dense_backward(xeg, xidx2, 5, -1, false), at::embedding_dense_backward(eg, idx2, 5, -1, false),
+       kSum},
+      {"embedding_dense_backward, padding_idx", at::embedding_dense_backward(xeg, xidx2, 5, 1, false),
+       at::embedding_dense_backward(eg, idx2, 5, 1, false), kSum},
+      {"softmax -1", xm.softmax(-1), m.softmax(-1), kTranscendental},
+      {"softmax 0", xm.softmax(0), m.softmax(0), kTranscendental},
+      {"softmax of a causal mask's -inf", xcausal.softmax(-1), causal.softmax(-1), kTranscendental},
+      {"softmax bf16", xlm.softmax(-1), lm.softmax(-1), kBf16},
+      {"log_softmax", xm.log_softmax(1), m.log_softmax(1), kTranscendental},
+      {"_softmax_backward_data", at::_softmax_backward_data(xg, xm.softmax(1), 1, torch::kFloat),
+       at::_softmax_backward_data(g, m.softmax(1), 1, torch::kFloat), kTranscendental},
+      {"_log_softmax_backward_data", at::_log_softmax_backward_data(xg, xm.log_softmax(0), 0, torch::kFloat),
+       at::_log_softmax_backward_data(g, m.log_softmax(0), 0, torch::kFloat), kTranscendental},
+      {"gelu", torch::gelu(xm), torch::gelu(m), kTranscendental},
+      {"gelu tanh", torch::gelu(xm, "tanh"), torch::gelu(m, "tanh"), kTranscendental},
+      {"gelu bf16", torch::gelu(xlm), torch::gelu(lm), kBf16},
+      {"gelu_backward", at::gelu_backward(xg, xm), at::gelu_backward(g, m), kTranscendental},
+      {"gelu_backward tanh", at::gelu_backward(xg, xm, "tanh"), at::gelu_backward(g, m, "tanh"), kTranscendental},
+      {"layer_norm out", std::get<0>(xln), std::get<0>(ln), kTranscendental},
+      {"layer_norm mean", std::get<1>(xln), std::get<1>(ln), kSum},
+      {"layer_norm rstd", std::get<2>(xln), std::get<2>(ln), kTranscendental},
+      {"layer_norm over 2 dims, no affine", std::get<0>(xln3), std::get<0>(ln3), kTranscendental},
+      {"layer_norm_backward input", std::get<0>(xlnb), std::get<0>(lnb), kTranscendental},
+      {"layer_norm_backward weight", std::get<1>(xlnb), std::get<1>(lnb), kTranscendental},
+      {"layer_norm_backward bias", std::get<2>(xlnb), std::get<2>(lnb), kSum},
+      {"nll_loss mean", std::get<0>(xnll), std::get<0>(nll), kTranscendental},
+      {"nll_loss total_weight", std::get<1>(xnll), std::get<1>(nll), kExact},
+      {"nll_loss weight, ignore_index", std::get<0>(xnllw), std::get<0>(nllw), kSum},
+      {"nll_loss sum", at::nll_loss(xlogits, xtarget, {}, at::Reduction::Sum),
+       at::nll_loss(logits, target, {}, at::Reduction::Sum), kSum},
+      {"nll_loss none", at::nll_loss(xlogits, xtarget, {}, at::Reduction::None),
+       at::nll_loss(logits, target, {}, at::Reduction::None), kExact},
+      {"nll_loss_backward mean", at::nll_loss_backward(xone, xlogits, xtarget, {}, at::Reduction::Mean, -100,
+                                                        std::get<1>(xnll)),
+       at::nll_loss_backward(one, logits, target, {}, at::Reduction::Mean, -100, std::get<1>(nll)), kSum},
+      {"nll_loss_backward weight, ignore_index",
+       at::nll_loss_backward(xone, xlogits, xtarget, xcw, at::Reduction::Mean, 3, std::get<1>(xnllw)),
+       at::nll_loss_backward(one, logits, target, cw, at::Reduction::Mean, 3, std::get<1>(nllw)), kSum},
+      {"cross_entropy", torch::nn::functional::cross_entropy(xlogits, xtarget),
+       torch::nn::functional::cross_entropy(logits, target), kTranscendental},
+      {"norm", xm.norm(), m.norm(), kSum},
+      {"norm dim keepdim", xm.norm(2, {1}, true), m.norm(2, {1}, true), kSum},
+      {"norm inf", xm.norm(std::numeric_limits<double>::infinity()),
+       m.norm(std::numeric_limits<double>::infinity()), kExact},
+      {"clamp", xm.clamp(-0.5, 0.5), m.clamp(-0.5, 0.5), kExact},
+      {"clamp_max", xm.clamp_max(0.25), m.clamp_max(0.25), kExact},
+      {"clamp_min of int", xints.clamp_min(5), ints.clamp_min(5), kExact},
+  };
+  const auto recorded = metrics();
+  for (const auto& [op, count] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << count << " times";
+  strata::xla::mark_step();
+  for (const auto& c : cases) EXPECT_TRUE(close(c.xla, c.cpu, c.tol)) << c.what;
+}
+
+}  // namespace
