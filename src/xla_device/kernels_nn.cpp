@@ -1,11 +1,12 @@
 // Lowered kernels of the nn ops the example GPT reaches: softmax and log
 // softmax, gelu (erf and tanh forms), layer norm, the negative log
-// likelihood loss, norms and clamp, forward and backward (Note [What is
+// likelihood loss, norms, pow and clamp, forward and backward (Note [What is
 // lowered] in lowerings.cpp). Each computes in the dtype LibTorch's kernel
 // computes in; the formulas follow LibTorch's CPU kernels, so only the
 // order of the sums differs (the tolerances in tests/xla_device say where).
 #include <ATen/ops/_log_softmax.h>
 #include <ATen/ops/_softmax.h>
+#include <ATen/ops/abs.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
@@ -14,6 +15,7 @@
 #include <ATen/ops/nll_loss_backward.h>
 #include <ATen/ops/nll_loss_forward.h>
 #include <ATen/ops/norm.h>
+#include <ATen/ops/pow.h>
 
 #include <cmath>
 #include <limits>
@@ -383,6 +385,54 @@ at::Tensor& clamp_out(const at::Tensor& self, const std::optional<at::Scalar>& m
   STRATA_LOWER("aten::clamp.out", clamp_out, self, min, max, out);
 }
 
+// x ** exponent, the exponent baked in (it is structural, as in a norm).
+// The exponents LibTorch's CPU kernel special-cases (2, 3, 0.5, -0.5, -1,
+// -2) are computed as it does, so the results match it to the bit; any
+// other takes XLA's power.
+at::Tensor& pow_out(const at::Tensor& self, const at::Scalar& exponent, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::pow(meta(self), exponent); }, &out);
+    if (exponent.isComplex() || res.dtype == ElementType::kPred) throw NotLowered{};
+    const double e = exponent.toDouble();
+    NodePtr x = r.convert(r.tensor(self), res.dtype);
+    const bool floating = is_floating(res.dtype);
+    auto reciprocal = [&](const NodePtr& v) { return r.binary(Binary::kDivide, r.splat(1.0, res.dtype, res.dims), v); };
+    NodePtr value;
+    if (e == 1) {
+      value = x;
+    } else if (e == 2) {
+      value = mul(r, x, x);
+    } else if (e == 3) {
+      value = mul(r, mul(r, x, x), x);
+    } else if (floating && e == 0.5) {
+      value = r.unary("sqrt", x, &shlo::Function::sqrt);
+    } else if (floating && e == -0.5) {
+      value = r.unary("rsqrt", x, &shlo::Function::rsqrt);
+    } else if (floating && e == -1) {
+      value = reciprocal(x);
+    } else if (floating && e == -2) {
+      value = reciprocal(mul(r, x, x));
+    } else if (floating) {
+      value = r.op("power", {x, r.splat(e, res.dtype, res.dims)}, x->type(),
+                   [](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.power(in[0], in[1]); });
+    } else {
+      throw NotLowered{};
+    }
+    r.write(out, value);
+  };
+  STRATA_LOWER("aten::pow.Tensor_Scalar_out", pow_Tensor_Scalar_out, self, exponent, out);
+}
+
+at::Tensor& abs_out(const at::Tensor& self, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    // abs has no meta kernel: a real tensor's abs keeps its dtype.
+    const Result res{vec(self.sizes()), element_type(self.scalar_type())};
+    if (res.dtype == ElementType::kPred || out.scalar_type() != self.scalar_type()) throw NotLowered{};
+    r.write(out, r.unary("abs", r.convert(r.tensor(self), res.dtype), &shlo::Function::abs));
+  };
+  STRATA_LOWER("aten::abs.out", abs_out, self, out);
+}
+
 at::Tensor& clamp_max_out(const at::Tensor& self, const at::Scalar& max, at::Tensor& out) {
   return clamp_out(self, std::nullopt, max, out);
 }
@@ -405,6 +455,8 @@ void register_nn(torch::Library& library) {
   library.impl("nll_loss_forward.output", TORCH_FN(nll_loss_forward_out));
   library.impl("nll_loss_backward.grad_input", TORCH_FN(nll_loss_backward_out));
   library.impl("norm.out", TORCH_FN(norm_out));
+  library.impl("pow.Tensor_Scalar_out", TORCH_FN(pow_out));
+  library.impl("abs.out", TORCH_FN(abs_out));
   library.impl("clamp.out", TORCH_FN(clamp_out));
   library.impl("clamp_max.out", TORCH_FN(clamp_max_out));
   library.impl("clamp_min.out", TORCH_FN(clamp_min_out));

@@ -172,6 +172,13 @@ TEST(XlaNnOpsTest, LoweredNnOpsMatchTheCpu) {
       {"norm dim keepdim", xm.norm(2, {1}, true), m.norm(2, {1}, true), kSum},
       {"norm inf", xm.norm(std::numeric_limits<double>::infinity()),
        m.norm(std::numeric_limits<double>::infinity()), kExact},
+      {"pow 2", xm.pow(2), m.pow(2), kExact},
+      // XLA's CPU f64 sqrt may differ from libm's by an ulp.
+      {"pow 0.5 of f64", xg.abs().to(torch::kDouble).pow(0.5), g.abs().to(torch::kDouble).pow(0.5), kSum},
+      {"abs", xg.abs(), g.abs(), kExact},
+      {"pow -1", xg.pow(-1), g.pow(-1), kExact},
+      {"pow 1.5", xg.abs().pow(1.5), g.abs().pow(1.5), kTranscendental},
+      {"pow 3 of int", xints.pow(3), ints.pow(3), kExact},
       {"clamp", xm.clamp(-0.5, 0.5), m.clamp(-0.5, 0.5), kExact},
       {"clamp_max", xm.clamp_max(0.25), m.clamp_max(0.25), kExact},
       {"clamp_min of int", xints.clamp_min(5), ints.clamp_min(5), kExact},
