@@ -99,9 +99,9 @@ at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Sca
     const std::vector<int64_t> dims = vec(self.sizes());
     if (at::infer_size(self.sizes(), mask.sizes()) != self.sizes()) throw NotLowered{};
     NodePtr m = r.broadcast(r.tensor(mask), dims);
-    NodePtr v = r.broadcast(value.isFloatingPoint() && std::isinf(value.toDouble()) ? r.constant(value.toDouble(), t)
-                                                                                      : r.scalar(value, t),
-                            dims);
+    // An infinite fill (the causal mask's -inf) is structural: baked in.
+    const bool infinite = is_floating(t) && value.isFloatingPoint() && std::isinf(value.toDouble());
+    NodePtr v = r.broadcast(infinite ? r.constant(value.toDouble(), t) : r.scalar(value, t), dims);
     r.write(self, r.select(m, v, r.tensor(self)));
     return self;
   } catch (const NotLowered&) {

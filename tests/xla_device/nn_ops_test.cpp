@@ -112,6 +112,8 @@ TEST(XlaNnOpsTest, LoweredNnOpsMatchTheCpu) {
       {"stack", torch::stack({xm, xg}), torch::stack({m, g}), kExact},
       {"split view + add", xpieces[1] + xpieces[2], pieces[1] + pieces[2], kExact},
       {"narrow view * 2", xm.narrow(0, 2, 3) * 2, m.narrow(0, 2, 3) * 2, kExact},
+      {"strided slice view", xm.slice(1, 1, 8, 2) + 1, m.slice(1, 1, 8, 2) + 1, kExact},
+      {"selected row and element", xm[2] * xm[4][3], m[2] * m[4][3], kExact},
       {"expand view", xlw.expand({6, 8}).contiguous(), lw.expand({6, 8}).contiguous(), kExact},
       {"triu", xm.triu(), m.triu(), kExact},
       {"triu 1 of bool", torch::ones({5, 5}, torch::TensorOptions(dev).dtype(torch::kBool)).triu(1),
