@@ -59,7 +59,7 @@ Command make_train_command() {
                   [&c](int64_t v) { c.batch_size = v; }, "32");
     n.add_integer(sub, "--grad-accum", "Micro-batches accumulated per step", 1, 1 << 20,
                   [&c](int64_t v) { c.grad_accum = v; }, "1");
-    n.add_real(sub, "--lr", "AdamW learning rate", Range{false, 0, 10, true}, [&c](double v) { c.lr = v; }, "0.003");
+    n.add_real(sub, "--lr", "AdamW learning rate", Range{false, 0, 10, true}, [&c](double v) { c.lr = v; }, "0.002");
     n.add_real(sub, "--weight-decay", "AdamW weight decay", Range{false, 0, 10}, [&c](double v) { c.weight_decay = v; },
                "0");
     n.add_real(sub, "--grad-clip", "Clip the global gradient norm to this (0: off)", Range{false, 0, 1e6},
