@@ -201,12 +201,6 @@ nlohmann::json launch(const ResolvedPlacement& placement, const std::string& who
   return result;
 }
 
-bool spawned_workers() {
-  Launching& state = launching();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  return state.spawned;
-}
-
 void seed_everything(uint64_t seed) {
   at::manual_seed(seed);
   std::srand(static_cast<unsigned>(seed));

@@ -146,8 +146,13 @@ void Trainer::fit(std::shared_ptr<TrainModule> module, const DataSource& train, 
       },
       remote);
   if (here || !remote.is_object()) return;
-  global_step_ = remote.value("global_step", int64_t{0});
-  epoch_ = remote.value("current_epoch", int64_t{0});
+  // Rank 0's record, read as untrusted: a field of another type counts as absent.
+  auto count = [&](const char* key) {
+    auto it = remote.find(key);
+    return it != remote.end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{0};
+  };
+  global_step_ = count("global_step");
+  epoch_ = count("current_epoch");
   callback_metrics_ = metrics_from_json(remote.value("callback_metrics", nlohmann::json()));
   logged_metrics_ = metrics_from_json(remote.value("logged_metrics", nlohmann::json()));
   progress_bar_metrics_ = metrics_from_json(remote.value("progress_bar_metrics", nlohmann::json()));

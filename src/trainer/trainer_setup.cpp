@@ -21,10 +21,11 @@ bool Trainer::launch(const std::function<nlohmann::json()>& call, nlohmann::json
   bool ran_here = false;
   remote = strategies::launch(placement_, "trainer", strategies::WorkerExit::kContinue, [&] {
     ran_here = true;
+    // The call that set the environment up tears it down with the Trainer,
+    // also when the call fails.
+    if (!set_up_before) owns_environment_ = true;
     return call();
   });
-  // The first call that set the environment up tears it down with the Trainer.
-  if (!set_up_before && strategy_->launched()) owns_environment_ = true;
   spawned_ = !ran_here;
   return ran_here;
 }

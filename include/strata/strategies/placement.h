@@ -130,10 +130,6 @@ enum class WorkerExit {
 nlohmann::json launch(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
                       const std::function<nlohmann::json()>& call);
 
-/// True in the launching process once its workers ran (its launch() calls
-/// return the workers' results and run nothing).
-bool spawned_workers();
-
 /// Seeds LibTorch's default generator and the C library's rand() in this
 /// process (Lightning's seed_everything, without Python's and NumPy's).
 void seed_everything(uint64_t seed);
