@@ -253,7 +253,9 @@ std::shared_ptr<const LoadedExecutable> Executor::compiled(const std::string& te
 }
 
 std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs) {
+  const auto traced = Clock::now();
   Program program = build_program(outputs);
+  const auto emit_took = Clock::now() - traced;
   std::shared_ptr<const LoadedExecutable> executable = compiled(program.text);
   // Host scalars are uploaded for this run (Note [Graph parameters]). The
   // reserve keeps the pointers into `uploaded` valid.
@@ -279,6 +281,7 @@ std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     metrics_.execute_time += took;
+    metrics_.emit_time += emit_took;
     ++metrics_.executions;
     metrics_.host_scalars_fed += scalars;
     metrics_.ops_executed += static_cast<int64_t>(program.ops);

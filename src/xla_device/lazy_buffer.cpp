@@ -2,6 +2,7 @@
 // tensors through them (Note [Storage-backed xla tensors] in lazy_buffer.h).
 #include "lazy_buffer.h"
 
+#include <chrono>
 #include <ATen/ops/from_blob.h>
 
 #include <algorithm>
@@ -90,8 +91,9 @@ Bytes LazyBuffer::host_bytes() const {
   if (const auto* value = std::get_if<OnDevice>(&value_)) {
     if (!value->host) {
       auto bytes = std::make_shared<std::vector<uint8_t>>(nbytes_);
+      const auto start = std::chrono::steady_clock::now();
       value->buffer->to_host(bytes->data(), bytes->size());
-      count_download(bytes->size());
+      count_download(bytes->size(), std::chrono::steady_clock::now() - start);
       value->host = std::move(bytes);
     }
     return value->host;
@@ -117,9 +119,10 @@ void LazyBuffer::assign_locked(Bytes bytes, ElementType type) {
     width = 1;
   }
   const std::vector<int64_t> dims{static_cast<int64_t>(nbytes_ / width)};
+  const auto start = std::chrono::steady_clock::now();
   auto buffer = std::make_shared<const Buffer>(
       client().buffer_from_host(bytes->data(), bytes->size(), type, dims, pjrt_device(device_index_)));
-  count_upload(bytes->size());
+  count_upload(bytes->size(), std::chrono::steady_clock::now() - start);
   value_ = OnDevice{std::move(buffer), stablehlo::Type{type, dims}, std::move(bytes), nullptr};
 }
 
@@ -129,8 +132,9 @@ std::vector<uint8_t> LazyBuffer::bytes_locked() const {
   if (value == nullptr) return std::vector<uint8_t>(nbytes_, uint8_t{0});
   if (value->host) return *value->host;
   std::vector<uint8_t> bytes(nbytes_);
+  const auto start = std::chrono::steady_clock::now();
   value->buffer->to_host(bytes.data(), bytes.size());
-  count_download(bytes.size());
+  count_download(bytes.size(), std::chrono::steady_clock::now() - start);
   return bytes;
 }
 

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 
 #include "strata/xla/lazy_graph.h"
@@ -297,12 +298,13 @@ class Recorder {
     }
     value = reshape(convert(value, dtype), {out.numel()});
     lazy_buffer(out).set_pending(std::move(value));
-    count_lowered(op_, nodes_);
+    count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
   }
 
  private:
   const char* op_;
   int64_t nodes_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 using Binary = Recorder::Binary;

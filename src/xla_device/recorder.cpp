@@ -60,6 +60,7 @@ lazy::GraphMetrics summed_locked(Executors& e) {
     sum.ops_executed += m.ops_executed;
     sum.compile_time += m.compile_time;
     sum.execute_time += m.execute_time;
+    sum.emit_time += m.emit_time;
     sum.host_scalars_fed += m.host_scalars_fed;
     sum.compile_reasons.insert(sum.compile_reasons.end(), m.compile_reasons.begin(), m.compile_reasons.end());
   }
@@ -98,6 +99,7 @@ void graph_metrics(Metrics& out) {
   out.nodes_executed = now.ops_executed - base.ops_executed;
   out.compile_seconds = std::chrono::duration<double>(now.compile_time - base.compile_time).count();
   out.execute_seconds = std::chrono::duration<double>(now.execute_time - base.execute_time).count();
+  out.trace_seconds += std::chrono::duration<double>(now.emit_time - base.emit_time).count();
   // The reasons of the compiles since the reset, as far as they are kept.
   const size_t since = static_cast<size_t>(out.compiles);
   const size_t kept = std::min(since, now.compile_reasons.size());

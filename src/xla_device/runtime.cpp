@@ -198,16 +198,20 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
   return state().generators.at(static_cast<size_t>(checked(index)));
 }
 
-void count_upload(size_t bytes) {
+double seconds(std::chrono::nanoseconds took) { return std::chrono::duration<double>(took).count(); }
+
+void count_upload(size_t bytes, std::chrono::nanoseconds took) {
   std::lock_guard<std::mutex> lock(metrics_mutex);
   ++counters.host_to_device_count;
   counters.host_to_device_bytes += static_cast<int64_t>(bytes);
+  counters.transfer_seconds += seconds(took);
 }
 
-void count_download(size_t bytes) {
+void count_download(size_t bytes, std::chrono::nanoseconds took) {
   std::lock_guard<std::mutex> lock(metrics_mutex);
   ++counters.device_to_host_count;
   counters.device_to_host_bytes += static_cast<int64_t>(bytes);
+  counters.transfer_seconds += seconds(took);
 }
 
 bool count_fallback(const std::string& op) {
@@ -216,10 +220,11 @@ bool count_fallback(const std::string& op) {
   return reported.insert(op).second;
 }
 
-void count_lowered(const char* op, int64_t nodes) {
+void count_lowered(const char* op, int64_t nodes, std::chrono::nanoseconds took) {
   std::lock_guard<std::mutex> lock(metrics_mutex);
   ++counters.lowered[op];
   counters.nodes_recorded += nodes;
+  counters.trace_seconds += seconds(took);
 }
 
 }  // namespace detail

@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -36,13 +37,14 @@ void set_current_device(c10::DeviceIndex index);
 /// through the CPU fallback.
 const at::Generator& default_generator(c10::DeviceIndex index);
 
-void count_upload(size_t bytes);
-void count_download(size_t bytes);
+/// Counts one transfer of `bytes` that took `took`.
+void count_upload(size_t bytes, std::chrono::nanoseconds took);
+void count_download(size_t bytes, std::chrono::nanoseconds took);
 /// Counts a fallback of `op`; true on its first one in this process.
 bool count_fallback(const std::string& op);
 /// Counts one op recorded into the lazy graph by a lowered kernel `op`
-/// ("aten::add.out") that made `nodes` graph nodes.
-void count_lowered(const char* op, int64_t nodes);
+/// ("aten::add.out") that made `nodes` graph nodes in `took`.
+void count_lowered(const char* op, int64_t nodes, std::chrono::nanoseconds took);
 
 /// The shared PJRT client made by init().
 std::shared_ptr<const Client> shared_client();

@@ -91,8 +91,14 @@ struct Metrics {
   /// Why each program was compiled (what differed from the one before),
   /// oldest first, the last 32 kept.
   std::vector<std::string> compile_reasons;
-  double compile_seconds = 0;
-  double execute_seconds = 0;
+  /// Time in the lowered kernels recording the graph, and in emitting
+  /// each program's text from it (tracing).
+  double trace_seconds = 0;
+  double compile_seconds = 0;  ///< compiling new programs
+  double execute_seconds = 0;  ///< running programs
+  /// Uploads and downloads of storages (host scalars fed to a program are
+  /// part of execute_seconds).
+  double transfer_seconds = 0;
 
   /// Total fallback calls over every op.
   int64_t fallback_calls() const;

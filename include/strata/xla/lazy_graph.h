@@ -107,6 +107,7 @@ struct GraphMetrics {
   std::vector<std::string> compile_reasons;
   std::chrono::nanoseconds compile_time{0};
   std::chrono::nanoseconds execute_time{0};
+  std::chrono::nanoseconds emit_time{0};  ///< building programs' text from the graph
   int64_t host_scalars_fed = 0;
   int64_t ops_executed = 0;  ///< op nodes in the programs run (Program::ops)
 };
