@@ -51,6 +51,7 @@
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/csv_logger.h"
 #include "strata/trainer/trainer.h"
+#include "strata/xla/device.h"
 
 namespace strata::cli {
 namespace {
@@ -161,6 +162,9 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   auto val = trainer.callback_metrics().find("val_loss");
   if (val != trainer.callback_metrics().end()) std::cout << ", validation loss " << val->second;
   std::cout << std::endl;
+  // What the xla device did (docs/xla.md, "Reading the metrics"): the
+  // compiles, the fallbacks and where the time went.
+  if (trainer.strategy().lazy_device()) std::cout << "xla: " << xla::summary(xla::metrics()) << std::endl;
 }
 
 }  // namespace

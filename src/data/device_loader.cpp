@@ -124,6 +124,7 @@ void DeviceLoader::reset() {
 }
 
 std::optional<Batch> DeviceLoader::next() {
+  if (mark_step_) mark_step_();
   if (phase_ == Phase::kIdle) reset();
   if (phase_ != Phase::kRunning) return std::nullopt;
   Item item;

@@ -17,6 +17,7 @@
 #include "strata/core/module_hooks.h"
 #include "strata/data/device_loader.h"
 #include "strata/runtime/process.h"
+#include "strata/xla/device.h"
 
 namespace strata::strategies {
 namespace {
@@ -108,7 +109,10 @@ ModulePtr Strategy::setup_module_and_optimizers(ModulePtr module,
   return result;
 }
 
-void Strategy::module_to_device(torch::nn::Module& module) { module.to(root_device()); }
+void Strategy::module_to_device(torch::nn::Module& module) {
+  module.to(root_device());
+  precision_.convert_module(module);  // bf16-true: the module in bf16
+}
 
 Scope Strategy::module_init_context(std::optional<bool>) { return Scope(); }
 
@@ -154,19 +158,27 @@ at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim
   const c10::Device device = !grads.empty() ? grads.front().device()
                             : launched_      ? root_device()
                                              : c10::Device(c10::kCPU);
+  // On a lazy device the sum is taken in f32 (XLA devices such as TPUs
+  // have no f64) and the finiteness check waits for the step's end (Note
+  // [No reads inside a lazy step]); elsewhere in f64, read at once.
+  const bool lazy = lazy_device();
+  const at::ScalarType sum_type = lazy ? at::kFloat : at::kDouble;
   if (is_max) {
     std::vector<at::Tensor> maxes{at::zeros({}, at::TensorOptions(at::kFloat).device(device))};
     for (const at::Tensor& g : grads) maxes.push_back(g.detach().abs().max().to(at::kFloat));
     total = reduce_norm(at::stack(maxes).max(), true);
   } else {
-    std::vector<at::Tensor> powers{at::zeros({}, at::TensorOptions(at::kDouble).device(device))};
-    for (const at::Tensor& g : grads) powers.push_back(g.detach().to(at::kDouble).norm(norm_type).pow(norm_type));
+    std::vector<at::Tensor> powers{at::zeros({}, at::TensorOptions(sum_type).device(device))};
+    for (const at::Tensor& g : grads) powers.push_back(g.detach().to(sum_type).norm(norm_type).pow(norm_type));
     total = reduce_norm(at::stack(powers).sum(), false).pow(1.0 / norm_type).to(at::kFloat);
   }
-  if (error_if_nonfinite && !std::isfinite(total.item<double>())) {
-    throw Error("[" + name() + "] the total norm of order " + std::to_string(norm_type) +
-                " of the gradients is non-finite, so it cannot be clipped; pass error_if_nonfinite=false "
-                "to clip anyway");
+  const std::string non_finite = "[" + name() + "] the total norm of order " + std::to_string(norm_type) +
+                                 " of the gradients is non-finite, so it cannot be clipped; pass "
+                                 "error_if_nonfinite=false to clip anyway";
+  if (error_if_nonfinite && lazy) {
+    xla::check_after_step(total.isfinite(), non_finite + " (read when the step was marked, after it ran)");
+  } else if (error_if_nonfinite && !std::isfinite(total.item<double>())) {
+    throw Error(non_finite);
   }
   at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
   for (at::Tensor& g : grads) g.detach().mul_(coef.to(g.device(), g.scalar_type()));
@@ -303,6 +315,10 @@ void Strategy::remove_checkpoint(const std::string& path, const std::string& fol
                                : refusal);
 }
 
+void Strategy::mark_step() {
+  if (lazy_device()) xla::mark_step();
+}
+
 void Strategy::teardown() {
   for (const ModulePtr& module : modules_) module->to(c10::Device(c10::kCPU));
   modules_.clear();
@@ -329,13 +345,20 @@ std::shared_ptr<data::Loader> Strategy::process_dataloader(std::shared_ptr<data:
   STRATA_CHECK(loader != nullptr, ConfigError, "[", name(), "] process_dataloader got a null loader");
   // Each pass starts the next epoch (Lightning's loaders call set_epoch on
   // every iteration); an explicit set_epoch/load_state still decides.
+  // On a lazy device the loader also marks the step (Note [No reads
+  // inside a lazy step]).
+  const auto mark = [lazy = lazy_device()](data::DeviceLoader& l) {
+    if (lazy) l.mark_steps_with([] { xla::mark_step(); });
+  };
   if (auto existing = std::dynamic_pointer_cast<data::DeviceLoader>(loader)) {
     existing->advance_epoch_each_pass(true);
+    mark(*existing);
     return loader;
   }
   if (loader->is_device_loader()) return loader;
   auto device_loader = std::make_shared<data::DeviceLoader>(std::move(loader), root_device());
   device_loader->advance_epoch_each_pass(true);
+  mark(*device_loader);
   loaders_.push_back(device_loader);
   return device_loader;
 }

@@ -47,8 +47,27 @@ void Results::log(strategies::Strategy& strategy, const std::string& name, const
                  "') was called with other on_step/on_epoch/sync_dist/reduce_fx options earlier in this loop; log "
                  "one name with one set of options");
   }
+  // Note [No reads inside a lazy step]: a value on a lazy device is read
+  // when the collection is next read, after the step is marked.
+  if (value.device().type() == c10::DeviceType::PrivateUse1) {
+    deferred_.push_back({name, value.detach().reshape({}), batch_size, share});
+    return;
+  }
   at::Tensor v = value.detach().to(at::kDouble).reshape({});
-  double x = v.item<double>();
+  record(strategy, e, v, v.item<double>(), batch_size, share);
+}
+
+void Results::settle(strategies::Strategy& strategy) {
+  std::vector<Deferred> due;
+  due.swap(deferred_);
+  for (const Deferred& d : due) {
+    const double x = d.value.cpu().to(at::kDouble).item<double>();
+    record(strategy, entries_.at(d.name), at::scalar_tensor(x, at::kDouble), x, d.batch_size, d.share);
+  }
+}
+
+void Results::record(strategies::Strategy& strategy, ResultEntry& e, const at::Tensor& v, double x,
+                     int64_t batch_size, double share) {
   const bool filler = share == 0.0;
   if (e.on_step) {
     // Note: a step value synced across ranks is one collective per log
@@ -85,7 +104,8 @@ void Results::log(strategies::Strategy& strategy, const std::string& name, const
   }
 }
 
-void Results::take_step(Metrics& for_logger, Metrics& for_prog_bar, Metrics& all) {
+void Results::take_step(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all) {
+  settle(strategy);
   for (auto& [name, e] : entries_) {
     if (!e.on_step || !e.stepped) continue;
     e.stepped = false;
@@ -135,6 +155,7 @@ void Results::reduce_synced(strategies::Strategy& strategy, Entries& entries) co
 }
 
 void Results::reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all) {
+  settle(strategy);
   Entries reduced = entries_;
   reduce_synced(strategy, reduced);
   for (const auto& [name, e] : reduced) {
@@ -148,7 +169,8 @@ void Results::reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, 
   }
 }
 
-nlohmann::json Results::epoch_state(strategies::Strategy& strategy) const {
+nlohmann::json Results::epoch_state(strategies::Strategy& strategy) {
+  settle(strategy);
   Entries reduced = entries_;
   reduce_synced(strategy, reduced);
   nlohmann::json out = nlohmann::json::object();

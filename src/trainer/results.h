@@ -17,6 +17,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "strata/comm/backend.h"
 #include "strata/trainer/logger.h"
@@ -53,7 +54,11 @@ class Results {
            const LogOptions& options, bool in_training, int64_t batch_size, double share = 1.0);
   /// The step values logged since the last call ("<name>_step" when also
   /// on_epoch), split into those for loggers, for the progress bar, and all.
-  void take_step(Metrics& for_logger, Metrics& for_prog_bar, Metrics& all);
+  void take_step(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all);
+  /// Reads the values logged on a lazy device (Note [No reads inside a
+  /// lazy step]), which log() keeps unread, into their entries. The reads
+  /// above call it first; the Trainer calls it once a step is marked.
+  void settle(strategies::Strategy& strategy);
   /// Reduces the epoch values (a collective when any is sync_dist: every
   /// rank must call it with the same names logged) into
   /// "<name>_epoch" or "<name>". The collection keeps this rank's running
@@ -61,7 +66,10 @@ class Results {
   /// still holds them.
   void reduce_epoch(strategies::Strategy& strategy, Metrics& for_logger, Metrics& for_prog_bar, Metrics& all);
   /// Forgets every value (a new epoch).
-  void reset() { entries_.clear(); }
+  void reset() {
+    entries_.clear();
+    deferred_.clear();
+  }
   bool empty() const { return entries_.empty(); }
 
   /// Note [Epoch values in checkpoints]
@@ -71,7 +79,7 @@ class Results {
   /// collective: every rank calls it), so the state means the same at any
   /// world size; the others are this rank's (the checkpoint keeps rank
   /// 0's, the rank whose values the loggers show).
-  nlohmann::json epoch_state(strategies::Strategy& strategy) const;
+  nlohmann::json epoch_state(strategies::Strategy& strategy);
   /// Restores epoch_state() on rank `rank`: reduced sums go to rank 0 only
   /// (the other ranks start from zero, so the next reduction counts them
   /// once); maxima, minima and unsynced values go to every rank.
@@ -87,7 +95,19 @@ class Results {
   /// place (a collective when any exists and the world has several ranks).
   void reduce_synced(strategies::Strategy& strategy, Entries& entries) const;
 
+  /// Adds `x` (`v`, a 0-dim double tensor, for a sync_dist collective) to
+  /// `e` as log() does.
+  void record(strategies::Strategy& strategy, ResultEntry& e, const at::Tensor& v, double x, int64_t batch_size,
+              double share);
+
+  struct Deferred {
+    std::string name;
+    at::Tensor value;  // on the lazy device, unread
+    int64_t batch_size;
+    double share;
+  };
   Entries entries_;
+  std::vector<Deferred> deferred_;  // in the order logged
 };
 
 }  // namespace strata::trainer::detail

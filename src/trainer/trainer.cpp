@@ -28,6 +28,7 @@
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/precision.h"
 #include "strata/trainer/callbacks.h"
+#include "strata/xla/device.h"
 #include "trainer_impl.h"
 
 namespace strata {
@@ -326,15 +327,13 @@ void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool l
     // Note [NaN loss]
     // Every rank votes; one non-finite loss stops all of them before the
     // backward, so no step is taken with it and nothing is saved after the
-    // last good step: the checkpoints on disk stay as they were.
-    const double value = loss.detach().to(at::kDouble).item<double>();
-    const bool bad = !std::isfinite(value);
-    if (strategy_->reduce_boolean_decision(bad, /*all=*/false)) {
-      throw Error(detail::cat("[trainer] the loss is ", bad ? (std::isnan(value) ? "NaN" : "infinite") : "non-finite",
-                              bad ? "" : " on another rank", " at step ", global_step_ + 1, " (epoch ", epoch_,
-                              ", batch ", batch_idx, "); training stopped before that step, so the last checkpoint "
-                              "saved stays untouched. Lower the learning rate or clip gradients "
-                              "(gradient_clip_val)"));
+    // last good step: the checkpoints on disk stay as they were. On a lazy
+    // device the check is deferred to the step's end, registered before
+    // any check of the step's gradients, so that it is the one reported.
+    if (strategy_->lazy_device()) {
+      xla::check_after_step(loss.detach().isfinite(), lazy_loss_message(batch_idx));
+    } else {
+      check_loss(loss.detach().to(at::kDouble).item<double>(), batch_idx);
     }
     at::Tensor scaled = loss.to(at::kFloat) / static_cast<double>(options_.accumulate_grad_batches);
     // Note [Unequal shares]: a rank holding n_r of an uneven global batch
@@ -343,11 +342,66 @@ void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool l
     // gradients is the gradient of the global batch's mean loss.
     at::Tensor weighted = current_share_ == 1.0 ? scaled : scaled * current_share_;
     strategy_->backward(weighted);
-    step_loss_ += scaled.detach().to(at::kFloat).cpu();
-    step_loss_weighted_ += weighted.detach().to(at::kFloat).cpu();
+    accumulate(step_loss_, scaled);
+    accumulate(step_loss_weighted_, weighted);
   }
   last_batch_loss_ = loss.detach();
   if (last_of_step) optimizer_step();
+  if (strategy_->lazy_device()) {
+    // Note [No reads inside a lazy step]: the step runs here, then the
+    // values it computed are read.
+    strategy_->mark_step();  // throws lazy_loss_message for a non-finite loss
+    if (last_of_step) read_step_loss();
+    results_->settle(*strategy_);
+    warn_about_recompiles();
+  }
+}
+
+void Trainer::accumulate(at::Tensor& sum, const at::Tensor& loss) const {
+  const at::Tensor value = loss.detach().to(at::kFloat);
+  // On a lazy device the sum stays there (read after the step is marked).
+  sum = strategy_->lazy_device() ? (sum.device() == value.device() ? sum + value : value + sum.to(value.device()))
+                                 : sum + value.cpu();
+}
+
+void Trainer::check_loss(double value, int64_t batch_idx) {
+  const bool bad = !std::isfinite(value);
+  if (!strategy_->reduce_boolean_decision(bad, /*all=*/false)) return;
+  throw Error(detail::cat("[trainer] the loss is ", bad ? (std::isnan(value) ? "NaN" : "infinite") : "non-finite",
+                          bad ? "" : " on another rank", " at step ", global_step_ + 1, " (epoch ", epoch_, ", batch ",
+                          batch_idx, "); training stopped before that step, so the last checkpoint saved stays "
+                          "untouched. Lower the learning rate or clip gradients (gradient_clip_val)"));
+}
+
+std::string Trainer::lazy_loss_message(int64_t batch_idx) const {
+  return detail::cat("[trainer] the loss is NaN or infinite at step ", global_step_ + 1, " (epoch ", epoch_,
+                     ", batch ", batch_idx, "); on the ", strategy_->accelerator().name(),
+                     " device the loss is read after the step ran (Note [No reads inside a lazy step]), so the model "
+                     "in memory took that step, but training stopped before anything was saved after it: the last "
+                     "checkpoint saved stays untouched. Lower the learning rate or clip gradients "
+                     "(gradient_clip_val)");
+}
+
+void Trainer::read_step_loss() {
+  // A download on a lazy device (the step has run); a convert there would
+  // be a program of its own.
+  last_loss_ = finished_loss_.cpu().item<double>();
+  last_loss_weighted_ = finished_loss_weighted_.cpu().item<double>();
+}
+
+void Trainer::warn_about_recompiles() {
+  // Note [Recompiles after the warm-up]: a steady loop compiles its
+  // programs in its first two steps; a compile later means the step
+  // changed (a shape, an op, a constant) and each such step pays a compile.
+  const xla::Metrics m = xla::metrics();
+  if (global_step_ > 2 && m.compiles > compiles_seen_ && !m.compile_reasons.empty()) {
+    log::warning("[trainer] the xla device compiled a new program at step ", global_step_,
+              ", after the warm-up steps (", m.compiles - compiles_seen_, " new; ", m.compiles,
+              " in all): ", m.compile_reasons.back(),
+              ". A step whose shapes or ops change compiles each time; keep batch shapes fixed (drop_last) "
+              "and read values only after the step");
+  }
+  compiles_seen_ = m.compiles;
 }
 
 void Trainer::optimizer_step() {
@@ -365,8 +419,9 @@ void Trainer::optimizer_step() {
   for (const auto& optimizer : optimizers_) strategy_->optimizer_step(*optimizer);
   for (const auto& optimizer : optimizers_) optimizer->zero_grad();
   ++global_step_;
-  last_loss_ = step_loss_.item<double>();
-  last_loss_weighted_ = step_loss_weighted_.item<double>();
+  finished_loss_ = step_loss_;
+  finished_loss_weighted_ = step_loss_weighted_;
+  if (!strategy_->lazy_device()) read_step_loss();  // else once the step is marked
   step_loss_ = at::zeros({}, at::kFloat);
   step_loss_weighted_ = at::zeros({}, at::kFloat);
   for (auto& s : schedulers_) {
@@ -376,7 +431,7 @@ void Trainer::optimizer_step() {
 
 void Trainer::update_step_metrics(bool stepped) {
   trainer::Metrics log, bar, all;
-  results_->take_step(log, bar, all);
+  results_->take_step(*strategy_, log, bar, all);
   for (const auto& [k, v] : all) callback_metrics_[k] = v;
   for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
   for (const auto& [k, v] : log) pending_step_metrics_[k] = v;

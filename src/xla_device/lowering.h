@@ -39,6 +39,23 @@ inline ElementType element_type(c10::ScalarType type) {
   return out;
 }
 
+// Note [bf16 computes in f32]
+// LibTorch's CPU kernels compute a bf16 (or f16) result in float (their
+// opmath type: TensorIterator's vectorised loops, the reductions' and
+// the softmax's and layer norm's accumulators, the matrix products'
+// accumulators) and round to bf16 once, when the result is stored; the
+// Scalars of mul, div, addcmul and addcdiv stay float. So a lowered op
+// converts its bf16 inputs to f32, computes in f32 and rounds at the
+// write: each op's result is the f32 result rounded once, as on the CPU.
+// Where LibTorch rounds inside an op, the lowering rounds there too (add's
+// alpha, mse_loss's squares); what is left is the order of a sum and
+// XLA's own exp/tanh/erf, which can move a result across a bf16 rounding
+// boundary (one bf16 ulp, 2^-8 relative).
+inline ElementType opmath(ElementType t) {
+  return t == ElementType::kBF16 || t == ElementType::kF16 ? ElementType::kF32 : t;
+}
+inline bool reduced_float(ElementType t) { return opmath(t) != t; }
+
 // The nodes one kernel call makes, and the helpers that make them.
 class Recorder {
  public:
@@ -309,6 +326,14 @@ class Recorder {
 
 using Binary = Recorder::Binary;
 
+// `x` (computed in f32) rounded to `stored` (bf16, f16) and back, where a
+// LibTorch CPU kernel stores or computes an intermediate in that dtype
+// (Note [bf16 computes in f32]); `x` itself for any other dtype.
+inline NodePtr rounded(Recorder& r, const NodePtr& x, ElementType stored) {
+  if (!reduced_float(stored) || x->type().dtype == stored) return x;
+  return r.convert(r.convert(x, stored), x->type().dtype);
+}
+
 inline at::Tensor meta(const at::Tensor& t) {
   if (!t.defined()) return t;
   at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
@@ -317,10 +342,13 @@ inline at::Tensor meta(const at::Tensor& t) {
 }
 
 // The shape and dtype of an op's result (Note [Shapes and dtypes from meta
-// tensors]), and the check that `out` may hold it.
+// tensors]), and the check that `out` may hold it. `dtype` is the dtype
+// the op computes in: the result's, or f32 for a bf16/f16 result (Note
+// [bf16 computes in f32]); `stored` is the result's own.
 struct Result {
   std::vector<int64_t> dims;
   ElementType dtype;
+  ElementType stored = dtype;
 };
 
 template <class F>
@@ -332,7 +360,8 @@ Result result_of(F&& run_on_meta, const at::Tensor* out = nullptr) {
     throw NotLowered{};  // the fallback raises LibTorch's own error
   }
   if (out != nullptr && !c10::canCast(m.scalar_type(), out->scalar_type())) throw NotLowered{};
-  return {vec(m.sizes()), element_type(m.scalar_type())};
+  const ElementType stored = element_type(m.scalar_type());
+  return {vec(m.sizes()), opmath(stored), stored};
 }
 
 // Runs `lower`; where it does not lower the call, the CPU fallback runs
@@ -363,5 +392,10 @@ inline std::vector<int64_t> reduced_dims(const at::Tensor& self, at::OptionalInt
 /// indexing ops (kernels_shape.cpp).
 void register_nn(torch::Library& library);
 void register_shape(torch::Library& library);
+/// The xla device's autocast kernels (AutocastPrivateUse1), the CPU's
+/// policy (autocast.cpp).
+void register_autocast();
+/// The lowered kernels of the step's checks (kernels_checks.cpp).
+void register_checks(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

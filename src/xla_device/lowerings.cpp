@@ -69,11 +69,20 @@ namespace {
 
 using namespace lowering;
 
+// alpha * x for add and sub. LibTorch's add kernel takes alpha in the
+// result's dtype (alpha.to<scalar_t>()), so for a bf16 result alpha is
+// rounded to bf16 before the f32 product (Note [bf16 computes in f32]).
+NodePtr alpha_times(Recorder& r, const Result& res, const at::Scalar& alpha, const NodePtr& x) {
+  if (!reduced_float(res.stored) || alpha.isComplex() || alpha.toDouble() == 1.0) return r.scaled(alpha, x);
+  NodePtr a = r.convert(r.scalar(alpha, res.stored), res.dtype);
+  return r.binary(Binary::kMultiply, r.broadcast(a, x->type().dims), x);
+}
+
 at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     const Result res = result_of([&] { return at::add(meta(self), meta(other), alpha); }, &out);
     r.write(out, r.binary(Binary::kAdd, r.operand(self, res.dtype, res.dims),
-                          r.scaled(alpha, r.operand(other, res.dtype, res.dims))));
+                          alpha_times(r, res, alpha, r.operand(other, res.dtype, res.dims))));
   };
   STRATA_LOWER("aten::add.out", add_out, self, other, alpha, out);
 }
@@ -82,7 +91,7 @@ at::Tensor& sub_out(const at::Tensor& self, const at::Tensor& other, const at::S
   auto lower = [&](Recorder& r) {
     const Result res = result_of([&] { return at::sub(meta(self), meta(other), alpha); }, &out);
     r.write(out, r.binary(Binary::kSubtract, r.operand(self, res.dtype, res.dims),
-                          r.scaled(alpha, r.operand(other, res.dtype, res.dims))));
+                          alpha_times(r, res, alpha, r.operand(other, res.dtype, res.dims))));
   };
   STRATA_LOWER("aten::sub.out", sub_out, self, other, alpha, out);
 }
@@ -269,9 +278,11 @@ at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64
     const Result diff_res = result_of([&] { return at::sub(meta(self), meta(target)); }, &out);
     if (!is_floating(diff_res.dtype)) throw NotLowered{};
     const std::vector<int64_t> shape = diff_res.dims;
-    const Result res{reduction == kReductionNone ? shape : std::vector<int64_t>{}, diff_res.dtype};
+    const Result res{reduction == kReductionNone ? shape : std::vector<int64_t>{}, diff_res.dtype, diff_res.stored};
     NodePtr diff = r.binary(Binary::kSubtract, r.operand(self, res.dtype, shape), r.operand(target, res.dtype, shape));
-    NodePtr squared = r.binary(Binary::kMultiply, diff, diff);
+    // LibTorch stores the squares in the input's dtype, then sums them (in
+    // f32 for bf16, Note [bf16 computes in f32]).
+    NodePtr squared = rounded(r, r.binary(Binary::kMultiply, diff, diff), res.stored);
     if (reduction == kReductionNone) {
       r.write(out, squared);
       return;
@@ -292,19 +303,23 @@ at::Tensor& mse_loss_out(const at::Tensor& self, const at::Tensor& target, int64
 }
 
 // norm * (self - target) * grad_output, norm = 2 (2/N for a mean), as
-// LibTorch's CPU kernel computes it.
+// LibTorch's CPU kernel computes it: in bf16 its vectorised kernel rounds
+// norm and each product to bf16 (Vectorized<BFloat16> arithmetic), so
+// the lowering does too.
 NodePtr mse_loss_grad(Recorder& r, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
                       int64_t reduction) {
   if (reduction != kReductionNone && reduction != kReductionMean && reduction != kReductionSum) throw NotLowered{};
   if (self.scalar_type() != target.scalar_type() || self.scalar_type() != grad_output.scalar_type()) throw NotLowered{};
-  const ElementType dtype = element_type(self.scalar_type());
+  const ElementType stored = element_type(self.scalar_type()), dtype = opmath(stored);
   if (!is_floating(dtype)) throw NotLowered{};
   const std::vector<int64_t> dims = vec(self.sizes());
   if (at::infer_size(at::infer_size(self.sizes(), target.sizes()), grad_output.sizes()) != self.sizes())
     throw NotLowered{};
   const double norm = reduction == kReductionMean ? 2.0 / static_cast<double>(self.numel()) : 2.0;
-  NodePtr diff = r.binary(Binary::kSubtract, r.operand(self, dtype, dims), r.operand(target, dtype, dims));
-  NodePtr scaled = r.binary(Binary::kMultiply, r.broadcast(r.constant(norm, dtype), dims), diff);
+  NodePtr diff =
+      rounded(r, r.binary(Binary::kSubtract, r.operand(self, dtype, dims), r.operand(target, dtype, dims)), stored);
+  NodePtr k = r.convert(r.constant(norm, stored), dtype);
+  NodePtr scaled = rounded(r, r.binary(Binary::kMultiply, r.broadcast(k, dims), diff), stored);
   return r.binary(Binary::kMultiply, scaled, r.operand(grad_output, dtype, dims));
 }
 
@@ -360,12 +375,32 @@ at::Tensor& zero_(at::Tensor& self) {
 
 }  // namespace
 
+// Note [Copies into permuted layouts]
+// A copy into a dense tensor whose dims are laid out in another order
+// (the bf16 copy of a transposed weight that autocast makes: `to` keeps
+// the source's strides) is the value transposed into memory order, written
+// through a contiguous alias of the same storage.
 bool lower_copy(const at::Tensor& src, const at::Tensor& dst) {
   try {
     Recorder r("aten::_copy_from");
     const ElementType dtype = element_type(dst.scalar_type());
     if (dst.numel() == 0) throw NotLowered{};
-    r.write(dst, r.broadcast(r.convert(r.tensor(src), dtype), vec(dst.sizes())));
+    NodePtr value = r.broadcast(r.convert(r.tensor(src), dtype), vec(dst.sizes()));
+    if (dst.is_contiguous() || !dst.is_non_overlapping_and_dense() || dst.storage_offset() != 0) {
+      r.write(dst, value);
+      return true;
+    }
+    std::vector<int64_t> perm(static_cast<size_t>(dst.dim()));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return dst.stride(a) > dst.stride(b); });
+    std::vector<int64_t> sizes, strides(perm.size());
+    for (int64_t d : perm) sizes.push_back(dst.size(d));
+    int64_t stride = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+      strides[i] = stride;
+      stride *= sizes[i];
+    }
+    r.write(dst.as_strided(sizes, strides, 0), r.transpose(value, perm));
     return true;
   } catch (const NotLowered&) {
     return false;
@@ -375,6 +410,8 @@ bool lower_copy(const at::Tensor& src, const at::Tensor& dst) {
 void register_lowerings(torch::Library& library) {
   lowering::register_nn(library);
   lowering::register_shape(library);
+  lowering::register_autocast();
+  lowering::register_checks(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));

@@ -69,10 +69,10 @@ lazy::GraphMetrics summed_locked(Executors& e) {
 
 }  // namespace
 
-void sync_pending() {
+bool sync_pending() {
   std::lock_guard<std::mutex> step(sync_mutex());
   const std::vector<PendingValue> values = pending_values();
-  if (values.empty()) return;
+  if (values.empty()) return false;
   // One program per device, outputs in the storages' creation order.
   std::map<int, std::vector<size_t>> by_device;
   for (size_t i = 0; i < values.size(); ++i) by_device[values[i].device_index].push_back(i);
@@ -86,6 +86,7 @@ void sync_pending() {
       results[members[k]] = std::make_shared<const Buffer>(std::move(buffers[k]));
   }
   bind_results(values, results);
+  return true;
 }
 
 void graph_metrics(Metrics& out) {

@@ -18,7 +18,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -311,15 +313,52 @@ c10::Device device(int index) {
   return {detail::kXla, static_cast<c10::DeviceIndex>(index)};
 }
 
+namespace detail {
+namespace {
+
+struct DeferredCheck {
+  at::Tensor ok;
+  std::string message;
+};
+std::mutex checks_mutex;
+std::vector<DeferredCheck> checks;
+
+// The checks check_after_step registered, read once the step has run (a
+// download each; a failing one throws).
+void run_deferred_checks() {
+  std::vector<DeferredCheck> due;
+  {
+    std::lock_guard<std::mutex> lock(checks_mutex);
+    due.swap(checks);
+  }
+  for (const DeferredCheck& check : due) {
+    if (!check.ok.cpu().item<bool>()) throw Error(check.message);
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+void check_after_step(const at::Tensor& ok, std::string message) {
+  STRATA_CHECK(ok.defined() && ok.numel() == 1 && ok.scalar_type() == at::kBool, ConfigError,
+               "[xla] check_after_step needs a one-element bool tensor, got ",
+               ok.defined() ? ok.toString() : std::string("an undefined tensor"),
+               "; compare first (e.g. norm.isfinite())");
+  std::lock_guard<std::mutex> lock(detail::checks_mutex);
+  detail::checks.push_back({ok.detach(), std::move(message)});
+}
+
 void mark_step() {
   if (!is_initialized()) return;
   // Note [One program per step] (recorder.cpp). Every transfer has
   // completed when its call returns; what the step leaves behind is the
   // host copies the fallback made.
-  detail::sync_pending();
+  if (detail::sync_pending()) {
+    std::lock_guard<std::mutex> lock(detail::metrics_mutex);
+    ++detail::counters.steps;
+  }
+  detail::run_deferred_checks();  // reads results of the step: before their host copies go
   detail::release_host_copies();
-  std::lock_guard<std::mutex> lock(detail::metrics_mutex);
-  ++detail::counters.steps;
 }
 
 int64_t Metrics::fallback_calls() const {
@@ -335,6 +374,28 @@ Metrics metrics() {
     out = detail::counters;
   }
   detail::graph_metrics(out);
+  return out;
+}
+
+std::string summary(const Metrics& m) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "%lld step%s: %lld program%s compiled (%.2f s), %lld cache hit%s, %lld execution%s (%.2f s), "
+                "trace %.2f s, transfers %.1f MB up %.1f MB down (%.2f s), ",
+                static_cast<long long>(m.steps), m.steps == 1 ? "" : "s", static_cast<long long>(m.compiles),
+                m.compiles == 1 ? "" : "s", m.compile_seconds, static_cast<long long>(m.cache_hits),
+                m.cache_hits == 1 ? "" : "s", static_cast<long long>(m.executions), m.executions == 1 ? "" : "s",
+                m.execute_seconds, m.trace_seconds, static_cast<double>(m.host_to_device_bytes) / 1e6,
+                static_cast<double>(m.device_to_host_bytes) / 1e6, m.transfer_seconds);
+  std::string out = buf;
+  if (m.fallbacks.empty()) return out + "no CPU fallback";
+  std::vector<std::pair<int64_t, std::string>> by_count;
+  for (const auto& [op, n] : m.fallbacks) by_count.emplace_back(-n, op);
+  std::sort(by_count.begin(), by_count.end());
+  out += std::to_string(m.fallback_calls()) + " CPU fallback call(s):";
+  for (size_t i = 0; i < by_count.size() && i < 5; ++i)
+    out += " " + by_count[i].second + " x" + std::to_string(-by_count[i].first);
+  if (by_count.size() > 5) out += " and " + std::to_string(by_count.size() - 5) + " more op(s)";
   return out;
 }
 

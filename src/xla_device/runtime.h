@@ -51,8 +51,9 @@ std::shared_ptr<const Client> shared_client();
 
 /// Runs every live pending value of every device as one program per
 /// device and rebinds their storages to the results (recorder.cpp; Note
-/// [One program per step]). A no-op when nothing is pending.
-void sync_pending();
+/// [One program per step]). A no-op when nothing is pending; true when
+/// it ran a program.
+bool sync_pending();
 
 /// The graph counters of every device's executor since the last
 /// reset_metrics() (recorder.cpp): filled into `out`.

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -79,6 +80,12 @@ class DeviceLoader : public Loader {
   /// last pass takes precedence. process_dataloader turns it on. Off by
   /// default.
   void advance_epoch_each_pass(bool on) { advance_epoch_ = on; }
+  /// Calls `mark` at the start of every next(), before a batch is taken:
+  /// on a lazy device (xla) taking the next batch ends the step that used
+  /// the last one, as torch_xla's MpDeviceLoader does, so `mark` runs that
+  /// step (a no-op when the loop marked it already). process_dataloader
+  /// sets it there. Empty (the default): nothing is called.
+  void mark_steps_with(std::function<void()> mark) { mark_step_ = std::move(mark); }
   bool resumable() const override { return loader_->resumable(); }
   /// The wrapped loader's state as the consumer sees it: batches still in
   /// the queue (prefetched, not yet returned) do not count as consumed.
@@ -132,6 +139,7 @@ class DeviceLoader : public Loader {
   Phase phase_ = Phase::kIdle;
   bool have_pass_ = false;  // pass_start_/consumed_ describe a pass
   bool advance_epoch_ = false;  // advance_epoch_each_pass
+  std::function<void()> mark_step_;  // mark_steps_with
   bool epoch_chosen_ = false;   // set_epoch/load_state since the last pass
   uint64_t passes_ = 0;         // passes started
   uint64_t epoch_ = 0;          // the epoch of the last pass (or the chosen one)

@@ -26,6 +26,10 @@ class Accelerator {
   /// runtime drives every local device from one process returns `devices`
   /// (resolve_placement then starts one process per host).
   virtual int devices_per_process(int devices) const { return 1; }
+  /// Whether its device records a step and runs it when the step is marked
+  /// (xla: Note [No reads inside a lazy step] in strategy.h); false for
+  /// the eager "cpu" and "cuda".
+  virtual bool lazy() const { return false; }
 };
 
 /// Note [Device placement]

@@ -18,6 +18,7 @@
 // fallback an error.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -71,6 +72,16 @@ c10::Device device(int index = 0);
 /// plugin refuses to compile or run the program.
 void mark_step();
 
+/// Defers a check to the end of the step: the next mark_step(), after
+/// running the step, reads `ok` (a one-element bool tensor, usually on an
+/// xla device and pending) and throws strata::Error(`message`) when it is
+/// false. So a step can check a value it computes (a gradient norm is
+/// finite) without reading it inside the step, which would run the step
+/// as two programs (Note [No reads inside a lazy step] in
+/// strata/strategies/strategy.h). Checks run in the order registered; the
+/// first that fails throws, and the rest are dropped with it.
+void check_after_step(const at::Tensor& ok, std::string message);
+
 /// What the device did since the process started (or reset_metrics()).
 struct Metrics {
   /// Ops that ran through the CPU fallback, by operator name
@@ -80,7 +91,9 @@ struct Metrics {
   int64_t host_to_device_bytes = 0;
   int64_t device_to_host_count = 0;  ///< buffers downloaded
   int64_t device_to_host_bytes = 0;
-  int64_t steps = 0;  ///< mark_step() calls
+  /// mark_step() calls that ran a step (a mark with nothing recorded since
+  /// the last one, as the device loader's after the Trainer's, is none).
+  int64_t steps = 0;
   /// Ops recorded into the lazy graph by lowered kernels, by operator name.
   std::map<std::string, int64_t> lowered;
   int64_t nodes_recorded = 0;  ///< graph nodes those kernels made
@@ -106,6 +119,11 @@ struct Metrics {
 
 /// A snapshot of the counters.
 Metrics metrics();
+
+/// One line for a person: programs compiled (and the time), cache hits,
+/// executions, fallbacks (by op, the most frequent first), and the time in
+/// tracing, execution and transfers, with the bytes moved.
+std::string summary(const Metrics& metrics);
 
 /// Sets every counter to zero. Ops already reported stay reported.
 void reset_metrics();
