@@ -31,16 +31,24 @@ using ReduceOp = shlo::ReduceOp;
 std::vector<int64_t> one_dim(const at::Tensor& t, int64_t dim) { return {c10::maybe_wrap_dim(dim, t.dim())}; }
 
 // Note [Softmax in f32]: like LibTorch's CPU kernel, x - max(x) before the
-// exponential, the sum accumulated in the output dtype.
+// exponential, the sum accumulated in the computation dtype (f32 for a
+// bf16 softmax, which rounds once at the end: Note [bf16 computes in f32]
+// in lowering.h).
 NodePtr softmax_of(Recorder& r, const NodePtr& x, const std::vector<int64_t>& d, bool log) {
   const auto& dims = x->type().dims;
   const ElementType t = x->type().dtype;
   NodePtr shifted = r.binary(Binary::kSubtract, x,
                              r.expand_back(r.reduce(x, d, ReduceOp::kMax, -std::numeric_limits<double>::infinity()), dims, d));
   NodePtr e = r.unary("exponential", shifted, &shlo::Function::exponential);
-  NodePtr total = r.expand_back(r.sum(e, d), dims, d);
-  if (!log) return r.binary(Binary::kDivide, e, total);
-  (void)t;
+  NodePtr total = r.sum(e, d);
+  if (!log) {
+    // Over the last dim LibTorch multiplies by the sum's reciprocal.
+    if (d.size() == 1 && d[0] + 1 == static_cast<int64_t>(dims.size()))
+      return r.binary(Binary::kMultiply, e,
+                      r.expand_back(r.binary(Binary::kDivide, r.splat(1.0, t, total->type().dims), total), dims, d));
+    return r.binary(Binary::kDivide, e, r.expand_back(total, dims, d));
+  }
+  total = r.expand_back(total, dims, d);
   return r.binary(Binary::kSubtract, shifted, r.unary("log", total, &shlo::Function::log));
 }
 
@@ -62,16 +70,17 @@ at::Tensor& log_softmax_out(const at::Tensor& self, int64_t dim, bool half_to_fl
   STRATA_LOWER("aten::_log_softmax.out", _log_softmax_out, self, dim, half_to_float, out);
 }
 
-// output * (g - sum(g * output)) over dim.
+// output * (g - sum(g * output)) over dim; bf16 in f32, rounded once (Note
+// [bf16 computes in f32] in lowering.h), as LibTorch's vectorised kernel.
 at::Tensor& softmax_backward_out(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                                  at::ScalarType input_dtype, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     if (grad_output.scalar_type() != output.scalar_type() || grad_output.sizes() != output.sizes() || output.dim() == 0)
       throw NotLowered{};
-    const ElementType t = element_type(output.scalar_type());
+    const ElementType t = opmath(element_type(output.scalar_type()));
     if (!is_floating(t)) throw NotLowered{};
     const auto d = one_dim(output, dim);
-    NodePtr g = r.tensor(grad_output), y = r.tensor(output);
+    NodePtr g = r.convert(r.tensor(grad_output), t), y = r.convert(r.tensor(output), t);
     NodePtr dot = r.expand_back(r.sum(r.binary(Binary::kMultiply, g, y), d), y->type().dims, d);
     r.write(out, r.binary(Binary::kMultiply, y, r.binary(Binary::kSubtract, g, dot)));
   };
@@ -79,16 +88,16 @@ at::Tensor& softmax_backward_out(const at::Tensor& grad_output, const at::Tensor
                out);
 }
 
-// g - exp(output) * sum(g) over dim.
+// g - exp(output) * sum(g) over dim; bf16 in f32, rounded once.
 at::Tensor& log_softmax_backward_out(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                                      at::ScalarType input_dtype, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     if (grad_output.scalar_type() != output.scalar_type() || grad_output.sizes() != output.sizes() || output.dim() == 0)
       throw NotLowered{};
-    const ElementType t = element_type(output.scalar_type());
+    const ElementType t = opmath(element_type(output.scalar_type()));
     if (!is_floating(t)) throw NotLowered{};
     const auto d = one_dim(output, dim);
-    NodePtr g = r.tensor(grad_output), y = r.tensor(output);
+    NodePtr g = r.convert(r.tensor(grad_output), t), y = r.convert(r.tensor(output), t);
     NodePtr total = r.expand_back(r.sum(g, d), y->type().dims, d);
     NodePtr p = r.unary("exponential", y, &shlo::Function::exponential);
     r.write(out, r.binary(Binary::kSubtract, g, r.binary(Binary::kMultiply, p, total)));
@@ -107,10 +116,6 @@ NodePtr times(Recorder& r, double k, const NodePtr& x) {
   return mul(r, r.splat(k, x->type().dtype, x->type().dims), x);
 }
 NodePtr plus(Recorder& r, double k, const NodePtr& x) { return add(r, r.splat(k, x->type().dtype, x->type().dims), x); }
-
-// The gelu's computation dtype: f32 for bf16/f16 inputs, as LibTorch's
-// CPU kernel's vectorised path does.
-ElementType opmath(ElementType t) { return t == ElementType::kBF16 || t == ElementType::kF16 ? ElementType::kF32 : t; }
 
 at::Tensor& gelu_out(const at::Tensor& self, c10::string_view approximate, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
@@ -207,9 +212,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(const at::Tenso
     if (weight && weight->defined()) y = mul(r, y, affine(r, *weight, acc, dims));
     if (bias && bias->defined()) y = add(r, y, affine(r, *bias, acc, dims));
     const auto stats = stat_dims(input, d);
+    // As LibTorch's CPU kernel (param_scalar_type): the statistics are f32
+    // for a bf16 input with f32 affine parameters (autocast's mixed case),
+    // else in the input's dtype, rounded from the f32 accumulators.
+    const bool mixed = reduced_float(t) && ((weight && weight->defined() && weight->scalar_type() == at::kFloat) ||
+                                            (bias && bias->defined() && bias->scalar_type() == at::kFloat));
+    const at::ScalarType stat_type = mixed ? at::kFloat : input.scalar_type();
     at::Tensor out = at::empty(input.sizes(), input.options());
-    at::Tensor out_mean = at::empty(stats, input.options().dtype(at::kFloat));
-    at::Tensor out_rstd = at::empty(stats, input.options().dtype(at::kFloat));
+    at::Tensor out_mean = at::empty(stats, input.options().dtype(stat_type));
+    at::Tensor out_rstd = at::empty(stats, input.options().dtype(stat_type));
     if (acc != ElementType::kF32) throw NotLowered{};
     r.write(out, y);
     r.write(out_mean, r.reshape(mean, stats));
@@ -230,7 +241,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
     std::array<bool, 3> output_mask) {
   try {
     Recorder r("aten::native_layer_norm_backward");
-    const ElementType t = element_type(input.scalar_type());
+    // bf16 computes in f32 and rounds each result once (Note [bf16
+    // computes in f32] in lowering.h), as LibTorch's kernel does.
+    const ElementType t = opmath(element_type(input.scalar_type()));
     if (t != ElementType::kF32 || grad_out.scalar_type() != input.scalar_type() || grad_out.sizes() != input.sizes())
       throw NotLowered{};
     const auto d = norm_dims(input, normalized_shape);
@@ -239,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
     for (int64_t i = 0; i < input.dim() - static_cast<int64_t>(d.size()); ++i) batch.push_back(i);
     int64_t n = 1;
     for (int64_t i : d) n *= input.size(i);
-    NodePtr x = r.tensor(input), dy = r.tensor(grad_out);
+    NodePtr x = r.convert(r.tensor(input), t), dy = r.convert(r.tensor(grad_out), t);
     NodePtr m = r.broadcast(r.convert(r.tensor(mean), t), dims), s = r.broadcast(r.convert(r.tensor(rstd), t), dims);
     NodePtr xhat = mul(r, r.binary(Binary::kSubtract, x, m), s);
     const bool has_weight = weight && weight->defined();
@@ -278,7 +291,7 @@ struct Picked {
 Picked pick(Recorder& r, const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
             int64_t ignore_index) {
   if (self.dim() != 2 || target.dim() != 1 || target.size(0) != self.size(0)) throw NotLowered{};
-  const ElementType t = element_type(self.scalar_type());
+  const ElementType t = opmath(element_type(self.scalar_type()));
   const std::vector<int64_t> dims = vec(self.sizes()), rows = {self.size(0)};
   NodePtr tgt = r.convert(r.tensor(target), ElementType::kS64);
   NodePtr tgt2 = r.op("broadcast", {tgt}, {ElementType::kS64, dims}, [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
@@ -300,10 +313,10 @@ std::tuple<at::Tensor&, at::Tensor&> nll_loss_forward_out(const at::Tensor& self
                                                           at::Tensor& total_weight) {
   try {
     Recorder r("aten::nll_loss_forward.output");
-    const ElementType t = element_type(self.scalar_type());
+    const ElementType t = opmath(element_type(self.scalar_type()));
     if (!is_floating(t) || output.scalar_type() != self.scalar_type()) throw NotLowered{};
     const Picked p = pick(r, self, target, weight, ignore_index);
-    NodePtr x = r.tensor(self);
+    NodePtr x = r.convert(r.tensor(self), t);
     NodePtr picked = r.sum(r.select(p.onehot, x, r.splat(0.0, t, x->type().dims)), {1});
     NodePtr losses = r.unary("negate", mul(r, picked, p.weight), &shlo::Function::negate);
     NodePtr total = r.sum(p.weight, {0});
@@ -329,7 +342,7 @@ at::Tensor& nll_loss_backward_out(const at::Tensor& grad_output, const at::Tenso
                                   const at::Tensor& total_weight, at::Tensor& out) {
   try {
     Recorder r("aten::nll_loss_backward.grad_input");
-    const ElementType t = element_type(self.scalar_type());
+    const ElementType t = opmath(element_type(self.scalar_type()));
     if (!is_floating(t) || reduction < 0 || reduction > 2) throw NotLowered{};
     const Picked p = pick(r, self, target, weight, ignore_index);
     const std::vector<int64_t> dims = vec(self.sizes()), rows = {self.size(0)};
