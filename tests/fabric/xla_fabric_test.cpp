@@ -82,9 +82,23 @@ TEST(XlaFabricTest, SeveralWorkersAndUnsupportedPrecisionsAreRefusedBeforeAnySta
   const std::string many = strata::testing::error_message(
       [] { Fabric f(FabricOptions().with_accelerator("xla").with_devices(1).with_num_nodes(2)); });
   EXPECT_NE(many.find("[fabric] accelerator 'xla' trains on one device for now"), std::string::npos) << many;
-  const std::string bf16 = strata::testing::error_message(
-      [] { Fabric f(FabricOptions().with_accelerator("xla").with_precision("bf16-mixed")); });
-  EXPECT_EQ(bf16, "[precision] 'bf16-mixed' is not supported on xla yet; choose 32-true");
+  // bf16 is lowered (tests/xla_device/bf16_test.cpp); f16 is not.
+  const std::string f16 = strata::testing::error_message(
+      [] { Fabric f(FabricOptions().with_accelerator("xla").with_precision("16-mixed")); });
+  EXPECT_EQ(f16, "[precision] '16-mixed' is not supported on xla yet; choose 32-true, bf16-mixed or bf16-true");
+  const std::string f16_true = strata::testing::error_message(
+      [] { Fabric f(FabricOptions().with_accelerator("xla").with_precision("16-true")); });
+  EXPECT_EQ(f16_true, "[precision] '16-true' is not supported on xla yet; choose 32-true, bf16-mixed or bf16-true");
+  for (const char* accepted : {"bf16-mixed", "bf16-true"}) {
+    Fabric f(FabricOptions().with_accelerator("xla").with_precision(accepted));
+    EXPECT_EQ(f.strategy().precision().name(), accepted);
+  }
+  const auto mixed = strata::strategies::Precision::parse("bf16-mixed", "xla");
+  EXPECT_TRUE(mixed.autocast());
+  EXPECT_EQ(mixed.param_dtype(), at::kFloat);
+  const auto pure = strata::strategies::Precision::parse("bf16-true", "xla");
+  EXPECT_FALSE(pure.autocast());
+  EXPECT_EQ(pure.param_dtype(), at::kBFloat16);
 }
 
 }  // namespace
