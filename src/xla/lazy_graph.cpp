@@ -135,7 +135,7 @@ NodePtr Node::op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type ty
   return node;
 }
 
-Program build_program(const std::vector<NodePtr>& outputs, const std::string& name) {
+Program build_program(const std::vector<NodePtr>& outputs, const std::string& name, const Donatable& donatable) {
   STRATA_CHECK(!outputs.empty(), ConfigError, "[xla] a step program needs at least one output");
   for (size_t i = 0; i < outputs.size(); ++i) {
     STRATA_CHECK(outputs[i] != nullptr, ConfigError, "[xla] output ", i, " of the step is null");
@@ -191,6 +191,19 @@ Program build_program(const std::vector<NodePtr>& outputs, const std::string& na
                  " where its node says ", node->type().text());
     value_of.emplace(node, std::move(out));
   }
+  // Note [Donating what only the step holds]
+  size_t donated = 0;
+  if (donatable) {
+    std::unordered_set<const Node*> returned;
+    for (const NodePtr& output : outputs) returned.insert(output.get());
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      const Node& p = *parameters[i];
+      if (p.kind() == Node::Kind::kBuffer && !returned.count(&p) && donatable(p)) {
+        function.donate(i);
+        ++donated;
+      }
+    }
+  }
   std::vector<stablehlo::Value> results;
   for (const NodePtr& output : outputs) results.push_back(value_of.at(output.get()));
   function.returns(results);
@@ -201,6 +214,7 @@ Program build_program(const std::vector<NodePtr>& outputs, const std::string& na
   program.parameters = std::move(parameters);
   program.outputs = outputs;
   program.ops = order.size();
+  program.donated = donated;
   return program;
 }
 
@@ -252,9 +266,9 @@ std::shared_ptr<const LoadedExecutable> Executor::compiled(const std::string& te
   return executable;
 }
 
-std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs) {
+std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs, const Donatable& donatable) {
   const auto traced = Clock::now();
-  Program program = build_program(outputs);
+  Program program = build_program(outputs, "strata_step", donatable);
   const auto emit_took = Clock::now() - traced;
   std::shared_ptr<const LoadedExecutable> executable = compiled(program.text);
   // Host scalars are uploaded for this run (Note [Graph parameters]). The
@@ -282,6 +296,7 @@ std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs) {
     std::lock_guard<std::mutex> lock(mutex_);
     metrics_.execute_time += took;
     metrics_.emit_time += emit_took;
+    metrics_.buffers_donated += static_cast<int64_t>(program.donated);
     ++metrics_.executions;
     metrics_.host_scalars_fed += scalars;
     metrics_.ops_executed += static_cast<int64_t>(program.ops);

@@ -157,8 +157,42 @@ void substitute_generators(const c10::OperatorHandle& op, torch::jit::Stack* sta
 
 }  // namespace
 
+void throw_other_device(const std::string& op, const at::Tensor& t) {
+  throw XlaError(strata::detail::cat("[xla] ", op, " got a tensor on ", t.device(), " (shape ", t.sizes(),
+                                     ") beside tensors on the xla device; move it there first "
+                                     "(tensor.to(strata::xla::device())), or keep the op off the device"));
+}
+
+namespace {
+
+// Mixing devices in one op is an error, as between cuda and cpu: the
+// fallback would otherwise run it on the host without a word. 0-dim CPU
+// tensors are scalars, and index tensors may live on the host (as with
+// cuda).
+void check_devices(const std::string& name, const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  if (name.find("index") != std::string::npos) return;
+  const size_t n = schema.arguments().size();
+  const at::Tensor* other = nullptr;
+  bool xla = false;
+  auto visit = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().type() == c10::DeviceType::PrivateUse1) xla = true;
+    else if (t.dim() > 0 && other == nullptr) other = &t;
+  };
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) visit(v.toTensor());
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList().vec()) visit(t);
+  }
+  if (xla && other != nullptr) throw_other_device(name, *other);
+}
+
+}  // namespace
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = c10::toString(op.schema().operator_name());
+  check_devices(name, op.schema(), *stack);
   if (fallback_mode() == FallbackMode::kError)
     throw XlaError(strata::detail::cat("[xla] ", name,
                                        " has no lowering for the xla device, and STRATA_XLA_FALLBACK=error forbids "

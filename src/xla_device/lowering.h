@@ -229,6 +229,7 @@ class Recorder {
   // other layout takes the fallback.
   // The value of an xla tensor, of its own shape and dtype.
   NodePtr tensor(const at::Tensor& t) {
+    if (t.defined() && t.device().type() != kXla && t.numel() > 0) throw_other_device(op_, t);
     if (!t.defined() || t.device().type() != kXla || t.numel() == 0) throw NotLowered{};
     const ElementType dtype = element_type(t.scalar_type());
     LazyBuffer& storage = lazy_buffer(t);
@@ -319,6 +320,7 @@ class Recorder {
   }
 
  private:
+  RecordingScope recording_;
   const char* op_;
   int64_t nodes_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

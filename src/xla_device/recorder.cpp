@@ -18,6 +18,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 
 #include "strata/xla/lazy_graph.h"
 #include "lazy_buffer.h"
@@ -30,6 +31,12 @@ std::mutex& sync_mutex() {
   static std::mutex m;
   return m;
 }
+
+std::shared_mutex& recording_mutex() {
+  static auto* m = new std::shared_mutex();  // used until exit: never destroyed
+  return *m;
+}
+thread_local int recording_depth = 0;  // RecordingScopes alive on this thread
 
 struct Executors {
   std::mutex mutex;
@@ -62,6 +69,7 @@ lazy::GraphMetrics summed_locked(Executors& e) {
     sum.execute_time += m.execute_time;
     sum.emit_time += m.emit_time;
     sum.host_scalars_fed += m.host_scalars_fed;
+    sum.buffers_donated += m.buffers_donated;
     sum.compile_reasons.insert(sum.compile_reasons.end(), m.compile_reasons.begin(), m.compile_reasons.end());
   }
   return sum;
@@ -69,8 +77,22 @@ lazy::GraphMetrics summed_locked(Executors& e) {
 
 }  // namespace
 
+RecordingScope::RecordingScope() {
+  if (recording_depth++ == 0) recording_mutex().lock_shared();
+}
+
+RecordingScope::~RecordingScope() {
+  if (--recording_depth == 0) recording_mutex().unlock_shared();
+}
+
 bool sync_pending() {
   std::lock_guard<std::mutex> step(sync_mutex());
+  // Note [Donating what only the step holds]
+  std::unique_lock<std::shared_mutex> no_recording(recording_mutex(), std::defer_lock);
+  if (recording_depth == 0) no_recording.lock();
+  lazy::Donatable donatable;
+  if (no_recording.owns_lock())
+    donatable = [](const lazy::Node& p) { return p.device_buffer().use_count() == 1; };
   const std::vector<PendingValue> values = pending_values();
   if (values.empty()) return false;
   // One program per device, outputs in the storages' creation order.
@@ -81,7 +103,7 @@ bool sync_pending() {
     std::vector<lazy::NodePtr> outputs;
     outputs.reserve(members.size());
     for (size_t i : members) outputs.push_back(values[i].node);
-    std::vector<Buffer> buffers = executor(device_index).run(outputs);
+    std::vector<Buffer> buffers = executor(device_index).run(outputs, donatable);
     for (size_t k = 0; k < members.size(); ++k)
       results[members[k]] = std::make_shared<const Buffer>(std::move(buffers[k]));
   }
@@ -98,6 +120,7 @@ void graph_metrics(Metrics& out) {
   out.cache_hits = now.cache_hits - base.cache_hits;
   out.executions = now.executions - base.executions;
   out.nodes_executed = now.ops_executed - base.ops_executed;
+  out.buffers_donated = now.buffers_donated - base.buffers_donated;
   out.compile_seconds = std::chrono::duration<double>(now.compile_time - base.compile_time).count();
   out.execute_seconds = std::chrono::duration<double>(now.execute_time - base.execute_time).count();
   out.trace_seconds += std::chrono::duration<double>(now.emit_time - base.emit_time).count();

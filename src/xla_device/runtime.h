@@ -55,6 +55,21 @@ std::shared_ptr<const Client> shared_client();
 /// it ran a program.
 bool sync_pending();
 
+/// Held by each lowered kernel while it records (the Recorder of
+/// lowering.h): a shared hold on the step, so that sync_pending, which takes
+/// it exclusively, never runs between a kernel's reading of its inputs'
+/// nodes and its writing of its output's (Note [Donating what only the
+/// step holds] in recorder.cpp). Re-entrant on one thread; a sync a kernel
+/// starts on its own thread runs without the exclusive hold, and donates
+/// nothing.
+class RecordingScope {
+ public:
+  RecordingScope();
+  ~RecordingScope();
+  RecordingScope(const RecordingScope&) = delete;
+  RecordingScope& operator=(const RecordingScope&) = delete;
+};
+
 /// The graph counters of every device's executor since the last
 /// reset_metrics() (recorder.cpp): filled into `out`.
 void graph_metrics(Metrics& out);
@@ -64,6 +79,10 @@ void reset_graph_metrics();
 /// Note [The CPU fallback]); lowered kernels call it when a case is not
 /// lowered.
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+/// Throws XlaError: `op` got `t`, a tensor of another device (not a 0-dim
+/// CPU scalar), beside xla tensors (kernels.cpp).
+[[noreturn]] void throw_other_device(const std::string& op, const at::Tensor& t);
 
 /// Registers the aten kernels and the fallback on PrivateUse1 (kernels.cpp).
 void register_kernels();

@@ -8,17 +8,22 @@
 #include <torch/utils.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 #include <unistd.h>
 
 #include "strata/core/error.h"
 #include "strata/xla/device.h"
 #include "strata/xla/error.h"
+#include "support/errors.h"
 #include "support/tool.h"
 #include "support/worker.h"
 
 namespace {
+
+using strata::testing::error_message;
 
 using strata::xla::metrics;
 
@@ -92,7 +97,7 @@ TEST_F(XlaDeviceTest, TensorsRoundTripThroughTheDeviceForF32Bf16AndI64) {
   EXPECT_EQ(m.device_to_host_count, 3);
   EXPECT_EQ(m.host_to_device_bytes, 5 * 7 * 4 + 3 * 4 * 2 + 40 * 8);
   EXPECT_EQ(m.device_to_host_bytes, m.host_to_device_bytes);
-  EXPECT_EQ(m.steps, 3);
+  EXPECT_EQ(m.steps, 0) << "transfers record nothing, so the marks ran no step";
   EXPECT_EQ(m.fallback_calls(), 0) << "transfers run no fallback";
 
   // Casts on the way in, on the device and on the way out.
@@ -266,6 +271,57 @@ TEST(XlaRegistrationTest, AnotherPrivateUse1BackendIsRefused) {
   EXPECT_NE(outcome.out.find("[xla] this process already registered the PrivateUse1 device as 'otherdev'"),
             std::string::npos)
       << outcome.out;
+}
+
+// A process whose plugin speaks another PJRT C API version.
+STRATA_WORKER(xla_device_with_old_plugin) {
+  ::setenv("STRATA_PJRT_PLUGIN", STRATA_TEST_MOCK_PJRT_OLD, 1);
+  try {
+    strata::xla::init();
+  } catch (const strata::xla::XlaError& e) {
+    std::printf("%s\n", e.what());
+    return strata::xla::is_initialized() ? 3 : 0;
+  }
+  return 2;
+}
+
+TEST(XlaPluginTest, APluginOfAnotherApiVersionIsRefusedNamingBothVersions) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  auto outcome =
+      strata::testing::finish(strata::testing::start_program({self, "--strata-worker=xla_device_with_old_plugin"}));
+  ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
+  EXPECT_NE(outcome.out.find("plugin too old: the plugin has PJRT C API 0.50, strata was written against 0.81"),
+            std::string::npos)
+      << outcome.out;
+  EXPECT_NE(outcome.out.find(STRATA_TEST_MOCK_PJRT_OLD), std::string::npos) << "names the plugin: " << outcome.out;
+}
+
+TEST_F(XlaDeviceTest, ATensorOfAnotherDeviceInAnXlaOpIsRefusedNamingBoth) {
+  const at::Tensor on_xla = torch::ones({3, 4}).to(device_);
+  const at::Tensor on_cpu = torch::ones({3, 4});
+  // Element-wise ops meet LibTorch's own check first (TensorIterator's),
+  // which names both devices.
+  for (const auto& op : std::vector<std::function<at::Tensor()>>{[&] { return on_xla + on_cpu; },
+                                                                 [&] { return on_cpu * on_xla; }}) {
+    const std::string message = error_message<c10::Error>(op);
+    EXPECT_NE(message.find("Expected all tensors to be on the same device, but found at least two devices, xla:0 "
+                           "and cpu"),
+              std::string::npos)
+        << message;
+  }
+  // The others reach the device's kernels, lowered or not, which refuse.
+  const std::string lowered = error_message([&] { (void)torch::mm(on_xla, on_cpu.t()); });
+  EXPECT_EQ(lowered, "[xla] aten::mm.out got a tensor on cpu (shape [4, 3]) beside tensors on the xla device; move "
+                     "it there first (tensor.to(strata::xla::device())), or keep the op off the device");
+  const std::string fallback = error_message([&] { (void)torch::atan2(on_xla, on_cpu); });
+  EXPECT_NE(fallback.find("[xla] aten::atan2"), std::string::npos) << fallback;
+  EXPECT_NE(fallback.find("got a tensor on cpu (shape [3, 4]) beside tensors on the xla device"), std::string::npos)
+      << fallback;
+  // A 0-dim CPU tensor is a scalar, as on every device.
+  EXPECT_TRUE(same_bits((on_xla * torch::full({}, 2.0)).cpu(), torch::full({3, 4}, 2.0)));
 }
 
 }  // namespace

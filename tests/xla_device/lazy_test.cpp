@@ -275,6 +275,13 @@ TEST_F(XlaLazyTest, MlpTrainsTwentyAdamWStepsLikeTheCpuWithNoFallbackAndNoCompil
   for (const auto& reason : m.compile_reasons) std::printf("compile reason: %s\n", reason.substr(0, 160).c_str());
   EXPECT_EQ(m.lowered.at("aten::addmm.out"), 2 * (kSteps + 1));
   EXPECT_EQ(m.steps, kSteps + 1);
+  // Note [Donating what only the step holds]: each step rewrites the
+  // parameters, and from step 1 on AdamW's exp_avg and exp_avg_sq too (step
+  // 0 makes them), and donates the buffers they held; and the batch's input
+  // and target, whose tensors are gone by the mark.
+  const int64_t params = static_cast<int64_t>(xla_model->parameters().size());
+  std::printf("buffers donated: %lld\n", static_cast<long long>(m.buffers_donated));
+  EXPECT_EQ(m.buffers_donated, params * (kSteps + 1) + 2 * params * kSteps + 2 * (kSteps + 1));
 }
 
 }  // namespace

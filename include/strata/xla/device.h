@@ -101,6 +101,9 @@ struct Metrics {
   int64_t cache_hits = 0;      ///< programs found compiled
   int64_t executions = 0;      ///< programs run (mark_step and syncs)
   int64_t nodes_executed = 0;  ///< op nodes in the programs run
+  /// Buffers the programs consumed (their memory reused for the results):
+  /// the old values of the parameters and optimizer state a step rewrote.
+  int64_t buffers_donated = 0;
   /// Why each program was compiled (what differed from the one before),
   /// oldest first, the last 32 kept.
   std::vector<std::string> compile_reasons;

@@ -81,14 +81,29 @@ struct Program {
   std::vector<NodePtr> parameters;  ///< in argument order
   std::vector<NodePtr> outputs;     ///< in result order (as asked)
   size_t ops = 0;                   ///< op nodes emitted
+  size_t donated = 0;               ///< buffer parameters donated to the program
 };
+
+/// Whether the program may consume a buffer parameter (Note [Donating what
+/// only the step holds]).
+using Donatable = std::function<bool(const Node&)>;
 
 /// Emits the function that computes `outputs` from the parameters they
 /// reach, visiting each shared node once (a depth-first walk without
 /// recursion, so a long chain of ops cannot overflow the stack). A
 /// parameter asked for as an output is returned as it is. Throws
 /// ConfigError for an empty or null output.
-Program build_program(const std::vector<NodePtr>& outputs, const std::string& name = "strata_step");
+///
+/// Note [Donating what only the step holds]
+/// A buffer parameter for which `donatable` is true (and that is not itself
+/// an output) is marked a buffer donor: XLA may write the program's results
+/// into it, so a step that overwrites its parameters and optimizer state
+/// needs no second copy of them. The caller answers true only for buffers
+/// that nothing reads after the program (the xla device: buffers no live
+/// storage holds any more, while no kernel records). Donation is part of
+/// the text, and so of the compile cache's key.
+Program build_program(const std::vector<NodePtr>& outputs, const std::string& name = "strata_step",
+                      const Donatable& donatable = nullptr);
 
 /// What differed between the program compiled last and a new one, for a
 /// person: "the shapes" (only tensor types differ), "a constant baked into
@@ -110,6 +125,7 @@ struct GraphMetrics {
   std::chrono::nanoseconds emit_time{0};  ///< building programs' text from the graph
   int64_t host_scalars_fed = 0;
   int64_t ops_executed = 0;  ///< op nodes in the programs run (Program::ops)
+  int64_t buffers_donated = 0;  ///< buffer parameters the programs run consumed
 };
 
 /// Compiles programs through a bounded least-recently-used cache keyed by
@@ -121,8 +137,9 @@ class Executor {
   Executor(std::shared_ptr<const Client> client, Device device, size_t capacity = 64);
 
   /// Builds, compiles (or finds) and runs the program of `outputs`, and
-  /// returns one buffer per output, on the device.
-  std::vector<Buffer> run(const std::vector<NodePtr>& outputs);
+  /// returns one buffer per output, on the device. The parameters
+  /// `donatable` picks are consumed (build_program).
+  std::vector<Buffer> run(const std::vector<NodePtr>& outputs, const Donatable& donatable = nullptr);
 
   GraphMetrics metrics() const;
   size_t cached() const;
