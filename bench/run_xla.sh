@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One xla device beside LibTorch eager (bench/bench_xla.cpp): the example
+# GPT (preset small by default) trained with AdamW and clip_grad_norm_ on
+# xla:0, through the CPU PJRT plugin of the project's venv (or
+# STRATA_PJRT_PLUGIN), and on LibTorch's CPU, from the same weights and
+# batches, the two sides taking turns step by step in one process. Prints
+# the machine and its load, each run's table (median step time after the
+# first two steps, the xla/eager ratio, compiles, where an xla step's time
+# goes), and with -r N a line per run. docs/benchmarks.md, "One xla device
+# (CPU plugin) beside LibTorch eager", has the figures.
+#
+# Builds nothing: expects ./build (override with BUILD_DIR=...), built with
+#   cmake --build build --target bench_xla
+# Usage: bench/run_xla.sh [-r REPEATS] [-o DIR] [BENCH_XLA_ARGS...]
+#   -r N     runs the benchmark N times (default 1)
+#   -o DIR   keeps each run's JSON there (run-<i>.json)
+#   the rest goes to bench_xla: --model-size tiny|small|medium, --steps N
+#   (default 30), --batch, --threads, ... (bench_xla --help)
+# Environment: XLA_FLAGS reaches the plugin (e.g. --xla_cpu_use_onednn=true).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+build_dir="${BUILD_DIR:-build}"
+repeats=1
+out_dir=""
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -r) repeats="$2"; shift 2 ;;
+    -o) out_dir="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
+bench="$build_dir/bench/bench_xla"
+if [ ! -x "$bench" ]; then
+  echo "[bench] $bench not found; build it first: cmake --build $build_dir --target bench_xla" >&2
+  exit 1
+fi
+# The venv holds the CPU plugin the xla device finds (strata::xla::find_plugin).
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+results="$(mktemp -d)"
+trap 'rm -rf "$results"' EXIT
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); XLA_FLAGS: ${XLA_FLAGS:-(unset)}"
+for ((r = 1; r <= repeats; r++)); do
+  echo
+  echo "[bench] run $r/$repeats: $bench ${args[*]:-}" >&2
+  timeout 600 "$bench" "${args[@]}" --json "$results/run-$r.json"
+done
+echo
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "$repeats" -gt 1 ]; then
+  echo
+  python="$STRATA_PYTHON"
+  [ -x "$python" ] || python=python3
+  "$python" - "$results"/run-*.json <<'PY'
+import json, sys
+print("| run | eager ms | xla ms | xla / eager | load before | load after |")
+print("| --- | --- | --- | --- | --- | --- |")
+for i, path in enumerate(sorted(sys.argv[1:], key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])), 1):
+    r = json.load(open(path))
+    if "ratio_xla_over_eager" not in r:
+        continue  # one side alone (--sides)
+    print(f"| {i} | {r['eager']['step_ms_median']:.1f} | {r['xla']['step_ms_median']:.1f} | "
+          f"{r['ratio_xla_over_eager']:.2f} | {r['load_before']} | {r['load_after']} |")
+PY
+fi
+if [ -n "$out_dir" ]; then
+  mkdir -p "$out_dir"
+  cp "$results"/run-*.json "$out_dir"/
+  echo "JSON: $out_dir/run-*.json"
+fi
