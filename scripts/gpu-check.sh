@@ -114,7 +114,9 @@ if [ "$xla_probe" = 1 ]; then
   if [ "$mode" = dry ]; then
     log "--xla-probe: skipped in a dry run (it needs the GPU and JAX's CUDA plugin)"
   else
-    PYTHON="$python" scripts/xla-gpu-probe.sh "$tmp/xla" > "$tmp/xla-stdout.txt" 2> "$tmp/xla-stderr.txt" &
+    # Without its training step: the CUDA tests below share the GPU meanwhile
+    # (run scripts/xla-gpu-probe.sh alone for the GPT on the CUDA plugin).
+    STRATA_XLA_PROBE_TRAIN=0 PYTHON="$python" scripts/xla-gpu-probe.sh "$tmp/xla" > "$tmp/xla-stdout.txt" 2> "$tmp/xla-stderr.txt" &
     xla_pid=$!
     log "XLA probe started (pid $xla_pid)"
   fi

@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
 # Runs strata's PJRT probe on an NVIDIA GPU through JAX's CUDA PJRT plugin,
 # without LibTorch and without Python at run time (docs/xla.md, "The GPU
-# probe"). Made for a machine with jax and jax-cuda13-pjrt installed (the
-# H200 one has jax 0.11.2); under 5 minutes:
+# probe"), then trains the example GPT on that plugin beside LibTorch's
+# CUDA eager (docs/benchmarks.md, "One xla device (CPU plugin) beside
+# LibTorch eager"). Made for a machine with jax and jax-cuda13-pjrt
+# installed (the H200 one has jax 0.11.2) and a CUDA torch; under 5 minutes:
 #  1. finds the plugin (jax_plugins/xla_cuda*/xla_cuda_plugin.so) and the
 #     NVIDIA libraries and tools JAX's wheels carry (nvidia/*/lib, bin);
 #  2. builds strata-xla-probe from src/xla/ with one compiler (no CMake, no
-#     LibTorch, no other library);
-#  3. runs it with preallocate=false, writing the JSON report.
+#     LibTorch, no other library), while bench_xla builds in the background
+#     with CMake against the Python's CUDA torch (step 4);
+#  3. runs the probe with preallocate=false, writing the JSON report;
+#  4. trains GPT small 30 steps on the plugin's device beside LibTorch's
+#     CUDA eager, from the same weights and batches (bench_xla
+#     --eager-device cuda), printing both step times and the compiles.
 # Usage: scripts/xla-gpu-probe.sh [OUT_DIR]   (default: $TMPDIR/strata-xla-gpu-probe)
-# Environment: PYTHON (the Python with jax; default python3),
-#   STRATA_PJRT_PLUGIN (skip the search), CXX (default c++).
+# Environment: PYTHON (the Python with jax and torch; default python3),
+#   STRATA_PJRT_PLUGIN (skip the search), CXX (default c++),
+#   STRATA_XLA_PROBE_TRAIN=0 (skip step 4, as scripts/gpu-check.sh does:
+#   its CUDA tests share the GPU meanwhile), BENCH_BUILD_DIR (bench_xla's
+#   CMake build; default ./build-xla-gpu, kept for the next run),
+#   TRAIN_STEPS (default 30), TRAIN_EAGER_DEVICE (default cuda; cpu checks
+#   step 4 on a machine without a GPU, with the CPU plugin as
+#   STRATA_PJRT_PLUGIN).
+# Output in OUT_DIR: xla-gpu-probe.json, probe.log, env.txt, and from step
+# 4 xla-gpu-train.json, train.log, bench-build.log.
 # Exit status: the probe's (0 when every case that ran matched its loop
-# reference), or 2 when something needed is missing.
+# reference), else 1 when the training failed, or 2 when something needed
+# is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out_dir="${1:-${TMPDIR:-/tmp}/strata-xla-gpu-probe}"
@@ -79,6 +94,46 @@ for p in ("jax", "jaxlib", "jax-cuda13-pjrt", "jax-cuda13-plugin"):
 } > "$out_dir/env.txt" 2>&1
 cat "$out_dir/env.txt" >&2
 
+# 4 (in the background). bench_xla against the Python's CUDA torch: CMake
+# builds only that target (the core, models and xla_device objects), so it
+# is ready when the probe is done. .gpu-deps/ (scripts/gpu-check.sh
+# --stage-deps) supplies nlohmann-json, CLI11 and zlib where the machine
+# lacks them.
+train="${STRATA_XLA_PROBE_TRAIN:-1}"
+eager_device="${TRAIN_EAGER_DEVICE:-cuda}"
+bench_build="${BENCH_BUILD_DIR:-build-xla-gpu}"
+bench_pid=
+if [ "$train" != 0 ]; then
+  if ! torch_prefix="$("$python" -c 'import sys, torch
+assert sys.argv[1] != "cuda" or torch.version.cuda, "torch " + torch.__version__ + " is a CPU build"
+print(torch.utils.cmake_prefix_path)' "$eager_device" 2>&1)"; then
+    log "training skipped: no torch for $eager_device in $python (${torch_prefix##*$'\n'})"
+    train=missing
+  elif ! command -v cmake >/dev/null; then
+    log "training skipped: no cmake"
+    train=missing
+  else
+    prefix="$torch_prefix"
+    [ -d .gpu-deps ] && prefix="$prefix;$(pwd)/.gpu-deps"
+    generator=()
+    command -v ninja >/dev/null && generator=(-G Ninja)
+    # torch's CMake config asks for nvcc, though strata compiles no CUDA code.
+    if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+    # Each command has its own time limit, so the build ends by itself.
+    (
+      if [ ! -f "$bench_build/CMakeCache.txt" ]; then
+        timeout 120 cmake -S . -B "$bench_build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+          -DCMAKE_PREFIX_PATH="$prefix" -DSTRATA_PYTHON="$(command -v "$python")" -DSTRATA_WITH_NCCL=OFF \
+          -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_BENCH=ON -DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_CUDA_STANDARD=17 ||
+          { rm -f "$bench_build/CMakeCache.txt"; exit 1; }
+      fi
+      timeout 240 cmake --build "$bench_build" --target bench_xla --parallel "$(nproc)"
+    ) > "$out_dir/bench-build.log" 2>&1 &
+    bench_pid=$!
+    log "building bench_xla in $bench_build (pid $bench_pid, log $out_dir/bench-build.log)"
+  fi
+fi
+
 # 2. Build: the PJRT layer needs only a C++20 compiler and libdl.
 command -v "$cxx" >/dev/null || die "no C++ compiler '$cxx': set CXX"
 build="$out_dir/build"
@@ -98,5 +153,33 @@ timeout 240 "$build/strata-xla-probe" --plugin "$plugin" --option preallocate=fa
   --out "$out_dir/xla-gpu-probe.json" > /dev/null 2> "$out_dir/probe.log" || status=$?
 tail -n 20 "$out_dir/probe.log" >&2 || true
 if [ -f "$out_dir/xla-gpu-probe.json" ]; then cat "$out_dir/xla-gpu-probe.json"; fi
-log "status $status after $(( $(date +%s) - start ))s; report in $out_dir/xla-gpu-probe.json, log in $out_dir/probe.log"
-exit "$status"
+log "probe status $status after $(( $(date +%s) - start ))s; report in $out_dir/xla-gpu-probe.json, log in $out_dir/probe.log"
+
+# 4. Train: GPT small on xla:0 (this plugin; XLA_FLAGS above reach it)
+# beside LibTorch's eager on $eager_device, the two sides taking turns step by step.
+train_status=0
+if [ -n "$bench_pid" ]; then
+  if wait "$bench_pid"; then
+    log "bench_xla built after $(( $(date +%s) - start ))s"
+    STRATA_PJRT_PLUGIN="$plugin" timeout 150 "$bench_build/bench/bench_xla" --model-size small \
+      --steps "${TRAIN_STEPS:-30}" --eager-device "$eager_device" --json "$out_dir/xla-gpu-train.json" \
+      > "$out_dir/train.log" 2>&1 || train_status=1
+    if [ "$train_status" = 0 ]; then
+      # The table: both step times, the ratio, the compiles, the xla step's split.
+      sed -n '1,/^| step | xla ms/p' "$out_dir/train.log" | head -n -1 >&2
+    else
+      tail -n 20 "$out_dir/train.log" >&2
+      log "training failed (log $out_dir/train.log)"
+    fi
+  else
+    grep -E 'error|Error' "$out_dir/bench-build.log" | head -n 20 >&2 || true
+    tail -n 10 "$out_dir/bench-build.log" >&2
+    log "building bench_xla failed (log $out_dir/bench-build.log)"
+    train_status=1
+  fi
+elif [ "$train" = missing ]; then
+  train_status=2
+fi
+log "done after $(( $(date +%s) - start ))s"
+[ "$status" = 0 ] || exit "$status"
+exit "$train_status"
