@@ -399,5 +399,7 @@ void register_shape(torch::Library& library);
 void register_autocast();
 /// The lowered kernels of the step's checks (kernels_checks.cpp).
 void register_checks(torch::Library& library);
+/// The lowered random kernels: dropout (kernels_random.cpp).
+void register_random(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

@@ -39,7 +39,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/fill.h>
+#include <ATen/ops/maximum.h>
 #include <ATen/ops/mean.h>
+#include <ATen/ops/minimum.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/mse_loss_backward.h>
@@ -113,6 +115,34 @@ at::Tensor& div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor&
                           r.operand(other, res.dtype, res.dims)));
   };
   STRATA_LOWER("aten::div.out", div_out, self, other, out);
+}
+
+// The element-wise maximum and minimum (Adam's amsgrad keeps a running
+// maximum). LibTorch's propagate a NaN from either side; XLA's CPU
+// compiler keeps only the first operand's (measured: max(1, nan) is 1), so
+// a NaN on either side is selected explicitly.
+NodePtr nan_propagating(Recorder& r, Binary kind, const NodePtr& a, const NodePtr& b) {
+  NodePtr m = r.binary(kind, a, b);
+  if (!is_floating(a->type().dtype)) return m;
+  return r.select(r.compare(a, a, shlo::Direction::kNE), a, r.select(r.compare(b, b, shlo::Direction::kNE), b, m));
+}
+
+at::Tensor& maximum_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::maximum(meta(self), meta(other)); }, &out);
+    r.write(out, nan_propagating(r, Binary::kMaximum, r.operand(self, res.dtype, res.dims),
+                                 r.operand(other, res.dtype, res.dims)));
+  };
+  STRATA_LOWER("aten::maximum.out", maximum_out, self, other, out);
+}
+
+at::Tensor& minimum_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::minimum(meta(self), meta(other)); }, &out);
+    r.write(out, nan_propagating(r, Binary::kMinimum, r.operand(self, res.dtype, res.dims),
+                                 r.operand(other, res.dtype, res.dims)));
+  };
+  STRATA_LOWER("aten::minimum.out", minimum_out, self, other, out);
 }
 
 // self + value * t1 * t2, in LibTorch's CPU kernel's order.
@@ -412,10 +442,13 @@ void register_lowerings(torch::Library& library) {
   lowering::register_shape(library);
   lowering::register_autocast();
   lowering::register_checks(library);
+  lowering::register_random(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));
   library.impl("div.out", TORCH_FN(div_out));
+  library.impl("maximum.out", TORCH_FN(maximum_out));
+  library.impl("minimum.out", TORCH_FN(minimum_out));
   library.impl("addcmul.out", TORCH_FN(addcmul_out));
   library.impl("addcdiv.out", TORCH_FN(addcdiv_out));
   library.impl("sqrt.out", TORCH_FN(sqrt_out));

@@ -20,6 +20,7 @@
 #include "strata/core/error.h"
 #include "strata/models/gpt.h"
 #include "strata/xla/device.h"
+#include "xla_device/xla_device_test.h"
 
 namespace {
 
@@ -27,30 +28,7 @@ using strata::xla::metrics;
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
-// bf16 autocast on one device type for a scope, as the precision plugin's
-// ForwardContext does for bf16-mixed.
-class Autocast {
- public:
-  explicit Autocast(c10::DeviceType device) : device_(device) {
-    was_enabled_ = at::autocast::is_autocast_enabled(device_);
-    previous_ = at::autocast::get_autocast_dtype(device_);
-    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
-    at::autocast::set_autocast_enabled(device_, true);
-    at::autocast::increment_nesting();
-  }
-  ~Autocast() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device_, was_enabled_);
-    at::autocast::set_autocast_dtype(device_, previous_);
-  }
-  Autocast(const Autocast&) = delete;
-  Autocast& operator=(const Autocast&) = delete;
-
- private:
-  c10::DeviceType device_;
-  bool was_enabled_ = false;
-  c10::ScalarType previous_ = at::kBFloat16;
-};
+using strata::testing::Autocast;
 
 struct Mlp : torch::nn::Module {
   Mlp() {
@@ -164,19 +142,7 @@ Measured train(torch::nn::Module& cpu_model, torch::nn::Module& xla_model, torch
   return run;
 }
 
-class XlaBf16Test : public ::testing::Test {
- protected:
-  void SetUp() override {
-    try {
-      strata::xla::find_plugin();
-    } catch (const strata::ConfigError& e) {
-      GTEST_SKIP() << "no PJRT plugin for the xla device: " << e.what();
-    }
-    strata::xla::init();
-    device_ = strata::xla::device(0);
-  }
-  c10::Device device_{c10::kCPU};
-};
+class XlaBf16Test : public strata::testing::XlaDeviceFixture {};
 
 void copy_weights(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;

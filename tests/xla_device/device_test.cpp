@@ -16,6 +16,7 @@
 
 #include "strata/core/error.h"
 #include "strata/xla/device.h"
+#include "xla_device/xla_device_test.h"
 #include "strata/xla/error.h"
 #include "support/errors.h"
 #include "support/tool.h"
@@ -50,19 +51,7 @@ class ScopedEnv {
   std::string old_;
 };
 
-class XlaDeviceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    try {
-      strata::xla::find_plugin();
-    } catch (const strata::ConfigError& e) {
-      GTEST_SKIP() << "no PJRT plugin for the xla device: " << e.what();
-    }
-    strata::xla::init();
-    device_ = strata::xla::device(0);
-  }
-  c10::Device device_{c10::kCPU};
-};
+class XlaDeviceTest : public strata::testing::XlaDeviceFixture {};
 
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && torch::equal(a, b);
