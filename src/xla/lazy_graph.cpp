@@ -5,8 +5,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <unordered_set>
+
+#include <unistd.h>
 
 #include "strata/core/error.h"
 
@@ -218,6 +224,56 @@ Program build_program(const std::vector<NodePtr>& outputs, const std::string& na
   return program;
 }
 
+namespace {
+
+// {"dtype": "f32", "dims": [4, 3]}
+std::string type_json(const stablehlo::Type& t) {
+  std::string out = "{\"dtype\": \"" + std::string(stablehlo_name(t.dtype)) + "\", \"dims\": [";
+  for (size_t i = 0; i < t.dims.size(); ++i) out += (i ? ", " : "") + std::to_string(t.dims[i]);
+  return out + "]}";
+}
+
+// Note [Dumping programs]
+// With STRATA_XLA_DUMP_DIR set, each distinct program a step runs is
+// written there once, as HASH.mlir (the module text, which XLA's tools and
+// JAX read) and HASH.json (its arguments' and results' types), HASH being
+// the FNV-1a hash of the text. Each file is written under a temporary name
+// and renamed, so a reader never sees half of one, and two processes
+// dumping the same program write the same bytes.
+void dump_program(const std::filesystem::path& dir, const Program& program) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : program.text) hash = (hash ^ c) * 0x100000001b3ull;
+  char name[17];
+  std::snprintf(name, sizeof(name), "%016llx", static_cast<unsigned long long>(hash));
+  const std::filesystem::path mlir = dir / (std::string(name) + ".mlir");
+  std::error_code ec;
+  if (std::filesystem::exists(mlir, ec)) return;
+  std::filesystem::create_directories(dir, ec);
+  std::string json = "{\"module\": \"" + mlir.filename().string() + "\", \"arguments\": [";
+  for (size_t i = 0; i < program.parameters.size(); ++i)
+    json += (i ? ", " : "") + type_json(program.parameters[i]->type());
+  json += "], \"results\": [";
+  for (size_t i = 0; i < program.outputs.size(); ++i) json += (i ? ", " : "") + type_json(program.outputs[i]->type());
+  json += "]}\n";
+  auto write = [&](const std::filesystem::path& path, const std::string& bytes) {
+    const std::filesystem::path temporary = path.string() + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream out(temporary, std::ios::binary);
+      out << bytes;
+      STRATA_CHECK(out.good(), ConfigError, "[xla] STRATA_XLA_DUMP_DIR: cannot write ", temporary.string(),
+                   "; point it at a writable folder, or unset it");
+    }
+    std::filesystem::rename(temporary, path, ec);
+    STRATA_CHECK(!ec, ConfigError, "[xla] STRATA_XLA_DUMP_DIR: cannot rename ", temporary.string(), " to ",
+                 path.string(), ": ", ec.message());
+  };
+  // The types first: a reader that finds HASH.mlir finds HASH.json too.
+  write(dir / (std::string(name) + ".json"), json);
+  write(mlir, program.text);
+}
+
+}  // namespace
+
 std::string explain_difference(const std::string& previous, const std::string& next) {
   if (previous.empty()) return "the first program";
   if (previous == next) return "nothing (the same program)";
@@ -270,6 +326,7 @@ std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs, const Don
   const auto traced = Clock::now();
   Program program = build_program(outputs, "strata_step", donatable);
   const auto emit_took = Clock::now() - traced;
+  if (const char* dir = std::getenv("STRATA_XLA_DUMP_DIR"); dir != nullptr && *dir != '\0') dump_program(dir, program);
   std::shared_ptr<const LoadedExecutable> executable = compiled(program.text);
   // Host scalars are uploaded for this run (Note [Graph parameters]). The
   // reserve keeps the pointers into `uploaded` valid.
