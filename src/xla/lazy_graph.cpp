@@ -141,7 +141,8 @@ NodePtr Node::op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type ty
   return node;
 }
 
-Program build_program(const std::vector<NodePtr>& outputs, const std::string& name, const Donatable& donatable) {
+Program build_program(const std::vector<NodePtr>& outputs, const std::string& name, const Donatable& donatable,
+                      int64_t num_replicas) {
   STRATA_CHECK(!outputs.empty(), ConfigError, "[xla] a step program needs at least one output");
   for (size_t i = 0; i < outputs.size(); ++i) {
     STRATA_CHECK(outputs[i] != nullptr, ConfigError, "[xla] output ", i, " of the step is null");
@@ -213,7 +214,7 @@ Program build_program(const std::vector<NodePtr>& outputs, const std::string& na
   std::vector<stablehlo::Value> results;
   for (const NodePtr& output : outputs) results.push_back(value_of.at(output.get()));
   function.returns(results);
-  stablehlo::Module module(name);
+  stablehlo::Module module(name, num_replicas);
   module.add(function);
   Program program;
   program.text = module.text();
@@ -290,14 +291,77 @@ std::string explain_difference(const std::string& previous, const std::string& n
   return what + ", first at: " + line;
 }
 
+namespace {
+
+// The size of every group, checked (Note [Collectives in the step]).
+int64_t group_size(const char* what, const stablehlo::ReplicaGroups& groups) {
+  STRATA_CHECK(!groups.empty() && !groups[0].empty(), ConfigError, "[xla] ", what, " needs at least one replica group");
+  for (const auto& g : groups) {
+    STRATA_CHECK(g.size() == groups[0].size(), ConfigError, "[xla] ", what, ": replica groups of ",
+                 groups[0].size(), " and ", g.size(), " replicas; every group must be the same size");
+  }
+  return static_cast<int64_t>(groups[0].size());
+}
+
+void check_dim(const char* what, const NodePtr& x, int64_t dim) {
+  STRATA_CHECK(x != nullptr, ConfigError, "[xla] ", what, " of a null node");
+  STRATA_CHECK(dim >= 0 && dim < static_cast<int64_t>(x->type().dims.size()), ConfigError, "[xla] ", what,
+               " along dim ", dim, " of ", x->type().text());
+}
+
+}  // namespace
+
+NodePtr all_reduce(const NodePtr& x, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups) {
+  STRATA_CHECK(x != nullptr, ConfigError, "[xla] all_reduce of a null node");
+  group_size("all_reduce", groups);
+  return Node::op("all_reduce", {x}, x->type(), [op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+    return f.all_reduce(in[0], op, groups);
+  });
+}
+
+NodePtr all_gather(const NodePtr& x, int64_t dim, const stablehlo::ReplicaGroups& groups) {
+  check_dim("all_gather", x, dim);
+  stablehlo::Type type = x->type();
+  type.dims[static_cast<size_t>(dim)] *= group_size("all_gather", groups);
+  return Node::op("all_gather", {x}, type, [dim, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+    return f.all_gather(in[0], dim, groups);
+  });
+}
+
+NodePtr reduce_scatter(const NodePtr& x, int64_t dim, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups) {
+  check_dim("reduce_scatter", x, dim);
+  const int64_t n = group_size("reduce_scatter", groups);
+  stablehlo::Type type = x->type();
+  const int64_t size = type.dims[static_cast<size_t>(dim)];
+  STRATA_CHECK(size % n == 0, ConfigError, "[xla] reduce_scatter of ", x->type().text(), " along dim ", dim,
+               ": ", size, " does not split into ", n, " equal parts; pad it to a multiple of the group size");
+  type.dims[static_cast<size_t>(dim)] = size / n;
+  return Node::op("reduce_scatter", {x}, type,
+                  [dim, op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+                    return f.reduce_scatter(in[0], dim, op, groups);
+                  });
+}
+
 Executor::Executor(std::shared_ptr<const Client> client, Device device, size_t capacity)
-    : client_(std::move(client)), device_(std::move(device)), capacity_(capacity) {
+    : Executor(std::move(client), std::vector<Device>{std::move(device)}, capacity) {}
+
+Executor::Executor(std::shared_ptr<const Client> client, std::vector<Device> devices, size_t capacity)
+    : client_(std::move(client)), devices_(std::move(devices)), capacity_(capacity) {
   STRATA_CHECK(client_ != nullptr, ConfigError, "[xla] the executor needs a client");
+  STRATA_CHECK(!devices_.empty(), ConfigError, "[xla] the executor needs at least one device");
+  for (size_t i = 0; i < devices_.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      STRATA_CHECK(devices_[i].id != devices_[j].id, ConfigError, "[xla] device ", devices_[i].id,
+                   " is given for replicas ", j, " and ", i, "; each replica needs a device of its own");
   STRATA_CHECK(capacity_ >= 1, ConfigError, "[xla] the compile cache must hold at least 1 program, got ", capacity_);
 }
 
 std::shared_ptr<const LoadedExecutable> Executor::compiled(const std::string& text) {
-  const CompileOptions options = CompileOptions().with_device_assignment({{device_.id}});
+  CompileOptions options;
+  options.with_num_replicas(static_cast<int64_t>(devices_.size()));
+  std::vector<std::vector<int64_t>> assignment;
+  for (const Device& d : devices_) assignment.push_back({d.id});
+  options.with_device_assignment(assignment);
   const std::string key = options.serialize() + '\n' + text;
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = index_.find(key);
@@ -323,44 +387,70 @@ std::shared_ptr<const LoadedExecutable> Executor::compiled(const std::string& te
 }
 
 std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs, const Donatable& donatable) {
+  STRATA_CHECK(devices_.size() == 1, ConfigError, "[xla] run() on an executor of ", devices_.size(),
+               " devices; give each replica its outputs with run_replicated()");
+  return std::move(run_replicated({outputs}, donatable)[0]);
+}
+
+std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std::vector<NodePtr>>& outputs,
+                                                          const Donatable& donatable) {
+  const size_t replicas = devices_.size();
+  STRATA_CHECK(outputs.size() == replicas, ConfigError, "[xla] ", outputs.size(), " replicas' outputs for an executor of ",
+               replicas, " devices");
   const auto traced = Clock::now();
-  Program program = build_program(outputs, "strata_step", donatable);
+  std::vector<Program> programs;
+  programs.reserve(replicas);
+  for (size_t r = 0; r < replicas; ++r) {
+    programs.push_back(build_program(outputs[r], "strata_step", donatable, static_cast<int64_t>(replicas)));
+    STRATA_CHECK(programs[r].text == programs[0].text, ConfigError, "[xla] replica ", r,
+                 " recorded another step than replica 0 (", explain_difference(programs[0].text, programs[r].text),
+                 "): every device must record the same ops on the same shapes");
+  }
   const auto emit_took = Clock::now() - traced;
-  if (const char* dir = std::getenv("STRATA_XLA_DUMP_DIR"); dir != nullptr && *dir != '\0') dump_program(dir, program);
-  std::shared_ptr<const LoadedExecutable> executable = compiled(program.text);
-  // Host scalars are uploaded for this run (Note [Graph parameters]). The
-  // reserve keeps the pointers into `uploaded` valid.
+  if (const char* dir = std::getenv("STRATA_XLA_DUMP_DIR"); dir != nullptr && *dir != '\0') dump_program(dir, programs[0]);
+  std::shared_ptr<const LoadedExecutable> executable = compiled(programs[0].text);
+  // Host scalars are uploaded for this run, to each replica's device
+  // (Note [Graph parameters]). The reserve keeps the pointers valid.
+  size_t scalar_count = 0;
+  for (const Program& program : programs)
+    for (const NodePtr& p : program.parameters) scalar_count += p->kind() == Node::Kind::kHostScalar;
   std::vector<Buffer> uploaded;
-  uploaded.reserve(program.parameters.size());
-  std::vector<const Buffer*> arguments;
-  int64_t scalars = 0;
-  for (const NodePtr& p : program.parameters) {
-    if (p->kind() == Node::Kind::kBuffer) {
-      arguments.push_back(p->device_buffer().get());
-      continue;
+  uploaded.reserve(scalar_count);
+  std::vector<std::vector<const Buffer*>> arguments(replicas);
+  for (size_t r = 0; r < replicas; ++r) {
+    for (const NodePtr& p : programs[r].parameters) {
+      if (p->kind() == Node::Kind::kBuffer) {
+        arguments[r].push_back(p->device_buffer().get());
+        continue;
+      }
+      const stablehlo::Type& t = p->type();
+      std::vector<uint8_t> bytes(element_size(t.dtype));
+      encode_scalar(p->scalar(), t.dtype, bytes.data());
+      uploaded.push_back(client_->buffer_from_host(bytes.data(), bytes.size(), t.dtype, {}, devices_[r]));
+      arguments[r].push_back(&uploaded.back());
     }
-    const stablehlo::Type& t = p->type();
-    std::vector<uint8_t> bytes(element_size(t.dtype));
-    encode_scalar(p->scalar(), t.dtype, bytes.data());
-    uploaded.push_back(client_->buffer_from_host(bytes.data(), bytes.size(), t.dtype, {}, device_));
-    arguments.push_back(&uploaded.back());
-    ++scalars;
   }
   const auto start = Clock::now();
-  std::vector<std::vector<Buffer>> results = executable->execute({arguments});
+  std::vector<std::vector<Buffer>> results = executable->execute(arguments);
   const auto took = Clock::now() - start;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     metrics_.execute_time += took;
     metrics_.emit_time += emit_took;
-    metrics_.buffers_donated += static_cast<int64_t>(program.donated);
+    for (const Program& program : programs) {
+      metrics_.buffers_donated += static_cast<int64_t>(program.donated);
+      metrics_.ops_executed += static_cast<int64_t>(program.ops);
+    }
     ++metrics_.executions;
-    metrics_.host_scalars_fed += scalars;
-    metrics_.ops_executed += static_cast<int64_t>(program.ops);
+    metrics_.host_scalars_fed += static_cast<int64_t>(scalar_count);
   }
-  STRATA_CHECK(results.size() == 1 && results[0].size() == outputs.size(), Error, "[xla] the step returned ",
-               results.empty() ? 0 : results[0].size(), " outputs where ", outputs.size(), " were asked for");
-  return std::move(results[0]);
+  STRATA_CHECK(results.size() == replicas, Error, "[xla] the step ran on ", results.size(), " replicas where ",
+               replicas, " were asked for");
+  for (size_t r = 0; r < replicas; ++r) {
+    STRATA_CHECK(results[r].size() == outputs[r].size(), Error, "[xla] replica ", r, " of the step returned ",
+                 results[r].size(), " outputs where ", outputs[r].size(), " were asked for");
+  }
+  return results;
 }
 
 GraphMetrics Executor::metrics() const {

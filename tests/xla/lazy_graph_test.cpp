@@ -176,5 +176,84 @@ TEST_F(LazyGraphTest, BadGraphsAreRefusedNamingWhat) {
             std::string::npos);
 }
 
+// Note [Collectives in the step]: one program replicated over 2 and 4 of
+// the CPU plugin's devices, each replica with its own buffer, the
+// collectives inside the program.
+class LazyGraphReplicatedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cpu_plugin_path().empty()) GTEST_SKIP() << kNoCpuPlugin;
+    client_ = std::make_shared<xla::Client>(xla::Client::create(
+        xla::Plugin::load(cpu_plugin_path()), xla::ClientOptions().with_create_option("cpu_device_count", int64_t{4})));
+    devices_ = client_->addressable_devices();
+    ASSERT_EQ(devices_.size(), 4u);
+  }
+  NodePtr upload(const std::vector<float>& values, const xla::Device& device) {
+    const std::vector<int64_t> dims{static_cast<int64_t>(values.size())};
+    auto buffer = std::make_shared<xla::Buffer>(
+        client_->buffer_from_host(values.data(), values.size() * sizeof(float), ElementType::kF32, dims, device));
+    return Node::buffer(buffer, f32(dims));
+  }
+  std::shared_ptr<xla::Client> client_;
+  std::vector<xla::Device> devices_;
+};
+
+TEST_F(LazyGraphReplicatedTest, CollectivesRunInsideOneProgramOnTwoAndFourDevices) {
+  for (size_t n : {2u, 4u}) {
+    SCOPED_TRACE(std::to_string(n) + " replicas");
+    xla::lazy::Executor executor(client_, std::vector<xla::Device>(devices_.begin(), devices_.begin() + n));
+    hlo::ReplicaGroups all(1);
+    for (size_t r = 0; r < n; ++r) all[0].push_back(static_cast<int64_t>(r));
+    for (int run = 0; run < 2; ++run) {
+      std::vector<std::vector<NodePtr>> outputs(n);
+      for (size_t r = 0; r < n; ++r) {
+        // Replica r holds (r + 1) * [1, 2, 3, 4], scaled by a host scalar
+        // of its own value (a step-varying scalar per replica).
+        const float k = static_cast<float>(r + 1);
+        NodePtr x = scale(upload({k, 2 * k, 3 * k, 4 * k}, devices_[r]), Node::host_scalar(run + 1.0, ElementType::kF32));
+        outputs[r] = {xla::lazy::all_reduce(x, hlo::ReduceOp::kSum, all), xla::lazy::all_reduce(x, hlo::ReduceOp::kMax, all),
+                      xla::lazy::all_gather(x, 0, all), xla::lazy::reduce_scatter(x, 0, hlo::ReduceOp::kSum, all)};
+      }
+      const auto results = executor.run_replicated(outputs);
+      ASSERT_EQ(results.size(), n);
+      const float scale_by = static_cast<float>(run + 1), total = static_cast<float>(n * (n + 1) / 2);
+      std::vector<float> sum, max, gathered;
+      for (int j = 1; j <= 4; ++j) sum.push_back(scale_by * total * j), max.push_back(scale_by * n * j);
+      for (size_t r = 0; r < n; ++r)
+        for (int j = 1; j <= 4; ++j) gathered.push_back(scale_by * (r + 1) * j);
+      for (size_t r = 0; r < n; ++r) {
+        EXPECT_EQ(read(results[r][0]), sum) << "replica " << r;
+        EXPECT_EQ(read(results[r][1]), max) << "replica " << r;
+        EXPECT_EQ(read(results[r][2]), gathered) << "replica " << r;
+        const size_t part = 4 / n;
+        EXPECT_EQ(read(results[r][3]), std::vector<float>(sum.begin() + r * part, sum.begin() + (r + 1) * part))
+            << "replica " << r;
+      }
+    }
+    EXPECT_EQ(executor.metrics().compiles, 1) << "the second run finds the program compiled";
+    EXPECT_EQ(executor.metrics().executions, 2);
+  }
+}
+
+TEST_F(LazyGraphReplicatedTest, ReplicatedStepsAreRefusedNamingWhatIsWrong) {
+  xla::lazy::Executor two(client_, std::vector<xla::Device>{devices_[0], devices_[1]});
+  NodePtr a = upload({1, 2}, devices_[0]), b = upload({1, 2}, devices_[1]);
+  EXPECT_EQ(error_message([&] { two.run({a}); }),
+            "[xla] run() on an executor of 2 devices; give each replica its outputs with run_replicated()");
+  EXPECT_EQ(error_message([&] { two.run_replicated({{a}}); }), "[xla] 1 replicas' outputs for an executor of 2 devices");
+  const std::string differs = error_message([&] { two.run_replicated({{add(a, a)}, {mul(b, b)}}); });
+  EXPECT_EQ(differs.rfind("[xla] replica 1 recorded another step than replica 0 (the ops, first at: ", 0), 0u) << differs;
+  EXPECT_NE(differs.find("every device must record the same ops on the same shapes"), std::string::npos);
+  EXPECT_EQ(error_message([&] { xla::lazy::Executor(client_, std::vector<xla::Device>{devices_[1], devices_[1]}); }),
+            "[xla] device " + std::to_string(devices_[1].id) +
+                " is given for replicas 0 and 1; each replica needs a device of its own");
+  EXPECT_EQ(error_message([&] { xla::lazy::reduce_scatter(upload({1, 2, 3}, devices_[0]), 0, hlo::ReduceOp::kSum, {{0, 1}}); }),
+            "[xla] reduce_scatter of tensor<3xf32> along dim 0: 3 does not split into 2 equal parts; pad it to a "
+            "multiple of the group size");
+  EXPECT_EQ(error_message([&] { xla::lazy::all_gather(a, 1, {{0, 1}}); }), "[xla] all_gather along dim 1 of tensor<2xf32>");
+  EXPECT_EQ(error_message([&] { xla::lazy::all_reduce(a, hlo::ReduceOp::kSum, {{0, 1}, {2}}); }),
+            "[xla] all_reduce: replica groups of 2 and 1 replicas; every group must be the same size");
+}
+
 }  // namespace
 }  // namespace strata::testing

@@ -103,7 +103,26 @@ using Donatable = std::function<bool(const Node&)>;
 /// storage holds any more, while no kernel records). Donation is part of
 /// the text, and so of the compile cache's key.
 Program build_program(const std::vector<NodePtr>& outputs, const std::string& name = "strata_step",
-                      const Donatable& donatable = nullptr);
+                      const Donatable& donatable = nullptr, int64_t num_replicas = 1);
+
+/// Note [Collectives in the step]
+/// A collective is a node like any other: it reads its input on every
+/// replica of a replicated program (Executor with several devices) and is
+/// emitted as StableHLO's all_reduce, all_gather or reduce_scatter over
+/// `groups` (replica ids; every group the same size), so the reduction
+/// runs inside the compiled step, where XLA schedules it beside the
+/// computation, as torch_xla's in-graph collectives do. Every replica
+/// records the same ops in the same order (the data-parallel strategies'
+/// contract), so every replica's program is the same text and each
+/// collective meets its peers. Throws ConfigError for empty or uneven
+/// groups, a dim out of range, or (reduce_scatter) a dim the group size
+/// does not divide.
+NodePtr all_reduce(const NodePtr& x, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups);
+/// `x` from every replica of the group, joined along `dim` in replica order.
+NodePtr all_gather(const NodePtr& x, int64_t dim, const stablehlo::ReplicaGroups& groups);
+/// The reduction over the group, split along `dim`: replica i of the group
+/// keeps part i.
+NodePtr reduce_scatter(const NodePtr& x, int64_t dim, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups);
 
 /// What differed between the program compiled last and a new one, for a
 /// person: "the shapes" (only tensor types differ), "a constant baked into
@@ -129,17 +148,33 @@ struct GraphMetrics {
 };
 
 /// Compiles programs through a bounded least-recently-used cache keyed by
-/// the module text and the compile options, and runs them on one device.
-/// Thread-safe.
+/// the module text and the compile options, and runs them on one device,
+/// or replicated over several (replica r on devices[r]). Thread-safe.
 class Executor {
  public:
   /// `capacity`: programs kept compiled (at least 1).
   Executor(std::shared_ptr<const Client> client, Device device, size_t capacity = 64);
+  /// A replicated executor: its programs compile with num_replicas =
+  /// devices.size() and replica r assigned to devices[r]. Throws
+  /// ConfigError for no device or the same device twice.
+  Executor(std::shared_ptr<const Client> client, std::vector<Device> devices, size_t capacity = 64);
 
   /// Builds, compiles (or finds) and runs the program of `outputs`, and
   /// returns one buffer per output, on the device. The parameters
-  /// `donatable` picks are consumed (build_program).
+  /// `donatable` picks are consumed (build_program). A one-device
+  /// executor only.
   std::vector<Buffer> run(const std::vector<NodePtr>& outputs, const Donatable& donatable = nullptr);
+
+  /// Runs one program over every device: `outputs[r]` is what replica r
+  /// recorded (its own parameter buffers, on devices[r], and host
+  /// scalars); every replica's program must be the same text (Note
+  /// [Collectives in the step]), else ConfigError naming the first replica
+  /// that differs and how. Returns the buffers of each replica's outputs.
+  std::vector<std::vector<Buffer>> run_replicated(const std::vector<std::vector<NodePtr>>& outputs,
+                                                  const Donatable& donatable = nullptr);
+
+  /// The devices replica 0, 1, ... run on.
+  const std::vector<Device>& devices() const { return devices_; }
 
   GraphMetrics metrics() const;
   size_t cached() const;
@@ -152,7 +187,7 @@ class Executor {
   std::shared_ptr<const LoadedExecutable> compiled(const std::string& text);
 
   std::shared_ptr<const Client> client_;
-  Device device_;
+  std::vector<Device> devices_;
   size_t capacity_;
   mutable std::mutex mutex_;
   std::list<Entry> lru_;  // most recent first
