@@ -18,8 +18,14 @@ if [ -z "$cxx" ]; then
 fi
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+# Through ccache when it is there, as the main build (Note [Compiler cache]
+# in CMakeLists.txt).
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=cmake;-E;env;CCACHE_BASEDIR=$root;CCACHE_NOHASHDIR=1;CCACHE_SLOPPINESS=time_macros,include_file_mtime,include_file_ctime;ccache")
+fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root/fuzz" -B "$build" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" \
+  cmake -S "$root/fuzz" -B "$build" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_PYTHON="$STRATA_PYTHON" >/dev/null
 fi
 if ! cmake --build "$build" --parallel "$(nproc 2>/dev/null || echo 2)" >"$build/build.log" 2>&1; then

@@ -11,3 +11,8 @@ export STRATA_VENV STRATA_PYTHON
 STRATA_CUDA_VENV="${STRATA_CUDA_VENV:-$strata_cache/venv-py311-torch2.14.1-cuda}"
 STRATA_CUDA_PYTHON="$STRATA_CUDA_VENV/bin/python"
 export STRATA_CUDA_VENV STRATA_CUDA_PYTHON
+# The compiler cache that every build of every clone on the machine shares
+# (Note [Compiler cache] in CMakeLists.txt). Override with CCACHE_DIR.
+CCACHE_DIR="${CCACHE_DIR:-$strata_cache/ccache}"
+CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
+export CCACHE_DIR CCACHE_MAXSIZE

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what strata needs to build, test and benchmark. Idempotent and
 # quiet when nothing is missing.
-#  - Debian packages: compiler, CMake, Ninja, nlohmann-json, CLI11,
+#  - Debian packages: compiler, CMake, Ninja, ccache, nlohmann-json, CLI11,
 #    zlib, GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime (apt-get runs only when one is missing;
 #    needs root or sudo).
 #  - A Python venv (scripts/env.sh says where: a cache folder outside the
@@ -17,6 +17,7 @@ source scripts/env.sh
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                  # compiler cache shared by the clones and builds on the machine
   nlohmann-json3-dev      # checkpoint metadata
   libcli11-dev            # command-line parsing
   zlib1g-dev              # PNG output of strata plot
