@@ -36,14 +36,6 @@ nlohmann::json host_json(const HostTensor& h) {
   return {{"dtype", std::string(xla::stablehlo_name(h.dtype))}, {"dims", h.dims}, {"values", h.values}};
 }
 
-at::Tensor tensor_from_json(const nlohmann::json& j) {
-  HostTensor h{element_type_named(j.at("dtype").get<std::string>()), j.at("dims").get<std::vector<int64_t>>(), {}};
-  // Non-finite values come as "inf", "-inf", "nan" (JSON has no such numbers).
-  for (const nlohmann::json& v : j.at("values"))
-    h.values.push_back(v.is_string() ? std::stod(v.get<std::string>()) : v.get<double>());
-  return to_tensor(h);
-}
-
 TEST(OracleTest, JaxRunsEveryEmittedProgramAsLibTorchDoes) {
   const std::string python = test_python();
   if (python.empty()) GTEST_SKIP() << "STRATA_PYTHON is not set: no Python to run jax with";

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <string>
@@ -67,6 +68,16 @@ inline at::Tensor to_tensor(const xla::Buffer& buffer) {
 
 /// Same dtype, same shape, values equal within float tolerance (exactly
 /// equal for integers and bools).
+/// A tensor from the oracle's JSON ({"dtype", "dims", "values"}; the
+/// non-finite values come as "inf", "-inf", "nan": JSON has no such
+/// numbers).
+inline at::Tensor tensor_from_json(const nlohmann::json& j) {
+  HostTensor h{element_type_named(j.at("dtype").get<std::string>()), j.at("dims").get<std::vector<int64_t>>(), {}};
+  for (const nlohmann::json& v : j.at("values"))
+    h.values.push_back(v.is_string() ? std::stod(v.get<std::string>()) : v.get<double>());
+  return to_tensor(h);
+}
+
 inline void expect_same(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   ASSERT_EQ(got.scalar_type(), want.scalar_type()) << what;
   ASSERT_EQ(got.sizes(), want.sizes()) << what;

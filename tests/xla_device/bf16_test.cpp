@@ -30,14 +30,7 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs
 
 using strata::testing::Autocast;
 
-struct Mlp : torch::nn::Module {
-  Mlp() {
-    fc1 = register_module("fc1", torch::nn::Linear(6, 16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 3));
-  }
-  at::Tensor forward(const at::Tensor& x) { return fc2->forward(torch::relu(fc1->forward(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
+using strata::testing::Mlp;
 
 enum class Mode { kMixed, kTrue };
 

@@ -14,6 +14,7 @@
 #include "strata/core/error.h"
 #include "strata/models/gpt.h"
 #include "strata/xla/device.h"
+#include "xla_device/xla_device_test.h"
 
 namespace {
 
@@ -85,14 +86,7 @@ TEST(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
   }
   EXPECT_LE(relative(xla_first, cpu_first), 1e-5);
   EXPECT_LE(relative(xla_last, cpu_last), 1e-3);
-  auto cpu_params = cpu_model->named_parameters();
-  for (const auto& item : xla_model->named_parameters()) {
-    const at::Tensor& want = cpu_params[item.key()];
-    const double diff = (item.value().cpu() - want).abs().max().item<double>();
-    const double scale = want.abs().max().item<double>();
-    std::printf("%s: max difference %.3g, relative to max |p| %.3g\n", item.key().c_str(), diff, diff / scale);
-    EXPECT_LE(diff, 1e-3 * scale) << item.key();
-  }
+  strata::testing::expect_parameters_close(*xla_model, *cpu_model, 1e-3);
   const auto m = metrics();
   std::set<std::string> fell_back;
   for (const auto& [op, n] : m.fallbacks) {

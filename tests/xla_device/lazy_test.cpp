@@ -195,14 +195,7 @@ TEST_F(XlaLazyTest, TwoThreadsRecordWhileOneOfThemSyncs) {
   EXPECT_EQ(m.lowered.at("aten::mul.out"), 4 * kRounds);
 }
 
-struct Mlp : torch::nn::Module {
-  Mlp() {
-    fc1 = register_module("fc1", torch::nn::Linear(6, 16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 3));
-  }
-  at::Tensor forward(const at::Tensor& x) { return fc2->forward(torch::relu(fc1->forward(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
+using strata::testing::Mlp;
 
 // Not bit for bit: XLA's CPU kernels fuse the element-wise ops and order
 // the sums and matrix products their own way (LibTorch's CPU kernels also
@@ -265,15 +258,10 @@ MlpRun train_mlp_beside_the_cpu(const c10::Device& device, const MakeOptimizer& 
   std::printf("step %d loss: xla %.9g cpu %.9g relative %.3g\n", steps, xla_last, cpu_last,
               relative(xla_last, cpu_last));
   EXPECT_LE(relative(xla_last, cpu_last), 1e-3);
-  auto cpu_params = cpu_model->named_parameters();
-  for (const auto& item : xla_model->named_parameters()) {
-    const at::Tensor& want = cpu_params[item.key()];
-    const double diff = (item.value().cpu() - want).abs().max().item<double>();
-    const double scale = want.abs().max().item<double>();
-    std::printf("%s: max difference %.3g, relative to max |p| %.3g\n", item.key().c_str(), diff, diff / scale);
-    EXPECT_LE(diff, 1e-3 * scale) << item.key();
-    EXPECT_TRUE(item.value().grad().defined());
-    if (item.value().grad().defined()) EXPECT_EQ(item.value().grad().device(), device);
+  strata::testing::expect_parameters_close(*xla_model, *cpu_model, 1e-3);
+  for (const at::Tensor& p : xla_model->parameters()) {
+    EXPECT_TRUE(p.grad().defined());
+    if (p.grad().defined()) EXPECT_EQ(p.grad().device(), device);
   }
   run.metrics = metrics();
   const auto& m = run.metrics;

@@ -35,14 +35,6 @@ using strata::xla::metrics;
 
 class XlaOracleTest : public XlaDeviceFixture {};
 
-struct Mlp : torch::nn::Module {
-  Mlp() {
-    fc1 = register_module("fc1", torch::nn::Linear(6, 16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 3));
-  }
-  at::Tensor forward(const at::Tensor& x) { return fc2->forward(torch::relu(fc1->forward(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
 
 // The steps whose programs are checked: two of each (step 0 makes the
 // optimizer's state, step 1 is the steady one).
@@ -122,13 +114,6 @@ nlohmann::json made_up(const nlohmann::json& type) {
   return {{"dtype", dtype}, {"dims", dims}, {"values", std::vector<double>(v, v + n)}};
 }
 
-at::Tensor tensor_of(const nlohmann::json& j) {
-  HostTensor h{element_type_named(j.at("dtype").get<std::string>()), j.at("dims").get<std::vector<int64_t>>(), {}};
-  for (const nlohmann::json& v : j.at("values"))
-    h.values.push_back(v.is_string() ? std::stod(v.get<std::string>()) : v.get<double>());
-  return to_tensor(h);
-}
-
 TEST_F(XlaOracleTest, EveryProgramOfTheExampleStepsRunsOnJaxAsOnThePlugin) {
   const std::string python = test_python();
   if (python.empty()) GTEST_SKIP() << "STRATA_PYTHON is not set: no Python to run jax with";
@@ -189,7 +174,7 @@ TEST_F(XlaOracleTest, EveryProgramOfTheExampleStepsRunsOnJaxAsOnThePlugin) {
     std::vector<xla::Buffer> buffers;
     std::vector<const xla::Buffer*> arguments;
     for (const nlohmann::json& arg : inputs[i]) {
-      const at::Tensor t = tensor_of(arg).contiguous();
+      const at::Tensor t = tensor_from_json(arg).contiguous();
       buffers.push_back(client.buffer_from_host(t.data_ptr(), t.nbytes(),
                                                 element_type_named(arg["dtype"].get<std::string>()),
                                                 arg["dims"].get<std::vector<int64_t>>(), target));
@@ -199,7 +184,7 @@ TEST_F(XlaOracleTest, EveryProgramOfTheExampleStepsRunsOnJaxAsOnThePlugin) {
     ASSERT_EQ(got["outputs"][0].size(), outputs[0].size());
     for (size_t o = 0; o < outputs[0].size(); ++o) {
       const at::Tensor mine = to_tensor(outputs[0][o]);
-      const at::Tensor jax = tensor_of(got["outputs"][0][o]);
+      const at::Tensor jax = tensor_from_json(got["outputs"][0][o]);
       ASSERT_EQ(mine.scalar_type(), jax.scalar_type()) << "output " << o;
       ASSERT_EQ(mine.sizes(), jax.sizes()) << "output " << o;
       // Two builds of XLA's CPU compiler may fuse and order sums
