@@ -102,6 +102,8 @@ using Donatable = std::function<bool(const Node&)>;
 /// that nothing reads after the program (the xla device: buffers no live
 /// storage holds any more, while no kernel records). Donation is part of
 /// the text, and so of the compile cache's key.
+/// `num_replicas` is written into the module: the replica count of the
+/// Executor that runs it.
 Program build_program(const std::vector<NodePtr>& outputs, const std::string& name = "strata_step",
                       const Donatable& donatable = nullptr, int64_t num_replicas = 1);
 
