@@ -141,17 +141,20 @@ NodePtr Node::op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type ty
   return node;
 }
 
-Program build_program(const std::vector<NodePtr>& outputs, const std::string& name, const Donatable& donatable,
-                      int64_t num_replicas) {
-  STRATA_CHECK(!outputs.empty(), ConfigError, "[xla] a step program needs at least one output");
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    STRATA_CHECK(outputs[i] != nullptr, ConfigError, "[xla] output ", i, " of the step is null");
-  }
-  // Post-order over the DAG, each node once: parameters in first-visit
-  // order become the arguments, ops are emitted after their inputs.
+namespace {
+
+// A graph in emission order: its ops after their inputs, its parameters in
+// first-visit order.
+struct Walk {
   std::vector<const Node*> order;
   std::vector<NodePtr> parameters;
   std::unordered_map<const Node*, size_t> argument_of;
+};
+
+// Post-order over the DAG, each node once, without recursion (a long chain
+// of ops cannot overflow the stack).
+Walk walk(const std::vector<NodePtr>& outputs) {
+  Walk w;
   std::unordered_set<const Node*> done;
   struct Frame {
     const Node* node;
@@ -177,13 +180,28 @@ Program build_program(const std::vector<NodePtr>& outputs, const std::string& na
       stack.pop_back();
       if (!done.insert(node).second) continue;
       if (node->kind() == Node::Kind::kOp) {
-        order.push_back(node);
+        w.order.push_back(node);
       } else {
-        argument_of[node] = parameters.size();
-        parameters.push_back(owner.at(node));
+        w.argument_of[node] = w.parameters.size();
+        w.parameters.push_back(owner.at(node));
       }
     }
   }
+  return w;
+}
+
+}  // namespace
+
+Program build_program(const std::vector<NodePtr>& outputs, const std::string& name, const Donatable& donatable,
+                      int64_t num_replicas) {
+  STRATA_CHECK(!outputs.empty(), ConfigError, "[xla] a step program needs at least one output");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    STRATA_CHECK(outputs[i] != nullptr, ConfigError, "[xla] output ", i, " of the step is null");
+  }
+  Walk w = walk(outputs);
+  std::vector<const Node*>& order = w.order;
+  std::vector<NodePtr>& parameters = w.parameters;
+  const std::unordered_map<const Node*, size_t>& argument_of = w.argument_of;
   std::vector<stablehlo::Type> types;
   for (const NodePtr& p : parameters) types.push_back(p->type());
   stablehlo::Function function("main", types);
@@ -398,10 +416,35 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
   STRATA_CHECK(outputs.size() == replicas, ConfigError, "[xla] ", outputs.size(), " replicas' outputs for an executor of ",
                replicas, " devices");
   const auto traced = Clock::now();
+  // Note [Donating on every replica]
+  // Donation is part of the text, and the replicas run one text: a
+  // parameter is donated only where every replica may give up its buffer
+  // at that position.
+  Donatable joint_donatable;
+  std::vector<std::unordered_map<const Node*, size_t>> position(replicas);
+  std::vector<bool> joint;
+  if (donatable) {
+    for (size_t r = 0; r < replicas; ++r) {
+      for (const NodePtr& output : outputs[r])
+        STRATA_CHECK(output != nullptr, ConfigError, "[xla] output of replica ", r, " of the step is null");
+      const std::vector<NodePtr> parameters = walk(outputs[r]).parameters;
+      if (r == 0) joint.assign(parameters.size(), true);
+      for (size_t i = 0; i < parameters.size(); ++i) {
+        position[r].emplace(parameters[i].get(), i);
+        if (i < joint.size()) joint[i] = joint[i] && parameters[i]->kind() == Node::Kind::kBuffer && donatable(*parameters[i]);
+      }
+    }
+  }
   std::vector<Program> programs;
   programs.reserve(replicas);
   for (size_t r = 0; r < replicas; ++r) {
-    programs.push_back(build_program(outputs[r], "strata_step", donatable, static_cast<int64_t>(replicas)));
+    if (donatable) {
+      joint_donatable = [&, r](const Node& p) {
+        const auto it = position[r].find(&p);
+        return it != position[r].end() && it->second < joint.size() && joint[it->second];
+      };
+    }
+    programs.push_back(build_program(outputs[r], "strata_step", joint_donatable, static_cast<int64_t>(replicas)));
     STRATA_CHECK(programs[r].text == programs[0].text, ConfigError, "[xla] replica ", r,
                  " recorded another step than replica 0 (", explain_difference(programs[0].text, programs[r].text),
                  "): every device must record the same ops on the same shapes");

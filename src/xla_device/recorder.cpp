@@ -16,9 +16,13 @@
 // serialised by one mutex. A storage written by another thread while its
 // program ran keeps the newer value (bind_result checks the node).
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+
+#include "strata/core/error.h"
+#include "strata/xla/error.h"
 
 #include "strata/xla/lazy_graph.h"
 #include "lazy_buffer.h"
@@ -41,6 +45,7 @@ thread_local int recording_depth = 0;  // RecordingScopes alive on this thread
 struct Executors {
   std::mutex mutex;
   std::map<int, std::unique_ptr<lazy::Executor>> by_device;
+  std::map<std::vector<int>, std::unique_ptr<lazy::Executor>> replicated;  // by the replicas' devices
   lazy::GraphMetrics baseline;  // the sums at the last reset
 };
 
@@ -59,7 +64,10 @@ lazy::Executor& executor(int device_index) {
 
 lazy::GraphMetrics summed_locked(Executors& e) {
   lazy::GraphMetrics sum;
-  for (const auto& [index, exec] : e.by_device) {
+  std::vector<const lazy::Executor*> all;
+  for (const auto& [index, exec] : e.by_device) all.push_back(exec.get());
+  for (const auto& [devices, exec] : e.replicated) all.push_back(exec.get());
+  for (const lazy::Executor* exec : all) {
     const lazy::GraphMetrics m = exec->metrics();
     sum.compiles += m.compiles;
     sum.cache_hits += m.cache_hits;
@@ -85,20 +93,14 @@ RecordingScope::~RecordingScope() {
   if (--recording_depth == 0) recording_mutex().unlock_shared();
 }
 
-bool sync_pending() {
-  std::lock_guard<std::mutex> step(sync_mutex());
-  // Note [Donating what only the step holds]
-  std::unique_lock<std::shared_mutex> no_recording(recording_mutex(), std::defer_lock);
-  if (recording_depth == 0) no_recording.lock();
-  lazy::Donatable donatable;
-  if (no_recording.owns_lock())
-    donatable = [](const lazy::Node& p) { return p.device_buffer().use_count() == 1; };
-  const std::vector<PendingValue> values = pending_values();
-  if (values.empty()) return false;
-  // One program per device, outputs in the storages' creation order.
+namespace {
+
+// Runs `values` (all on devices outside any replication) as one program
+// per device and returns each value's result.
+void run_per_device(const std::vector<PendingValue>& values, const lazy::Donatable& donatable,
+                    std::vector<std::shared_ptr<const Buffer>>& results, const std::vector<size_t>& members_of_all) {
   std::map<int, std::vector<size_t>> by_device;
-  for (size_t i = 0; i < values.size(); ++i) by_device[values[i].device_index].push_back(i);
-  std::vector<std::shared_ptr<const Buffer>> results(values.size());
+  for (size_t i : members_of_all) by_device[values[i].device_index].push_back(i);
   for (const auto& [device_index, members] : by_device) {
     std::vector<lazy::NodePtr> outputs;
     outputs.reserve(members.size());
@@ -107,8 +109,219 @@ bool sync_pending() {
     for (size_t k = 0; k < members.size(); ++k)
       results[members[k]] = std::make_shared<const Buffer>(std::move(buffers[k]));
   }
+}
+
+lazy::Donatable donate_unshared() {
+  return [](const lazy::Node& p) { return p.device_buffer().use_count() == 1; };
+}
+
+}  // namespace
+
+// Note [Replicas in one process]
+// A replication makes xla:d0, xla:d1, ... the replicas of one step: one
+// thread records each (its current device is the replica's), their graphs
+// meet in collectives (lazy::all_reduce and its kin, recorded through the
+// device's comm backend), and they run as one replicated program. So a sync
+// on a replica's thread (mark_step, a host read, the CPU fallback) is a
+// collective of the replicas: it waits until every replica's thread has
+// started one, then the last to arrive runs every pending value as one
+// run_replicated execution (each replica's values in its storages' creation
+// order, which is the same on every replica when they run the same code)
+// and wakes the others; an error is every replica's. A replica that does
+// not arrive within the replication's timeout is named in a TimeoutError;
+// a program already running is waited for however long it takes. Values
+// on other devices still run one program per device; a thread of no
+// replica that needs a replica's pending value is refused, since the value
+// runs only with its peers.
+struct Replication {
+  std::vector<int> devices;  // replica r runs on xla:devices[r]
+  std::chrono::milliseconds timeout;
+  lazy::Executor* executor = nullptr;  // owned by executors()
+
+  std::mutex mutex;
+  std::condition_variable arrived_cv;
+  std::vector<bool> arrived;
+  size_t count = 0;
+  bool running = false;
+  bool in_scope = false;  // an arrival came from inside a kernel's recording
+  uint64_t generation = 0;
+  std::string error;      // the last generation's failure, for the threads that waited
+
+  int replica_of(int device) const {
+    for (size_t r = 0; r < devices.size(); ++r)
+      if (devices[r] == device) return static_cast<int>(r);
+    return -1;
+  }
+};
+
+namespace {
+
+std::mutex replication_mutex;
+std::shared_ptr<Replication> active;  // at most one at a time
+
+std::shared_ptr<Replication> active_replication() {
+  std::lock_guard<std::mutex> lock(replication_mutex);
+  return active;
+}
+
+std::string device_list(const std::vector<int>& devices) {
+  std::string out;
+  for (int d : devices) out += (out.empty() ? "xla:" : ", xla:") + std::to_string(d);
+  return out;
+}
+
+// The runner's part: every pending value, the replicas' as one replicated
+// program. True when a program ran.
+bool run_step(Replication* rep, bool in_scope) {
+  std::lock_guard<std::mutex> step(sync_mutex());
+  // Note [Donating what only the step holds]
+  std::unique_lock<std::shared_mutex> no_recording(recording_mutex(), std::defer_lock);
+  if (!in_scope) no_recording.lock();
+  const lazy::Donatable donatable = no_recording.owns_lock() ? donate_unshared() : nullptr;
+  const std::vector<PendingValue> values = pending_values();
+  if (values.empty()) return false;
+  std::vector<std::vector<size_t>> of_replica(rep ? rep->devices.size() : 0);
+  std::vector<size_t> others;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const int r = rep ? rep->replica_of(values[i].device_index) : -1;
+    if (r >= 0) of_replica[static_cast<size_t>(r)].push_back(i);
+    else others.push_back(i);
+  }
+  std::vector<std::shared_ptr<const Buffer>> results(values.size());
+  run_per_device(values, donatable, results, others);
+  bool any = false;
+  for (const auto& members : of_replica) any = any || !members.empty();
+  if (any) {
+    std::vector<std::vector<lazy::NodePtr>> outputs(of_replica.size());
+    for (size_t r = 0; r < of_replica.size(); ++r) {
+      STRATA_CHECK(of_replica[r].size() == of_replica[0].size(), ConfigError, "[xla] replica ", r, " (xla:",
+                   rep->devices[r], ") has ", of_replica[r].size(), " pending value(s) at the end of the step where "
+                   "replica 0 (xla:", rep->devices[0], ") has ", of_replica[0].size(),
+                   ": every replica must record the same step");
+      for (size_t i : of_replica[r]) outputs[r].push_back(values[i].node);
+    }
+    std::vector<std::vector<Buffer>> buffers = rep->executor->run_replicated(outputs, donatable);
+    for (size_t r = 0; r < of_replica.size(); ++r)
+      for (size_t k = 0; k < of_replica[r].size(); ++k)
+        results[of_replica[r][k]] = std::make_shared<const Buffer>(std::move(buffers[r][k]));
+  }
   bind_results(values, results);
   return true;
+}
+
+bool sync_replica(Replication& rep, int r) {
+  std::unique_lock<std::mutex> lock(rep.mutex);
+  const size_t n = rep.devices.size();
+  const int device = rep.devices[static_cast<size_t>(r)];
+  STRATA_CHECK(!rep.arrived[static_cast<size_t>(r)], ConfigError, "[xla] two threads ended the step of replica ", r,
+               " (xla:", device, ") at once: each replica's step is recorded by one thread (with xla:", device,
+               " as its current device)");
+  const uint64_t generation = rep.generation;
+  rep.arrived[static_cast<size_t>(r)] = true;
+  rep.in_scope = rep.in_scope || recording_depth > 0;
+  if (++rep.count < n) {
+    const auto deadline = std::chrono::steady_clock::now() + rep.timeout;
+    while (rep.generation == generation) {
+      if (rep.running) {
+        rep.arrived_cv.wait(lock);
+        continue;
+      }
+      if (rep.arrived_cv.wait_until(lock, deadline) == std::cv_status::timeout && rep.generation == generation &&
+          !rep.running) {
+        std::vector<int> missing;
+        for (size_t k = 0; k < n; ++k)
+          if (!rep.arrived[k]) missing.push_back(static_cast<int>(k));
+        rep.arrived[static_cast<size_t>(r)] = false;
+        --rep.count;
+        std::string names;
+        for (int k : missing) names += (names.empty() ? "" : ", ") + std::to_string(k) + " (xla:" +
+                                       std::to_string(rep.devices[static_cast<size_t>(k)]) + ")";
+        throw TimeoutError("[xla] replica " + std::to_string(r) + " (xla:" + std::to_string(device) + ") waited " +
+                           std::to_string(rep.timeout.count()) + " ms at the end of a step for replica(s) " + names +
+                           ": every replica must mark the step (and read values) at the same points, or a replica "
+                           "stopped");
+      }
+    }
+    if (!rep.error.empty()) throw Error(rep.error);
+    return false;
+  }
+  // The last to arrive runs the step for all.
+  const bool in_scope = rep.in_scope;
+  rep.running = true;
+  lock.unlock();
+  bool ran = false;
+  std::exception_ptr failure;
+  std::string message;
+  try {
+    ran = run_step(&rep, in_scope);
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    message = e.what();
+  } catch (...) {
+    failure = std::current_exception();
+    message = "[xla] the replicated step failed";
+  }
+  lock.lock();
+  std::fill(rep.arrived.begin(), rep.arrived.end(), false);
+  rep.count = 0;
+  rep.in_scope = false;
+  rep.running = false;
+  rep.error = message;
+  ++rep.generation;
+  lock.unlock();
+  rep.arrived_cv.notify_all();
+  if (failure) std::rethrow_exception(failure);
+  return ran;
+}
+
+}  // namespace
+
+std::shared_ptr<void> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout) {
+  STRATA_CHECK(!devices.empty(), ConfigError, "[xla] a replicated step needs at least one device");
+  STRATA_CHECK(timeout.count() > 0, ConfigError, "[xla] the replicas' timeout must be positive, got ",
+               timeout.count(), " ms");
+  std::vector<Device> pjrt;
+  for (size_t r = 0; r < devices.size(); ++r) {
+    pjrt.push_back(pjrt_device(devices[r]));  // ConfigError when out of range
+    for (size_t k = 0; k < r; ++k)
+      STRATA_CHECK(devices[k] != devices[r], ConfigError, "[xla] xla:", devices[r],
+                   " is given twice as a replica's device (", device_list(devices), ")");
+  }
+  auto rep = std::make_shared<Replication>();
+  rep->devices = devices;
+  rep->timeout = timeout;
+  rep->arrived.assign(devices.size(), false);
+  {
+    auto& e = executors();
+    std::lock_guard<std::mutex> lock(e.mutex);
+    auto& slot = e.replicated[devices];
+    if (!slot) slot = std::make_unique<lazy::Executor>(shared_client(), pjrt);
+    rep->executor = slot.get();
+  }
+  std::lock_guard<std::mutex> lock(replication_mutex);
+  STRATA_CHECK(active == nullptr, ConfigError, "[xla] the devices ", active ? device_list(active->devices) : "",
+               " are replicas of a step already; one replicated step at a time in a process (end the other "
+               "strategy, or use its devices)");
+  active = rep;
+  return std::shared_ptr<void>(nullptr, [rep](void*) {
+    std::lock_guard<std::mutex> lock(replication_mutex);
+    if (active == rep) active = nullptr;
+  });
+}
+
+bool sync_pending() {
+  if (std::shared_ptr<Replication> rep = active_replication()) {
+    const int r = rep->replica_of(current_device());
+    if (r >= 0) return sync_replica(*rep, r);
+    // A thread of no replica: what is pending on the replicas' devices is
+    // theirs to run.
+    for (const PendingValue& v : pending_values()) {
+      STRATA_CHECK(rep->replica_of(v.device_index) < 0, xla::XlaError, "[xla] a value of xla:", v.device_index,
+                   " is pending in a replicated step, and only the thread of that replica can run it (a thread "
+                   "whose current device is xla:", v.device_index, "), at the same point as its peers");
+    }
+  }
+  return run_step(nullptr, recording_depth > 0);
 }
 
 void graph_metrics(Metrics& out) {

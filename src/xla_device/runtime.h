@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "strata/xla/client.h"
 #include "strata/xla/device.h"
@@ -51,9 +53,18 @@ std::shared_ptr<const Client> shared_client();
 
 /// Runs every live pending value of every device as one program per
 /// device and rebinds their storages to the results (recorder.cpp; Note
-/// [One program per step]). A no-op when nothing is pending; true when
-/// it ran a program.
+/// [One program per step]); on a replica's thread, a collective of the
+/// replicas that runs theirs as one replicated program (Note [Replicas in
+/// one process]). A no-op when nothing is pending; true when this call ran
+/// a program (on a replica, the call that ran it for all).
 bool sync_pending();
+
+/// Makes xla:devices[r] replica r of one replicated step (Note [Replicas
+/// in one process] in recorder.cpp), until the returned handle is
+/// destroyed; a replica missing for `timeout` at a step's end is a
+/// TimeoutError. Throws ConfigError for no device, a device out of range or
+/// given twice, a timeout <= 0, or another replication still alive.
+std::shared_ptr<void> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout);
 
 /// Held by each lowered kernel while it records (the Recorder of
 /// lowering.h): a shared hold on the step, so that sync_pending, which takes

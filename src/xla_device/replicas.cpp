@@ -1,0 +1,275 @@
+// ReplicaGroup and its collectives backend (strata/xla/replicas.h).
+//
+// Note [Collectives of the replicas]
+// On an xla tensor of the replica's device, a collective records a node of
+// the step (lazy::all_reduce, all_gather, reduce_scatter over the one
+// replica group {0..N-1}) and rebinds the tensor to it: nothing runs until
+// the replicas end the step together, and XLA schedules the collective
+// inside the compiled program. A broadcast is an all_gather from which
+// each replica keeps the source's part, so the value arrives bit for bit.
+// The backend is stream-ordered (Note [Stream-ordered backends] in
+// comm/backend.h): comm::Group calls it on the caller's thread, so a
+// collective records in call order on the thread that recorded its input,
+// and what follows it (a mean's division, a copy back) is recorded when its
+// Work is waited for. On CPU tensors (the Group's byte transfers, debug
+// descriptors) the replicas' threads meet in process: each posts its
+// tensor, every one computes its result from all of them in rank order (so
+// every replica gets the same bits), and a second meeting keeps each input
+// alive until all have read it. A barrier is a meeting.
+#include "strata/xla/replicas.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+
+#include "strata/core/error.h"
+#include "lowering.h"
+
+namespace strata::xla {
+namespace detail {
+namespace {
+
+using lowering::NodePtr;
+using lowering::NotLowered;
+using lowering::Recorder;
+
+// Where the replicas' threads meet, for host collectives and barriers.
+class Meeting {
+ public:
+  Meeting(size_t size, std::chrono::milliseconds timeout)
+      : size_(size), timeout_(timeout), posted_(size, nullptr), arrived_(size, false) {}
+
+  // Waits until every replica has arrived (TimeoutError naming the ones
+  // missing after the timeout).
+  void meet(int rank, const char* what) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t generation = generation_;
+    arrived_[static_cast<size_t>(rank)] = true;
+    if (++count_ == size_) {
+      count_ = 0;
+      std::fill(arrived_.begin(), arrived_.end(), false);
+      ++generation_;
+      lock.unlock();
+      cv_.notify_all();
+      return;
+    }
+    if (cv_.wait_for(lock, timeout_, [&] { return generation_ != generation; })) return;
+    std::string missing;
+    for (size_t k = 0; k < size_; ++k)
+      if (!arrived_[k]) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+    arrived_[static_cast<size_t>(rank)] = false;
+    --count_;
+    throw TimeoutError("[xla] " + std::string(what) + " of replica " + std::to_string(rank) + " waited " +
+                       std::to_string(timeout_.count()) + " ms for replica(s) " + missing);
+  }
+
+  // The tensor each replica posted before the first meeting of a host
+  // collective (read between the two meetings).
+  void post(int rank, const at::Tensor* t) { posted_[static_cast<size_t>(rank)] = t; }
+  const at::Tensor& posted(int rank) const { return *posted_[static_cast<size_t>(rank)]; }
+
+ private:
+  const size_t size_;
+  const std::chrono::milliseconds timeout_;
+  std::vector<const at::Tensor*> posted_;  // slot r written by replica r only, before the first meeting
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<bool> arrived_;
+  size_t count_ = 0;
+  uint64_t generation_ = 0;
+};
+
+class DoneWork final : public comm::Work {
+ public:
+  void wait() override {}
+  bool is_completed() const override { return true; }
+};
+
+stablehlo::ReduceOp lowered(comm::ReduceOp op) {
+  switch (op) {
+    case comm::ReduceOp::kSum: return stablehlo::ReduceOp::kSum;
+    case comm::ReduceOp::kMax: return stablehlo::ReduceOp::kMax;
+    case comm::ReduceOp::kMin: return stablehlo::ReduceOp::kMin;
+    case comm::ReduceOp::kProduct: return stablehlo::ReduceOp::kProduct;
+    case comm::ReduceOp::kMean: break;
+  }
+  throw ConfigError("[xla] a backend reduces with sum, max, min or product; comm::Group divides a mean");
+}
+
+void combine(at::Tensor& into, const at::Tensor& x, comm::ReduceOp op) {
+  switch (op) {
+    case comm::ReduceOp::kSum: into.add_(x); return;
+    case comm::ReduceOp::kMax: into.copy_(at::maximum(into, x)); return;
+    case comm::ReduceOp::kMin: into.copy_(at::minimum(into, x)); return;
+    case comm::ReduceOp::kProduct: into.mul_(x); return;
+    case comm::ReduceOp::kMean: break;
+  }
+  throw ConfigError("[xla] a backend reduces with sum, max, min or product; comm::Group divides a mean");
+}
+
+}  // namespace
+
+struct ReplicaShared {
+  std::vector<int> devices;
+  std::chrono::milliseconds timeout;
+  std::shared_ptr<void> replication;  // Note [Replicas in one process]
+  Meeting meeting;
+  stablehlo::ReplicaGroups groups;
+
+  ReplicaShared(std::vector<int> d, std::chrono::milliseconds t)
+      : devices(std::move(d)), timeout(t), meeting(devices.size(), t) {
+    std::vector<int64_t> all;
+    for (size_t r = 0; r < devices.size(); ++r) all.push_back(static_cast<int64_t>(r));
+    groups = {all};
+    replication = start_replication(devices, timeout);
+  }
+};
+
+namespace {
+
+class ReplicaBackend final : public comm::Backend {
+ public:
+  ReplicaBackend(std::shared_ptr<ReplicaShared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
+
+  std::string name() const override { return "xla"; }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(shared_->devices.size()); }
+  std::chrono::milliseconds timeout() const override { return shared_->timeout; }
+  bool stream_ordered() const override { return true; }
+  comm::WorkPtr take_work() override { return std::make_shared<DoneWork>(); }
+
+  void all_reduce(at::Tensor& tensor, comm::ReduceOp op) override {
+    if (!on_xla(tensor, "all_reduce")) {
+      Meeting& m = shared_->meeting;
+      m.post(rank_, &tensor);
+      m.meet(rank_, "all_reduce");
+      at::Tensor result = m.posted(0).clone();
+      for (int r = 1; r < size(); ++r) combine(result, m.posted(r), op);
+      m.meet(rank_, "all_reduce");
+      tensor.copy_(result);
+      return;
+    }
+    record("strata::all_reduce", tensor, [&](Recorder& rec) {
+      return lazy::all_reduce(rec.tensor(tensor), lowered(op), shared_->groups);
+    });
+  }
+
+  void all_gather(const at::Tensor& input, at::Tensor& output) override {
+    if (!on_xla(input, "all_gather")) {
+      Meeting& m = shared_->meeting;
+      m.post(rank_, &input);
+      m.meet(rank_, "all_gather");
+      const int64_t n = input.numel();
+      at::Tensor flat = output.view({-1});
+      for (int r = 0; r < size(); ++r) flat.narrow(0, r * n, n).copy_(m.posted(r).reshape({-1}));
+      m.meet(rank_, "all_gather");
+      return;
+    }
+    on_xla(output, "all_gather");
+    record("strata::all_gather", output, [&](Recorder& rec) {
+      NodePtr x = rec.reshape(rec.tensor(input), {input.numel()});
+      return lazy::all_gather(x, 0, shared_->groups);
+    });
+  }
+
+  void reduce_scatter(const at::Tensor& input, at::Tensor& output, comm::ReduceOp op) override {
+    if (!on_xla(input, "reduce_scatter")) {
+      Meeting& m = shared_->meeting;
+      m.post(rank_, &input);
+      m.meet(rank_, "reduce_scatter");
+      const int64_t n = output.numel();
+      at::Tensor result = m.posted(0).reshape({-1}).narrow(0, rank_ * n, n).clone();
+      for (int r = 1; r < size(); ++r) combine(result, m.posted(r).reshape({-1}).narrow(0, rank_ * n, n), op);
+      m.meet(rank_, "reduce_scatter");
+      output.view({-1}).copy_(result);
+      return;
+    }
+    on_xla(output, "reduce_scatter");
+    record("strata::reduce_scatter", output, [&](Recorder& rec) {
+      NodePtr x = rec.reshape(rec.tensor(input), {input.numel()});
+      return lazy::reduce_scatter(x, 0, lowered(op), shared_->groups);
+    });
+  }
+
+  void broadcast(at::Tensor& tensor, int src) override {
+    if (!on_xla(tensor, "broadcast")) {
+      Meeting& m = shared_->meeting;
+      m.post(rank_, &tensor);
+      m.meet(rank_, "broadcast");
+      if (rank_ != src) tensor.copy_(m.posted(src));
+      m.meet(rank_, "broadcast");
+      return;
+    }
+    record("strata::broadcast", tensor, [&](Recorder& rec) {
+      const int64_t n = tensor.numel();
+      NodePtr all = lazy::all_gather(rec.reshape(rec.tensor(tensor), {1, n}), 0, shared_->groups);
+      return rec.slice(all, {src, 0}, {src + 1, n});
+    });
+  }
+
+  void barrier() override { shared_->meeting.meet(rank_, "barrier"); }
+
+ private:
+  // True for an xla tensor of this replica's device, false for a CPU one;
+  // ConfigError for any other.
+  bool on_xla(const at::Tensor& t, const char* op) const {
+    const int device = shared_->devices[static_cast<size_t>(rank_)];
+    if (t.device().is_cpu()) return false;
+    STRATA_CHECK(t.device().type() == c10::DeviceType::PrivateUse1 && t.device().index() == device, ConfigError,
+                 "[xla] ", op, " of replica ", rank_, " got a tensor on ", t.device().str(), "; replica ", rank_,
+                 " reduces tensors of xla:", device, " (or of the CPU)");
+    return true;
+  }
+
+  // Records `collective` (a node of the whole tensor's elements) into
+  // `out` as the op `name` ("strata::all_reduce"): directly when `out` owns
+  // its storage whole, else into a new tensor copied into `out`.
+  template <class Collective>
+  void record(const char* name, at::Tensor& out, Collective&& collective) {
+    if (out.numel() == 0) return;
+    try {
+      at::Tensor target = out;
+      const size_t needed = static_cast<size_t>(out.numel()) * out.element_size();
+      const bool whole = out.is_contiguous() && out.storage_offset() == 0 && lazy_buffer(out).nbytes() == needed;
+      if (!whole) target = at::empty(out.sizes(), out.options());
+      {
+        Recorder rec(name);
+        NodePtr value = collective(rec);
+        rec.write(target, rec.reshape(value, lowering::vec(out.sizes())));
+      }
+      if (!whole) out.copy_(target);
+    } catch (const NotLowered&) {
+      throw ConfigError("[xla] " + std::string(name + 8) + " of replica " + std::to_string(rank_) + " cannot record a " +
+                        std::string(c10::toString(out.scalar_type())) + " tensor of shape " +
+                        c10::str(out.sizes()) + " that holds no value yet; write it first");
+    }
+  }
+
+  std::shared_ptr<ReplicaShared> shared_;
+  const int rank_;
+};
+
+}  // namespace
+}  // namespace detail
+
+struct ReplicaGroup::State {
+  std::shared_ptr<detail::ReplicaShared> shared;
+};
+
+ReplicaGroup::ReplicaGroup(std::vector<int> devices, std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>()) {
+  init();
+  state_->shared = std::make_shared<detail::ReplicaShared>(std::move(devices), timeout);
+}
+
+int ReplicaGroup::size() const { return static_cast<int>(state_->shared->devices.size()); }
+
+const std::vector<int>& ReplicaGroup::devices() const { return state_->shared->devices; }
+
+std::shared_ptr<comm::Backend> ReplicaGroup::backend(int rank) const {
+  STRATA_CHECK(rank >= 0 && rank < size(), ConfigError, "[xla] replica ", rank, " does not exist: the group has ",
+               size(), " replica(s)");
+  return std::make_shared<detail::ReplicaBackend>(state_->shared, rank);
+}
+
+}  // namespace strata::xla
