@@ -95,9 +95,11 @@ Command make_train_command() {
   };
   command.run = [config, numbers, strategy_flag] {
     numbers->apply();
-    // --strategy's default is ddp; on one xla device it is single_device
-    // (the xla strategies are not built yet).
-    if (config->accelerator == "xla" && (*strategy_flag)->count() == 0) config->strategy = "single_device";
+    // --strategy's default is ddp; on xla it is single_device on one device
+    // and xla on several (which the Trainer does not run yet: Note [Ranks
+    // as threads] in strategies/xla.h).
+    if (config->accelerator == "xla" && (*strategy_flag)->count() == 0)
+      config->strategy = config->devices == 1 ? "single_device" : "xla";
     return run_train(*config);
   };
   return command;

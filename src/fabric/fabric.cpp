@@ -26,26 +26,26 @@ nlohmann::json Fabric::run_launch(const std::function<nlohmann::json()>& call) {
 }
 
 strategies::ModulePtr Fabric::setup_module(strategies::ModulePtr module) {
-  return strategy_->setup_module(std::move(module));
+  return strategy().setup_module(std::move(module));
 }
 
 strategies::ModulePtr Fabric::setup(strategies::ModulePtr module,
                                     const std::vector<torch::optim::Optimizer*>& optimizers) {
-  return strategy_->setup_module_and_optimizers(std::move(module), optimizers);
+  return strategy().setup_module_and_optimizers(std::move(module), optimizers);
 }
 
 strategies::Scope Fabric::init_module(std::optional<bool> empty_init) {
-  return strategy_->module_init_context(empty_init);
+  return strategy().module_init_context(empty_init);
 }
 
-void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) { strategy_->setup_optimizer(optimizer); }
+void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) { strategy().setup_optimizer(optimizer); }
 
 void Fabric::setup_optimizers(const std::vector<torch::optim::Optimizer*>& optimizers) {
-  for (torch::optim::Optimizer* optimizer : optimizers) strategy_->setup_optimizer(*optimizer);
+  for (torch::optim::Optimizer* optimizer : optimizers) strategy().setup_optimizer(*optimizer);
 }
 
 std::shared_ptr<data::Loader> Fabric::setup_dataloader(std::shared_ptr<data::Loader> loader) {
-  return strategy_->process_dataloader(std::move(loader));
+  return strategy().process_dataloader(std::move(loader));
 }
 
 std::vector<std::shared_ptr<data::Loader>> Fabric::setup_dataloaders(
@@ -55,7 +55,7 @@ std::vector<std::shared_ptr<data::Loader>> Fabric::setup_dataloaders(
   return out;
 }
 
-void Fabric::backward(const at::Tensor& loss) { strategy_->backward(loss); }
+void Fabric::backward(const at::Tensor& loss) { strategy().backward(loss); }
 
 at::Tensor Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                   std::optional<double> max_norm, std::optional<double> clip_val, double norm_type,
@@ -63,10 +63,10 @@ at::Tensor Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optim
   STRATA_CHECK(max_norm.has_value() != clip_val.has_value(), ConfigError,
                "[fabric] clip_gradients needs exactly one of max_norm and clip_val");
   if (clip_val) {
-    strategy_->clip_gradients_value(module, optimizer, *clip_val);
+    strategy().clip_gradients_value(module, optimizer, *clip_val);
     return at::Tensor();
   }
-  return strategy_->clip_gradients_norm(module, optimizer, *max_norm, norm_type, error_if_nonfinite);
+  return strategy().clip_gradients_norm(module, optimizer, *max_norm, norm_type, error_if_nonfinite);
 }
 
 at::Tensor Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -79,22 +79,22 @@ void Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& 
 }
 
 strategies::Scope Fabric::no_backward_sync(torch::nn::Module& module, bool enabled) {
-  return strategy_->no_backward_sync(module, enabled);
+  return strategy().no_backward_sync(module, enabled);
 }
 
 strategies::Precision::ForwardContext Fabric::autocast() const {
-  return strategies::Precision::ForwardContext(strategy_->precision());
+  return strategies::Precision::ForwardContext(strategy().precision());
 }
 
 at::Tensor Fabric::all_gather(const at::Tensor& tensor, bool sync_grads) {
-  return strategy_->all_gather(tensor, sync_grads);
+  return strategy().all_gather(tensor, sync_grads);
 }
-at::Tensor Fabric::all_reduce(const at::Tensor& tensor, comm::ReduceOp op) { return strategy_->all_reduce(tensor, op); }
+at::Tensor Fabric::all_reduce(const at::Tensor& tensor, comm::ReduceOp op) { return strategy().all_reduce(tensor, op); }
 at::Tensor Fabric::all_reduce(const at::Tensor& tensor, const std::string& op) {
-  return strategy_->all_reduce(tensor, op);
+  return strategy().all_reduce(tensor, op);
 }
-at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) { return strategy_->broadcast(tensor, src); }
-void Fabric::barrier(const std::string& name) { strategy_->barrier(name); }
+at::Tensor Fabric::broadcast(const at::Tensor& tensor, int src) { return strategy().broadcast(tensor, src); }
+void Fabric::barrier(const std::string& name) { strategy().barrier(name); }
 
 // Collections: one collective per element, in the vector's order or the
 // map's (sorted) key order, the same on every rank.
@@ -145,19 +145,19 @@ std::map<std::string, at::Tensor> Fabric::broadcast(const std::map<std::string, 
 }
 
 void Fabric::save(const std::string& path, const strategies::State& state, const strategies::StateFilter& filter) {
-  strategy_->save_checkpoint(path, state, nullptr, filter);
+  strategy().save_checkpoint(path, state, nullptr, filter);
 }
 
 void Fabric::load_raw(const std::string& path, torch::nn::Module& module, bool strict) {
-  strategy_->load_raw(path, module, strict);
+  strategy().load_raw(path, module, strict);
 }
 
 void Fabric::load_raw(const std::string& path, torch::optim::Optimizer& optimizer, bool strict) {
-  strategy_->load_raw(path, optimizer, strict);
+  strategy().load_raw(path, optimizer, strict);
 }
 
 nlohmann::json Fabric::load(const std::string& path, strategies::State& state, bool strict) {
-  return strategy_->load_checkpoint(path, state, strict);
+  return strategy().load_checkpoint(path, state, strict);
 }
 
 void Fabric::seed_everything(uint64_t seed) { strategies::seed_everything(seed); }

@@ -21,6 +21,7 @@
 #include "strata/strategies/saved_state.h"
 #include "strata/xla/client.h"
 #include "strata/xla/device.h"
+#include "strata/xla/replicas.h"
 
 namespace strata::strategies {
 namespace {
@@ -69,10 +70,26 @@ class XlaAccelerator : public Accelerator {
   std::string name() const override { return "xla"; }
   c10::Device device(int local_rank) const override { return xla::device(local_rank); }
   int auto_device_count() const override { return xla::device_count(); }
+  // Note [Ranks as threads] (strategies/xla.h): the plugin's client drives
+  // every local device from this process.
+  int devices_per_process(int devices) const override { return devices; }
   bool lazy() const override { return true; }
+  ThreadRanks thread_ranks(int ranks, std::chrono::milliseconds timeout) const override {
+    std::vector<int> devices(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) devices[static_cast<size_t>(r)] = r;
+    auto group = std::make_shared<xla::ReplicaGroup>(devices, timeout);
+    ThreadRanks out;
+    for (int r = 0; r < ranks; ++r) out.backends.push_back(group->backend(r));
+    out.abort = [group](const std::string& reason) { group->abort(reason); };
+    return out;
+  }
 };
 
 }  // namespace
+
+ThreadRanks Accelerator::thread_ranks(int, std::chrono::milliseconds) const {
+  throw ConfigError("[accelerator] '" + name() + "' runs one process per device, not ranks as threads");
+}
 
 int resolve_devices(const std::string& kind, int requested, int available, const char* visible_devices) {
   STRATA_CHECK(requested == -1 || requested >= 1, ConfigError, "[accelerator] devices must be >= 1 (or -1 for "

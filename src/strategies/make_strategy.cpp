@@ -4,6 +4,7 @@
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/strategies/single_device.h"
+#include "strata/strategies/xla.h"
 
 namespace strata::strategies {
 
@@ -12,12 +13,10 @@ StrategyKind parse_strategy_kind(const std::string& name) {
   if (name == "single_device") return StrategyKind::kSingleDevice;
   if (name == "ddp") return StrategyKind::kDDP;
   if (name == "fsdp") return StrategyKind::kFSDP;
-  if (name == "xla" || name == "xla_fsdp") {
-    throw ConfigError("[strategy] '" + name +
-                      "' needs the XLA accelerator, which strata does not support yet; use '" +
-                      (name == "xla" ? "ddp" : "fsdp") + "' for the same strategy on cpu or cuda");
-  }
-  throw ConfigError("[strategy] unknown strategy '" + name + "'; choose one of: auto, ddp, fsdp, single_device");
+  if (name == "xla") return StrategyKind::kXla;
+  if (name == "xla_fsdp") return StrategyKind::kXlaFSDP;
+  throw ConfigError("[strategy] unknown strategy '" + name +
+                    "'; choose one of: auto, ddp, fsdp, single_device, xla, xla_fsdp");
 }
 
 const char* to_string(StrategyKind kind) {
@@ -26,6 +25,8 @@ const char* to_string(StrategyKind kind) {
     case StrategyKind::kSingleDevice: return "single_device";
     case StrategyKind::kDDP: return "ddp";
     case StrategyKind::kFSDP: return "fsdp";
+    case StrategyKind::kXla: return "xla";
+    case StrategyKind::kXlaFSDP: return "xla_fsdp";
   }
   return "?";
 }
@@ -40,19 +41,26 @@ const char* to_string(StateDictType type) { return type == StateDictType::kFull 
 
 std::shared_ptr<Strategy> make_strategy(const StrategyOptions& options) {
   std::shared_ptr<Accelerator> accelerator = options.accelerator ? options.accelerator : cpu_accelerator();
-  const bool replicated_or_sharded =
-      options.kind == StrategyKind::kDDP || options.kind == StrategyKind::kFSDP ||
-      (options.kind == StrategyKind::kAuto && options.world_size > 1);
-  STRATA_CHECK(accelerator->name() != "xla" || !replicated_or_sharded, ConfigError,
-               "[strategy] '", options.kind == StrategyKind::kFSDP ? "fsdp" : "ddp",
-               "' runs on cpu and cuda; on accelerator 'xla' train with 'single_device' (or 'auto') on one device "
-               "(the xla and xla_fsdp strategies are not built yet)");
+  const bool on_xla = accelerator->name() == "xla";
+  STRATA_CHECK(!on_xla || (options.kind != StrategyKind::kDDP && options.kind != StrategyKind::kFSDP), ConfigError,
+               "[strategy] '", to_string(options.kind), "' runs on cpu and cuda; on accelerator 'xla' use '",
+               options.kind == StrategyKind::kDDP ? "xla" : "xla_fsdp", "' (the seeds' name for it there)");
+  const bool xla_kind = options.kind == StrategyKind::kXla || options.kind == StrategyKind::kXlaFSDP;
+  STRATA_CHECK(on_xla || !xla_kind, ConfigError, "[strategy] '", to_string(options.kind),
+               "' trains on xla devices; on accelerator '", accelerator->name(), "' use '",
+               options.kind == StrategyKind::kXla ? "ddp" : "fsdp", "' (or accelerator 'xla')");
   switch (options.kind) {
     case StrategyKind::kDDP:
       return std::make_shared<DDPStrategy>(std::move(accelerator), options.precision, options.ddp);
     case StrategyKind::kFSDP:
       return std::make_shared<FSDPStrategy>(std::move(accelerator), options.precision, options.fsdp);
+    case StrategyKind::kXla:
+      return std::make_shared<XlaStrategy>(std::move(accelerator), options.precision, options.ddp);
+    case StrategyKind::kXlaFSDP:
+      return std::make_shared<XlaFSDPStrategy>(std::move(accelerator), options.precision, options.fsdp);
     case StrategyKind::kAuto:
+      if (options.world_size > 1 && on_xla)
+        return std::make_shared<XlaStrategy>(std::move(accelerator), options.precision, options.ddp);
       if (options.world_size > 1) {
         return std::make_shared<DDPStrategy>(std::move(accelerator), options.precision, options.ddp);
       }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 #include <fcntl.h>
 #include <unistd.h>
@@ -120,7 +121,78 @@ std::vector<nlohmann::json> spawn(const ResolvedPlacement& placement, const std:
   return read_results(file, who);
 }
 
+thread_local const detail::ThreadRank* tls_rank = nullptr;
+thread_local Strategy* tls_primary = nullptr;   // the job's strategy (rank 0's)
+thread_local Strategy* tls_strategy = nullptr;  // this thread's rank's
+
+// Note [Ranks as threads] (strategies/xla.h): one thread per device of
+// this process, each rank with its own strategy (rank 0 the job's own, the
+// others its replicas), environment and collectives. A rank that fails
+// stops the others' waits (abort) and its error is launch()'s; every rank
+// ends its last step and tears its strategy down, so the next launch
+// starts afresh as a worker process's would.
+nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
+                                   const std::function<nlohmann::json()>& call) {
+  const int n = placement.devices_per_process;
+  STRATA_CHECK(exit == WorkerExit::kAfterCall, ConfigError, "[", who, "] accelerator '",
+               placement.accelerator->name(), "' runs its ", n, " ranks as threads of one process, which the ",
+               who, " does not support yet; train with Fabric, or on one device (devices=1)");
+  std::vector<std::shared_ptr<Strategy>> strategies{placement.strategy};
+  for (int r = 1; r < n; ++r) {
+    strategies.push_back(placement.strategy->replica());
+    strategies.back()->set_collective_timeout(placement.collective_timeout);
+  }
+  ThreadRanks ranks = placement.accelerator->thread_ranks(n, placement.collective_timeout);
+  if (placement.seed) seed_everything(*placement.seed);
+  std::mutex mutex;
+  std::exception_ptr first_failure;
+  nlohmann::json result;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      detail::ThreadRank rank;
+      rank.env.rank = rank.env.local_rank = r;
+      rank.env.world_size = rank.env.local_world_size = n;
+      rank.env.source = "threads";
+      rank.backend = ranks.backends[static_cast<size_t>(r)];
+      tls_rank = &rank;
+      tls_primary = placement.strategy.get();
+      tls_strategy = strategies[static_cast<size_t>(r)].get();
+      Strategy& strategy = *tls_strategy;
+      try {
+        strategy.setup_environment();
+        nlohmann::json out = call();
+        strategy.mark_step();  // the last step's collectives run with their peers
+        strategy.teardown();
+        if (r == 0) result = std::move(out);
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (!first_failure) first_failure = std::current_exception();
+        }
+        ranks.abort("[" + who + "] rank " + std::to_string(r) + " of " + std::to_string(n) + " failed: " + e.what());
+        try {
+          strategy.teardown();
+        } catch (const std::exception&) {
+          // the rank's own error is the one reported
+        }
+      }
+      tls_rank = nullptr;
+      tls_primary = tls_strategy = nullptr;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (first_failure) std::rethrow_exception(first_failure);
+  return result;
+}
+
 }  // namespace
+
+Strategy& strategy_of_thread(Strategy& primary) {
+  return tls_primary == &primary && tls_strategy != nullptr ? *tls_strategy : primary;
+}
+
+const detail::ThreadRank* detail::current_thread_rank() { return tls_rank; }
 
 ResolvedPlacement resolve_placement(const Placement& placement, const std::string& who) {
   STRATA_CHECK(placement.devices == -1 || placement.devices >= 1, ConfigError, "[", who,
@@ -149,19 +221,30 @@ ResolvedPlacement resolve_placement(const Placement& placement, const std::strin
   // The one place a job's size is worked out: the launcher's word when one
   // started this process, else the workers launch() will start.
   out.world_size = out.launched ? env.world_size : out.processes_per_node * out.num_nodes;
-  STRATA_CHECK(out.accelerator->name() != "xla" || out.world_size == 1, ConfigError, "[", who,
-               "] accelerator 'xla' trains on one device for now (devices=1, num_nodes=1, no launcher), got a job "
-               "of ", out.world_size, " workers; the data-parallel and fully-sharded xla strategies are not built "
-               "yet: train on 'cpu' or 'cuda' with ddp or fsdp");
+  if (out.thread_ranks()) {
+    // Note [Ranks as threads] (strategies/xla.h)
+    STRATA_CHECK(out.num_nodes == 1, ConfigError, "[", who, "] accelerator '", out.accelerator->name(),
+                 "' runs the ranks of a host as threads of one process, on one host for now; got num_nodes=",
+                 out.num_nodes);
+    STRATA_CHECK(!out.launched || env.world_size == 1, ConfigError, "[", who, "] accelerator '",
+                 out.accelerator->name(), "' drives every device from one process, but a launcher started ",
+                 env.world_size, " workers; start one process (devices=N runs N ranks as its threads)");
+    out.world_size = out.devices;
+  }
+  STRATA_CHECK(out.accelerator->name() != "xla" || out.world_size == 1 || out.thread_ranks(), ConfigError, "[",
+               who, "] accelerator 'xla' runs one process per host, with its devices as ranks; got a job of ",
+               out.world_size, " worker processes");
   // The precision, when given, is a strategy object's too (Lightning's rule).
   out.strategy = resolve_strategy(placement.strategy, out.accelerator, placement.precision, out.world_size, who);
   if (!out.strategy->launched()) out.strategy->set_collective_timeout(placement.collective_timeout);
   out.seed = placement.seed;
+  out.collective_timeout = placement.collective_timeout;
   return out;
 }
 
 nlohmann::json launch(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
                       const std::function<nlohmann::json()>& call) {
+  if (placement.thread_ranks() && tls_rank == nullptr) return launch_thread_ranks(placement, who, exit, call);
   if (placement.needs_spawn() && exit == WorkerExit::kAfterCall) {
     // Workers that end after their call: each launch starts them afresh.
     std::vector<nlohmann::json> results = spawn(placement, who);

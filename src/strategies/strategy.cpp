@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "strata/core/error.h"
+#include "strata/strategies/placement.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
 #include "strata/data/device_loader.h"
@@ -57,8 +58,21 @@ Strategy::Strategy(std::shared_ptr<Accelerator> accelerator, std::optional<Preci
 
 Strategy::~Strategy() = default;
 
+std::shared_ptr<Strategy> Strategy::replica() const {
+  throw ConfigError("[" + name() + "] runs one rank per process; it cannot run ranks as threads (the '" +
+                    accelerator_->name() + "' accelerator asks for it: use its own strategy)");
+}
+
 void Strategy::setup_environment() {
   if (launched_) return;
+  if (const detail::ThreadRank* rank = detail::current_thread_rank()) {
+    // Note [Ranks as threads] (strategies/xla.h)
+    env_ = rank->env;
+    set_current_device(accelerator_->device(env_.local_rank));
+    group_ = comm::Group(rank->backend, comm::GroupOptions().with_timeout(collective_timeout_));
+    launched_ = true;
+    return;
+  }
   env_ = runtime::Environment::from_env();
   runtime::apply_allocator_settings();
   log::set_rank(env_.rank);

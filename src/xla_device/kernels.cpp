@@ -85,6 +85,31 @@ const at::Tensor& resize_xla(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
+// A tensor made a view of `source` (DDP's gradients, views into their
+// bucket): metadata only, the storage's value untouched.
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device() == self.device(), "[xla] set_ of a tensor on ", self.device(),
+              " to a storage on ", source.device(), "; both must be on the same device");
+  TORCH_CHECK(stride.empty() || stride.size() == size.size(), "[xla] set_ got ", size.size(), " sizes and ",
+              stride.size(), " strides");
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(source));
+  impl->set_storage_offset(storage_offset);
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+  } else {
+    impl->set_sizes_and_strides(size, stride);
+  }
+  int64_t last = storage_offset;  // the furthest element the view reaches
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] == 0) return self;
+    last += (size[d] - 1) * (stride.empty() ? self.stride(static_cast<int64_t>(d)) : stride[d]);
+  }
+  grow_storage(*self.storage().unsafeGetStorageImpl(), static_cast<size_t>(last + 1) * self.element_size());
+  return self;
+}
+
 // Copies between the host and the device, and within the device: `self`
 // is the source, `dst` the destination.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
@@ -221,6 +246,7 @@ void register_kernels() {
   kernels->impl("view", TORCH_FN(view));
   kernels->impl("_reshape_alias", TORCH_FN(reshape_alias));
   kernels->impl("resize_", TORCH_FN(resize_xla));
+  kernels->impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   kernels->impl("_copy_from", TORCH_FN(copy_from));
   kernels->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   kernels->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));

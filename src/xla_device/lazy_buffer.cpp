@@ -178,6 +178,10 @@ bool LazyBuffer::pending() const {
 
 lazy::NodePtr LazyBuffer::value_node(ElementType type) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return value_node_locked(type);
+}
+
+lazy::NodePtr LazyBuffer::value_node_locked(ElementType type) const {
   const size_t width = element_size(type);
   if (nbytes_ == 0 || nbytes_ % width != 0) return nullptr;
   const stablehlo::Type want{type, {static_cast<int64_t>(nbytes_ / width)}};
@@ -199,6 +203,18 @@ void LazyBuffer::set_pending(lazy::NodePtr node) {
                 "[xla] a storage of ", nbytes_, " bytes was bound to a value of ",
                 node ? node->type().text() : std::string("null"));
   value_ = Pending{std::move(node)};
+}
+
+bool LazyBuffer::rewrite(ElementType type, const std::function<lazy::NodePtr(const lazy::NodePtr&)>& change) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lazy::NodePtr base = value_node_locked(type);
+  if (!base) return false;
+  lazy::NodePtr next = change(base);
+  if (!next) return false;
+  STRATA_ASSERT(next->type() == base->type(), "[xla] a storage holding ", base->type().text(), " was rewritten to ",
+                next->type().text());
+  value_ = Pending{std::move(next)};
+  return true;
 }
 
 lazy::NodePtr LazyBuffer::pending_node() const {

@@ -90,6 +90,12 @@ class LazyBuffer {
   /// Rebinds the storage to the pending `node` (of value_node's type).
   void set_pending(lazy::NodePtr node);
 
+  /// Binds the storage to change(its current value as `type`), atomically
+  /// with respect to other writes (Note [Writes into a view] in
+  /// lowering.h). False, changing nothing, when the value cannot be read as
+  /// `type` or `change` returns nullptr.
+  bool rewrite(ElementType type, const std::function<lazy::NodePtr(const lazy::NodePtr&)>& change);
+
   /// The pending node, null when the value is not pending.
   lazy::NodePtr pending_node() const;
 
@@ -114,6 +120,7 @@ class LazyBuffer {
     lazy::NodePtr node;
   };
   void assign_locked(Bytes bytes, ElementType type);
+  lazy::NodePtr value_node_locked(ElementType type) const;
   std::vector<uint8_t> bytes_locked() const;
 
   mutable std::mutex mutex_;

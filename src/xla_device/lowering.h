@@ -236,6 +236,13 @@ class Recorder {
     NodePtr base = storage.value_node(dtype);
     if (!base) throw NotLowered{};
     const int64_t n = base->type().dims.at(0);
+    if (t.is_contiguous()) {
+      // Elements [offset, offset + numel) of the storage, at any offset (a
+      // slot of DDP's bucket, a shard of FSDP's flat buffer).
+      const int64_t offset = t.storage_offset();
+      if (offset + t.numel() > n) throw NotLowered{};
+      return reshape(slice(base, {offset}, {offset + t.numel()}), vec(t.sizes()));
+    }
     // The dims of size > 1 that move in memory, from the outermost to the
     // innermost; the broadcast ones (stride 0) are added back last.
     std::vector<int64_t> laid;
@@ -295,27 +302,62 @@ class Recorder {
     return broadcast(convert(tensor(t), dtype), dims);
   }
 
+  // `parts` joined along `dim` (the one part itself).
+  NodePtr concat(const std::vector<NodePtr>& parts, int64_t dim) {
+    if (parts.size() == 1) return parts[0];
+    shlo::Type type = parts.at(0)->type();
+    type.dims.at(static_cast<size_t>(dim)) = 0;
+    for (const NodePtr& p : parts) type.dims[static_cast<size_t>(dim)] += p->type().dims.at(static_cast<size_t>(dim));
+    return op("concatenate", parts, type, [dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.concatenate(in, dim);
+    });
+  }
+
   // Rebinds `out` (resized to `dims` first, as an out= kernel does) to
   // `value`, converted to out's dtype.
+  //
+  // Note [Writes into a view]
+  // A contiguous view of a larger storage (a slot of DDP's bucket, a row of
+  // a matrix) is elements [o, o + n) of its storage's value: the write
+  // binds the storage to its value with those elements replaced (slices
+  // around the new part, joined), read and rebound under the storage's
+  // lock, so writes from two threads into two views of one storage both
+  // stay. Other layouts take the fallback.
   void write(const at::Tensor& out, NodePtr value) {
     const std::vector<int64_t> dims = value->type().dims;
     if (out.device().type() != kXla) throw NotLowered{};
     if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
     const ElementType dtype = element_type(out.scalar_type());
-    if (out.numel() == 0 || !out.is_contiguous() || out.storage_offset() != 0) throw NotLowered{};
-    const size_t needed = static_cast<size_t>(out.numel()) * out.element_size();
-    if (lazy_buffer(out).nbytes() != needed) {
+    if (out.numel() == 0 || !out.is_contiguous()) throw NotLowered{};
+    const int64_t n = out.numel();
+    value = reshape(convert(value, dtype), {n});
+    const size_t needed = static_cast<size_t>(n) * out.element_size();
+    LazyBuffer& storage = lazy_buffer(out);
+    if (out.storage_offset() == 0 && storage.nbytes() == needed) {
+      storage.set_pending(std::move(value));
+    } else if (out.storage_offset() == 0 && out.storage().use_count() == 1 && !out.is_view()) {
       // A storage larger than its only tensor (an out= tensor made for a
       // bigger shape and resized down, as the structured kernels of the
       // losses do): nothing else can see the rest, so the tensor gets a
       // storage of its own size.
-      if (out.storage().use_count() != 1 || out.is_view()) throw NotLowered{};
       c10::DeviceGuard guard(out.device());
       out.unsafeGetTensorImpl()->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), needed,
                                                                      allocator(), /*resizable=*/true));
+      lazy_buffer(out).set_pending(std::move(value));
+    } else {
+      // Note [Writes into a view]
+      const int64_t o = out.storage_offset();
+      const bool written = storage.rewrite(dtype, [&](const NodePtr& base) -> NodePtr {
+        const int64_t total = base->type().dims.at(0);
+        if (o + n > total) return nullptr;
+        std::vector<NodePtr> parts;
+        if (o > 0) parts.push_back(slice(base, {0}, {o}));
+        parts.push_back(value);
+        if (o + n < total) parts.push_back(slice(base, {o + n}, {total}));
+        return concat(parts, 0);
+      });
+      if (!written) throw NotLowered{};
     }
-    value = reshape(convert(value, dtype), {out.numel()});
-    lazy_buffer(out).set_pending(std::move(value));
     count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
   }
 

@@ -146,6 +146,7 @@ struct Replication {
   bool in_scope = false;  // an arrival came from inside a kernel's recording
   uint64_t generation = 0;
   std::string error;      // the last generation's failure, for the threads that waited
+  std::string aborted;    // why the replicas stopped (abort_replication): every later sync throws it
 
   int replica_of(int device) const {
     for (size_t r = 0; r < devices.size(); ++r)
@@ -157,11 +158,11 @@ struct Replication {
 namespace {
 
 std::mutex replication_mutex;
-std::shared_ptr<Replication> active;  // at most one at a time
+std::weak_ptr<Replication> active;  // at most one at a time, owned by its ReplicaGroup
 
 std::shared_ptr<Replication> active_replication() {
   std::lock_guard<std::mutex> lock(replication_mutex);
-  return active;
+  return active.lock();
 }
 
 std::string device_list(const std::vector<int>& devices) {
@@ -216,18 +217,24 @@ bool sync_replica(Replication& rep, int r) {
   STRATA_CHECK(!rep.arrived[static_cast<size_t>(r)], ConfigError, "[xla] two threads ended the step of replica ", r,
                " (xla:", device, ") at once: each replica's step is recorded by one thread (with xla:", device,
                " as its current device)");
+  if (!rep.aborted.empty()) throw CommError(rep.aborted);
   const uint64_t generation = rep.generation;
   rep.arrived[static_cast<size_t>(r)] = true;
   rep.in_scope = rep.in_scope || recording_depth > 0;
   if (++rep.count < n) {
     const auto deadline = std::chrono::steady_clock::now() + rep.timeout;
     while (rep.generation == generation) {
+      if (!rep.aborted.empty()) {
+        rep.arrived[static_cast<size_t>(r)] = false;
+        --rep.count;
+        throw CommError(rep.aborted);
+      }
       if (rep.running) {
         rep.arrived_cv.wait(lock);
         continue;
       }
       if (rep.arrived_cv.wait_until(lock, deadline) == std::cv_status::timeout && rep.generation == generation &&
-          !rep.running) {
+          !rep.running && rep.aborted.empty()) {
         std::vector<int> missing;
         for (size_t k = 0; k < n; ++k)
           if (!rep.arrived[k]) missing.push_back(static_cast<int>(k));
@@ -276,7 +283,7 @@ bool sync_replica(Replication& rep, int r) {
 
 }  // namespace
 
-std::shared_ptr<void> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout) {
+std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout) {
   STRATA_CHECK(!devices.empty(), ConfigError, "[xla] a replicated step needs at least one device");
   STRATA_CHECK(timeout.count() > 0, ConfigError, "[xla] the replicas' timeout must be positive, got ",
                timeout.count(), " ms");
@@ -287,26 +294,32 @@ std::shared_ptr<void> start_replication(const std::vector<int>& devices, std::ch
       STRATA_CHECK(devices[k] != devices[r], ConfigError, "[xla] xla:", devices[r],
                    " is given twice as a replica's device (", device_list(devices), ")");
   }
-  auto rep = std::make_shared<Replication>();
+  std::lock_guard<std::mutex> lock(replication_mutex);
+  if (std::shared_ptr<Replication> other = active.lock()) {
+    throw ConfigError("[xla] the devices " + device_list(other->devices) + " are replicas of a step already; one "
+                      "replicated step at a time in a process (end the other strategy, or use its devices)");
+  }
+  std::shared_ptr<Replication> rep(new Replication());
   rep->devices = devices;
   rep->timeout = timeout;
   rep->arrived.assign(devices.size(), false);
   {
     auto& e = executors();
-    std::lock_guard<std::mutex> lock(e.mutex);
+    std::lock_guard<std::mutex> executors_lock(e.mutex);
     auto& slot = e.replicated[devices];
     if (!slot) slot = std::make_unique<lazy::Executor>(shared_client(), pjrt);
     rep->executor = slot.get();
   }
-  std::lock_guard<std::mutex> lock(replication_mutex);
-  STRATA_CHECK(active == nullptr, ConfigError, "[xla] the devices ", active ? device_list(active->devices) : "",
-               " are replicas of a step already; one replicated step at a time in a process (end the other "
-               "strategy, or use its devices)");
   active = rep;
-  return std::shared_ptr<void>(nullptr, [rep](void*) {
-    std::lock_guard<std::mutex> lock(replication_mutex);
-    if (active == rep) active = nullptr;
-  });
+  return rep;
+}
+
+void abort_replication(Replication& rep, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(rep.mutex);
+    if (rep.aborted.empty()) rep.aborted = reason;
+  }
+  rep.arrived_cv.notify_all();
 }
 
 bool sync_pending() {

@@ -53,7 +53,17 @@ class Meeting {
       cv_.notify_all();
       return;
     }
-    if (cv_.wait_for(lock, timeout_, [&] { return generation_ != generation; })) return;
+    if (!aborted_.empty()) {
+      arrived_[static_cast<size_t>(rank)] = false;
+      --count_;
+      throw CommError(aborted_);
+    }
+    if (cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || !aborted_.empty(); })) {
+      if (generation_ != generation) return;
+      arrived_[static_cast<size_t>(rank)] = false;
+      --count_;
+      throw CommError(aborted_);
+    }
     std::string missing;
     for (size_t k = 0; k < size_; ++k)
       if (!arrived_[k]) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
@@ -61,6 +71,14 @@ class Meeting {
     --count_;
     throw TimeoutError("[xla] " + std::string(what) + " of replica " + std::to_string(rank) + " waited " +
                        std::to_string(timeout_.count()) + " ms for replica(s) " + missing);
+  }
+
+  void abort(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_.empty()) aborted_ = reason;
+    }
+    cv_.notify_all();
   }
 
   // The tensor each replica posted before the first meeting of a host
@@ -77,6 +95,7 @@ class Meeting {
   std::vector<bool> arrived_;
   size_t count_ = 0;
   uint64_t generation_ = 0;
+  std::string aborted_;
 };
 
 class DoneWork final : public comm::Work {
@@ -112,7 +131,7 @@ void combine(at::Tensor& into, const at::Tensor& x, comm::ReduceOp op) {
 struct ReplicaShared {
   std::vector<int> devices;
   std::chrono::milliseconds timeout;
-  std::shared_ptr<void> replication;  // Note [Replicas in one process]
+  std::shared_ptr<Replication> replication;  // Note [Replicas in one process]
   Meeting meeting;
   stablehlo::ReplicaGroups groups;
 
@@ -209,6 +228,64 @@ class ReplicaBackend final : public comm::Backend {
 
   void barrier() override { shared_->meeting.meet(rank_, "barrier"); }
 
+  // Note [Segmented layouts] (comm/backend.h): in the step, the gathered
+  // rows are cut into the segments and joined (and the reverse before a
+  // reduce_scatter), so FSDP's full buffers need no pack or unpack copies.
+  bool supports_segmented() const override { return true; }
+
+  void all_gather_segmented(const at::Tensor& input, at::Tensor& output,
+                            const std::vector<int64_t>& segments) override {
+    const int64_t n = input.numel(), w = size();
+    if (!on_xla(input, "all_gather")) {
+      at::Tensor rows = at::empty({w, n}, output.options());
+      all_gather(input, rows);
+      int64_t begin = 0;
+      for (int64_t len : segments) {
+        output.view({-1}).narrow(0, w * begin, w * len).view({w, len}).copy_(rows.narrow(1, begin, len));
+        begin += len;
+      }
+      return;
+    }
+    on_xla(output, "all_gather");
+    record("strata::all_gather", output, [&](Recorder& rec) {
+      NodePtr rows = lazy::all_gather(rec.reshape(rec.tensor(input), {1, n}), 0, shared_->groups);  // [w, n]
+      std::vector<NodePtr> parts;
+      int64_t begin = 0;
+      for (int64_t len : segments) {
+        if (len > 0) parts.push_back(rec.reshape(rec.slice(rows, {0, begin}, {w, begin + len}), {w * len}));
+        begin += len;
+      }
+      return rec.concat(parts, 0);
+    });
+  }
+
+  void reduce_scatter_segmented(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& segments,
+                                comm::ReduceOp op) override {
+    const int64_t n = output.numel(), w = size();
+    if (!on_xla(input, "reduce_scatter")) {
+      at::Tensor rows = at::empty({w, n}, input.options());
+      int64_t begin = 0;
+      for (int64_t len : segments) {
+        rows.narrow(1, begin, len).copy_(input.view({-1}).narrow(0, w * begin, w * len).view({w, len}));
+        begin += len;
+      }
+      reduce_scatter(rows, output, op);
+      return;
+    }
+    on_xla(output, "reduce_scatter");
+    record("strata::reduce_scatter", output, [&](Recorder& rec) {
+      NodePtr full = rec.reshape(rec.tensor(input), {w * n});
+      std::vector<NodePtr> columns;
+      int64_t begin = 0;
+      for (int64_t len : segments) {
+        if (len > 0) columns.push_back(rec.reshape(rec.slice(full, {w * begin}, {w * (begin + len)}), {w, len}));
+        begin += len;
+      }
+      NodePtr rows = rec.concat(columns, 1);  // [w, n]: replica r's part in row r
+      return lazy::reduce_scatter(rec.reshape(rows, {w * n}), 0, lowered(op), shared_->groups);
+    });
+  }
+
  private:
   // True for an xla tensor of this replica's device, false for a CPU one;
   // ConfigError for any other.
@@ -222,26 +299,24 @@ class ReplicaBackend final : public comm::Backend {
   }
 
   // Records `collective` (a node of the whole tensor's elements) into
-  // `out` as the op `name` ("strata::all_reduce"): directly when `out` owns
-  // its storage whole, else into a new tensor copied into `out`.
+  // `out` as the op `name` ("strata::all_reduce"): directly when `out` is
+  // contiguous (a view included: Note [Writes into a view] in lowering.h),
+  // else into a new tensor copied into `out`.
   template <class Collective>
   void record(const char* name, at::Tensor& out, Collective&& collective) {
     if (out.numel() == 0) return;
     try {
-      at::Tensor target = out;
-      const size_t needed = static_cast<size_t>(out.numel()) * out.element_size();
-      const bool whole = out.is_contiguous() && out.storage_offset() == 0 && lazy_buffer(out).nbytes() == needed;
-      if (!whole) target = at::empty(out.sizes(), out.options());
+      at::Tensor target = out.is_contiguous() ? out : at::empty(out.sizes(), out.options());
       {
         Recorder rec(name);
         NodePtr value = collective(rec);
         rec.write(target, rec.reshape(value, lowering::vec(out.sizes())));
       }
-      if (!whole) out.copy_(target);
+      if (!target.is_same(out)) out.copy_(target);
     } catch (const NotLowered&) {
       throw ConfigError("[xla] " + std::string(name + 8) + " of replica " + std::to_string(rank_) + " cannot record a " +
                         std::string(c10::toString(out.scalar_type())) + " tensor of shape " +
-                        c10::str(out.sizes()) + " that holds no value yet; write it first");
+                        c10::str(out.sizes()) + " into the step: its dtype or layout has no lowering");
     }
   }
 
@@ -265,6 +340,11 @@ ReplicaGroup::ReplicaGroup(std::vector<int> devices, std::chrono::milliseconds t
 int ReplicaGroup::size() const { return static_cast<int>(state_->shared->devices.size()); }
 
 const std::vector<int>& ReplicaGroup::devices() const { return state_->shared->devices; }
+
+void ReplicaGroup::abort(const std::string& reason) {
+  state_->shared->meeting.abort(reason);
+  detail::abort_replication(*state_->shared->replication, reason);
+}
 
 std::shared_ptr<comm::Backend> ReplicaGroup::backend(int rank) const {
   STRATA_CHECK(rank >= 0 && rank < size(), ConfigError, "[xla] replica ", rank, " does not exist: the group has ",

@@ -60,11 +60,15 @@ std::shared_ptr<const Client> shared_client();
 bool sync_pending();
 
 /// Makes xla:devices[r] replica r of one replicated step (Note [Replicas
-/// in one process] in recorder.cpp), until the returned handle is
-/// destroyed; a replica missing for `timeout` at a step's end is a
-/// TimeoutError. Throws ConfigError for no device, a device out of range or
-/// given twice, a timeout <= 0, or another replication still alive.
-std::shared_ptr<void> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout);
+/// in one process] in recorder.cpp) while the returned object lives; a
+/// replica missing for `timeout` at a step's end is a TimeoutError. Throws
+/// ConfigError for no device, a device out of range or given twice, a
+/// timeout <= 0, or another replication still alive.
+struct Replication;
+std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout);
+/// Stops the replicas: the syncs waiting, and every later one, throw
+/// CommError(`reason`) (a replica failed; its peers must not wait for it).
+void abort_replication(Replication& replication, const std::string& reason);
 
 /// Held by each lowered kernel while it records (the Recorder of
 /// lowering.h): a shared hold on the step, so that sync_pending, which takes

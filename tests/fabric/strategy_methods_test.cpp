@@ -267,16 +267,16 @@ TEST(StrategyTest, BeforeLaunchRanksAreZeroAndRootDeviceIsAnError) {
   EXPECT_TRUE(contains(what, "[ddp] root_device is only known after launch")) << what;
 }
 
-TEST(StrategyTest, NamesAreResolvedAndXlaIsRefusedWithAHint) {
+TEST(StrategyTest, NamesAreResolvedAndXlaOffXlaDevicesIsRefusedWithAHint) {
   auto cpu = strata::strategies::cpu_accelerator();
   auto fp32 = strata::strategies::Precision::parse("32-true");
   EXPECT_EQ(strata::strategies::make_strategy("ddp", cpu, fp32, 2)->name(), "ddp");
   EXPECT_EQ(strata::strategies::make_strategy("auto", cpu, fp32, 1)->name(), "single_device");
   EXPECT_EQ(strata::strategies::make_strategy("auto", cpu, fp32, 4)->name(), "ddp");
   std::string xla = strata::testing::error_message([&] { strata::strategies::make_strategy("xla", cpu, fp32, 2); });
-  EXPECT_TRUE(contains(xla, "XLA") && contains(xla, "'ddp'")) << xla;
+  EXPECT_TRUE(contains(xla, "'xla' trains on xla devices") && contains(xla, "use 'ddp'")) << xla;
   std::string xla_fsdp = strata::testing::error_message([&] { strata::strategies::make_strategy("xla_fsdp", cpu, fp32, 2); });
-  EXPECT_TRUE(contains(xla_fsdp, "'fsdp'")) << xla_fsdp;
+  EXPECT_TRUE(contains(xla_fsdp, "'xla_fsdp' trains on xla devices") && contains(xla_fsdp, "use 'fsdp'")) << xla_fsdp;
   std::string bad = strata::testing::error_message([&] { strata::strategies::make_strategy("dpp", cpu, fp32, 2); });
   EXPECT_TRUE(contains(bad, "unknown strategy 'dpp'") && contains(bad, "ddp")) << bad;
   // "tpu" needs a TPU plugin; the test environment's is the CPU's (or none).

@@ -447,7 +447,7 @@ TEST_F(TrainCliTest, XlaRefusesSeveralDevicesAndReplicatedStrategiesNamingWhatWo
   CommandResult ddp = run_strata(common() + " --accelerator xla --devices 1 --strategy ddp --max-steps 1");
   if (ddp.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << ddp.output;
   EXPECT_NE(ddp.exit_code, 0);
-  EXPECT_NE(ddp.output.find("on accelerator 'xla' train with 'single_device'"), std::string::npos) << ddp.output;
+  EXPECT_NE(ddp.output.find("on accelerator 'xla' use 'xla'"), std::string::npos) << ddp.output;
   CommandResult plugin = run_strata(common() + " --pjrt-plugin /nonexistent/plugin.so --max-steps 1");
   EXPECT_NE(plugin.exit_code, 0);
   EXPECT_NE(plugin.output.find("--pjrt-plugin applies only to --accelerator xla"), std::string::npos)

@@ -125,6 +125,7 @@ TEST_F(XlaDeviceTest, ViewsResolveAgainstTheirBasesStorage) {
 }
 
 TEST_F(XlaDeviceTest, InPlaceOpsRebindTheTensorAndItsViews) {
+  torch::manual_seed(3);
   at::Tensor cpu = torch::zeros({3, 4});
   at::Tensor x = torch::zeros({3, 4}, torch::TensorOptions().device(device_));
   x.add_(1);
@@ -150,7 +151,9 @@ TEST_F(XlaDeviceTest, InPlaceOpsRebindTheTensorAndItsViews) {
   x.zero_();
   EXPECT_TRUE(same_bits(before.cpu(), cpu));
   EXPECT_TRUE(same_bits(x.cpu(), torch::zeros({3, 4})));
-  EXPECT_FLOAT_EQ(before.sum().item<float>(), cpu.sum().item<float>());
+  // The lowered sum adds in XLA's order, LibTorch's in its own: the two
+  // agree to rounding of the sum of magnitudes.
+  EXPECT_NEAR(before.sum().item<float>(), cpu.sum().item<float>(), 1e-6 * cpu.abs().sum().item<float>());
 }
 
 TEST_F(XlaDeviceTest, WritesToTwoViewsOfOneStorageFromTwoThreadsKeepBoth) {

@@ -82,9 +82,12 @@ class Fabric {
     } else {
       // A worker returns fn's own value; the launching process rank 0's,
       // through JSON (Note [One launch protocol]).
+      // Ranks run as threads (Note [Ranks as threads]) keep rank 0's.
       std::optional<Result> value;
       nlohmann::json result = run_launch([&]() -> nlohmann::json {
-        value.emplace(fn(*this));
+        Result mine = fn(*this);
+        if (!is_global_zero()) return nullptr;
+        value.emplace(std::move(mine));
         return nlohmann::json(*value);
       });
       if (value) return std::move(*value);
@@ -168,7 +171,7 @@ class Fabric {
   std::map<std::string, at::Tensor> broadcast(const std::map<std::string, at::Tensor>& tensors, int src = 0);
   template <class T>
   T broadcast(const T& value, int src = 0) {
-    return strategy_->broadcast(value, src);
+    return strategy().broadcast(value, src);
   }
   void barrier(const std::string& name = "");
 
@@ -205,16 +208,18 @@ class Fabric {
 
   /// Rank, local rank, host index and job size of this worker (as the
   /// strategy reports them; rank 0 of 1 outside launch()).
-  int global_rank() const { return strategy_->global_rank(); }
-  int local_rank() const { return strategy_->local_rank(); }
-  int node_rank() const { return strategy_->node_rank(); }
-  int world_size() const { return strategy_->world_size(); }
+  int global_rank() const { return strategy().global_rank(); }
+  int local_rank() const { return strategy().local_rank(); }
+  int node_rank() const { return strategy().node_rank(); }
+  int world_size() const { return strategy().world_size(); }
   /// True on global rank 0.
-  bool is_global_zero() const { return strategy_->is_global_zero(); }
+  bool is_global_zero() const { return strategy().is_global_zero(); }
   /// This worker's device (only known inside launch()).
-  c10::Device device() const { return strategy_->root_device(); }
+  c10::Device device() const { return strategy().root_device(); }
   /// The strategy every call goes through.
-  strategies::Strategy& strategy() { return *strategy_; }
+  /// On a rank launch() runs as a thread, that rank's (Note [Ranks as
+  /// threads] in strategies/xla.h).
+  strategies::Strategy& strategy() const { return strategies::strategy_of_thread(*strategy_); }
   /// The options after validation (devices resolved).
   const FabricOptions& options() const { return options_; }
   /// Where the job runs: the accelerator, world, processes per host and

@@ -5,10 +5,22 @@
 
 #include <c10/core/Device.h>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "strata/comm/backend.h"
 
 namespace strata::strategies {
+
+/// The ranks of one process whose accelerator drives several devices
+/// (Note [Ranks as threads] in strategies/xla.h).
+struct ThreadRanks {
+  std::vector<std::shared_ptr<comm::Backend>> backends;  ///< rank r's collectives, for its thread
+  std::function<void(const std::string&)> abort;  ///< stops the ranks that wait for one that failed
+};
 
 /// A kind of device.
 class Accelerator {
@@ -30,6 +42,11 @@ class Accelerator {
   /// (xla: Note [No reads inside a lazy step] in strategy.h); false for
   /// the eager "cpu" and "cuda".
   virtual bool lazy() const { return false; }
+  /// For an accelerator whose devices_per_process is above 1: the
+  /// collectives of `ranks` ranks run as threads of this process, rank r on
+  /// device(r), whose waits end with a TimeoutError after `timeout`. The
+  /// default throws ConfigError.
+  virtual ThreadRanks thread_ranks(int ranks, std::chrono::milliseconds timeout) const;
 };
 
 /// Note [Device placement]

@@ -11,13 +11,14 @@ namespace strata::strategies {
 enum class StrategyKind {
   kAuto,          ///< ddp for several devices, single_device for one
   kSingleDevice,  ///< "single_device"
-  kDDP,           ///< "ddp" (Lightning's XLAStrategy)
-  kFSDP,          ///< "fsdp" (Lightning's XLAFSDPStrategy)
+  kDDP,           ///< "ddp": data parallel on cpu and cuda workers
+  kFSDP,          ///< "fsdp": fully sharded on cpu and cuda workers
+  kXla,           ///< "xla" (Lightning's XLAStrategy): data parallel on xla devices
+  kXlaFSDP,       ///< "xla_fsdp" (Lightning's XLAFSDPStrategy): fully sharded on xla devices
 };
 
-/// Parses "auto", "single_device", "ddp", "fsdp". "xla" and "xla_fsdp"
-/// are refused until the XLA accelerator exists; anything else is a
-/// ConfigError listing the choices.
+/// Parses "auto", "single_device", "ddp", "fsdp", "xla", "xla_fsdp";
+/// anything else is a ConfigError listing the choices.
 StrategyKind parse_strategy_kind(const std::string& name);
 /// The name parse_strategy_kind accepts.
 const char* to_string(StrategyKind kind);

@@ -36,6 +36,7 @@
 #include <string>
 #include <variant>
 
+#include "strata/runtime/env.h"
 #include "strata/strategies/accelerator.h"
 
 namespace strata {
@@ -93,16 +94,20 @@ struct ResolvedPlacement {
   int num_nodes = 1;
   int devices_per_process = 1;  ///< devices one worker process drives (Accelerator::devices_per_process)
   int processes_per_node = 1;   ///< worker processes on each host
-  int world_size = 1;           ///< worker processes in the job
+  int world_size = 1;           ///< ranks in the job (processes x devices each drives)
   /// A launcher started this process: it is one of the workers and runs
   /// every call in place.
   bool launched = false;
   std::shared_ptr<Strategy> strategy;  ///< built for world_size, with the precision and timeout
   std::optional<uint64_t> seed;
+  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
 
-  /// True in the launching process of a job of several workers (Note [One
-  /// launch protocol]): its first launch() starts them.
-  bool needs_spawn() const { return !launched && world_size > 1; }
+  /// True in the launching process of a job of several worker processes
+  /// (Note [One launch protocol]): its first launch() starts them.
+  bool needs_spawn() const { return !launched && processes_per_node * num_nodes > 1; }
+  /// True when this process runs several ranks as threads (Note [Ranks as
+  /// threads] in strategies/xla.h).
+  bool thread_ranks() const { return devices_per_process > 1; }
 };
 
 /// Checks `placement` (ConfigError: "[who] field ..."), resolves -1
@@ -129,6 +134,22 @@ enum class WorkerExit {
 /// worker fails.
 nlohmann::json launch(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
                       const std::function<nlohmann::json()>& call);
+
+/// The strategy a call on this thread goes through: the rank's own when
+/// launch() started this thread as one of the ranks of `primary`'s job
+/// (Note [Ranks as threads] in strategies/xla.h), else `primary`.
+Strategy& strategy_of_thread(Strategy& primary);
+
+namespace detail {
+/// What launch() gives a thread it starts as a rank: its environment
+/// (rank r of the process's ranks) and its collectives.
+struct ThreadRank {
+  runtime::Environment env;
+  std::shared_ptr<comm::Backend> backend;
+};
+/// The calling thread's, or nullptr on a thread launch() did not start.
+const ThreadRank* current_thread_rank();
+}  // namespace detail
 
 /// Seeds LibTorch's default generator and the C library's rand() in this
 /// process (Lightning's seed_everything, without Python's and NumPy's).

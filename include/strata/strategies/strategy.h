@@ -79,6 +79,10 @@ class Strategy {
   /// True when each rank holds only a shard of the parameters (FSDP), so
   /// that a forward needs every rank.
   virtual bool shards_parameters() const { return false; }
+  /// A new strategy of the same kind, options and precision for another
+  /// rank of this job run as a thread of this process (Note [Ranks as
+  /// threads] in strategies/xla.h). The default throws ConfigError.
+  virtual std::shared_ptr<Strategy> replica() const;
 
   // ---- environment ---------------------------------------------------------
   /// Reads this process's place from the environment, creates the process

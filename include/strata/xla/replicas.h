@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "strata/comm/backend.h"
@@ -46,6 +47,11 @@ class ReplicaGroup {
   /// and byte transfers) it runs at once between the replicas' threads.
   /// Throws ConfigError for a rank out of range.
   std::shared_ptr<comm::Backend> backend(int rank) const;
+
+  /// Stops the replicas after one failed: every wait for a peer (a step's
+  /// end, a host collective, a barrier), now or later, throws
+  /// CommError(`reason`) instead of waiting for the timeout.
+  void abort(const std::string& reason);
 
  private:
   struct State;
