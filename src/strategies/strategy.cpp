@@ -35,10 +35,13 @@ struct AllGatherFunction : public torch::autograd::Function<AllGatherFunction> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    // Every rank's gradient of the gathered rows, summed, and this rank's
+    // row of the sum: a reduce_scatter, which also keeps a lazy device's
+    // step free of a slice at this rank's offset (the replicas' steps must
+    // be one program).
     auto* group = reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
-    at::Tensor grad = grads[0].contiguous().clone();
-    group->all_reduce(grad, comm::ReduceOp::kSum);
-    return {grad.select(0, group->rank()), at::Tensor()};
+    at::Tensor mine = group->reduce_scatter(grads[0].contiguous(), comm::ReduceOp::kSum);
+    return {mine.select(0, 0), at::Tensor()};
   }
 };
 
@@ -229,6 +232,10 @@ at::Tensor Strategy::all_reduce(const at::Tensor& tensor, const std::string& op)
 at::Tensor Strategy::broadcast(const at::Tensor& tensor, int src) {
   STRATA_CHECK(src >= 0 && src < world_size(), ConfigError, "[", name(), "] broadcast src ", src,
                " is not a rank of this job (world size ", world_size(), ")");
+  // On a lazy device the step so far runs first, while every rank's step
+  // is still the same: from here the source alone copies what it sends
+  // (Note [Collectives of the replicas] in src/xla_device/replicas.cpp).
+  if (lazy_device()) mark_step();
   // Ranks may hold tensors of other shapes (or none): send shape and dtype first.
   nlohmann::json meta;
   if (global_rank() == src) {

@@ -190,7 +190,17 @@ Walk walk(const std::vector<NodePtr>& outputs) {
   return w;
 }
 
+bool is_collective(const Node& node) {
+  const std::string& op = node.op_name();
+  return node.kind() == Node::Kind::kOp && (op == "all_reduce" || op == "all_gather" || op == "reduce_scatter");
+}
+
 }  // namespace
+
+bool has_collective(const std::vector<NodePtr>& outputs) {
+  const Walk w = walk(outputs);
+  return std::any_of(w.order.begin(), w.order.end(), [](const Node* node) { return is_collective(*node); });
+}
 
 Program build_program(const std::vector<NodePtr>& outputs, const std::string& name, const Donatable& donatable,
                       int64_t num_replicas) {
@@ -240,6 +250,7 @@ Program build_program(const std::vector<NodePtr>& outputs, const std::string& na
   program.outputs = outputs;
   program.ops = order.size();
   program.donated = donated;
+  program.collective = std::any_of(order.begin(), order.end(), [](const Node* node) { return is_collective(*node); });
   return program;
 }
 
@@ -411,7 +422,7 @@ std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs, const Don
 }
 
 std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std::vector<NodePtr>>& outputs,
-                                                          const Donatable& donatable) {
+                                                          const Donatable& donatable, std::string* independent) {
   const size_t replicas = devices_.size();
   STRATA_CHECK(outputs.size() == replicas, ConfigError, "[xla] ", outputs.size(), " replicas' outputs for an executor of ",
                replicas, " devices");
@@ -445,9 +456,18 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
       };
     }
     programs.push_back(build_program(outputs[r], "strata_step", joint_donatable, static_cast<int64_t>(replicas)));
-    STRATA_CHECK(programs[r].text == programs[0].text, ConfigError, "[xla] replica ", r,
-                 " recorded another step than replica 0 (", explain_difference(programs[0].text, programs[r].text),
-                 "): every device must record the same ops on the same shapes");
+  }
+  for (size_t r = 1; r < replicas; ++r) {
+    if (programs[r].text == programs[0].text) continue;
+    const std::string how = explain_difference(programs[0].text, programs[r].text);
+    const bool collective = std::any_of(programs.begin(), programs.end(), [](const Program& p) { return p.collective; });
+    if (independent != nullptr && !collective) {
+      *independent = "replica " + std::to_string(r) + " recorded another step than replica 0 (" + how + ")";
+      return {};
+    }
+    throw ConfigError("[xla] replica " + std::to_string(r) + " recorded another step than replica 0 (" + how +
+                      "): every device must record the same ops on the same shapes where the step holds a "
+                      "collective");
   }
   const auto emit_took = Clock::now() - traced;
   if (const char* dir = std::getenv("STRATA_XLA_DUMP_DIR"); dir != nullptr && *dir != '\0') dump_program(dir, programs[0]);

@@ -15,6 +15,7 @@
 // results as device buffers, so no part of a graph runs twice. Syncs are
 // serialised by one mutex. A storage written by another thread while its
 // program ran keeps the newer value (bind_result checks the node).
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -194,14 +195,30 @@ bool run_step(Replication* rep, bool in_scope) {
   for (const auto& members : of_replica) any = any || !members.empty();
   if (any) {
     std::vector<std::vector<lazy::NodePtr>> outputs(of_replica.size());
-    for (size_t r = 0; r < of_replica.size(); ++r) {
-      STRATA_CHECK(of_replica[r].size() == of_replica[0].size(), ConfigError, "[xla] replica ", r, " (xla:",
-                   rep->devices[r], ") has ", of_replica[r].size(), " pending value(s) at the end of the step where "
-                   "replica 0 (xla:", rep->devices[0], ") has ", of_replica[0].size(),
-                   ": every replica must record the same step");
+    for (size_t r = 0; r < of_replica.size(); ++r)
       for (size_t i : of_replica[r]) outputs[r].push_back(values[i].node);
+    std::string independent;
+    std::vector<std::vector<Buffer>> buffers;
+    const auto empty = std::find_if(outputs.begin(), outputs.end(), [](const auto& o) { return o.empty(); });
+    if (empty == outputs.end()) {
+      buffers = rep->executor->run_replicated(outputs, donatable, &independent);
+    } else {
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        STRATA_CHECK(!lazy::has_collective(outputs[r]), ConfigError, "[xla] replica ", r, " (xla:", rep->devices[r],
+                     ") ends a step that holds a collective, but replica ", empty - outputs.begin(), " (xla:",
+                     rep->devices[static_cast<size_t>(empty - outputs.begin())],
+                     ") recorded nothing: every replica must record the same collectives");
+      }
     }
-    std::vector<std::vector<Buffer>> buffers = rep->executor->run_replicated(outputs, donatable);
+    if (buffers.empty()) {
+      // Note [Replicas that record different steps]
+      // Replicas whose steps differ but hold no collective (a rank's own
+      // extra work, a broadcast's source that computed what it sends) need
+      // no peer: each runs its program on its own device.
+      for (size_t r = 0; r < of_replica.size(); ++r)
+        buffers.push_back(outputs[r].empty() ? std::vector<Buffer>{}
+                                             : executor(rep->devices[r]).run(outputs[r], donatable));
+    }
     for (size_t r = 0; r < of_replica.size(); ++r)
       for (size_t k = 0; k < of_replica[r].size(); ++k)
         results[of_replica[r][k]] = std::make_shared<const Buffer>(std::move(buffers[r][k]));

@@ -6,7 +6,10 @@
 // replica group {0..N-1}) and rebinds the tensor to it: nothing runs until
 // the replicas end the step together, and XLA schedules the collective
 // inside the compiled program. A broadcast is an all_gather from which
-// each replica keeps the source's part, so the value arrives bit for bit.
+// each replica keeps the source's part, so the value arrives bit for bit;
+// since the replicas pass in values made differently (the source's
+// computed one, the others' fresh buffers) while their programs must be
+// one text, it runs the step so far first and feeds each replica's buffer.
 // The backend is stream-ordered (Note [Stream-ordered backends] in
 // comm/backend.h): comm::Group calls it on the caller's thread, so a
 // collective records in call order on the thread that recorded its input,
@@ -219,6 +222,14 @@ class ReplicaBackend final : public comm::Backend {
       m.meet(rank_, "broadcast");
       return;
     }
+    // The replicas' programs must be one text, but what each passes in
+    // differs (the source's computed value, the others' fresh buffers): the
+    // step so far runs first (a sync, which every replica reaches here), so
+    // every replica's input is a buffer of its own, fed to the program.
+    sync_pending();
+    LazyBuffer& storage = lazy_buffer(tensor);
+    if (!storage.on_device()) storage.assign(std::make_shared<const std::vector<uint8_t>>(storage.nbytes(), 0),
+                                             lowering::element_type(tensor.scalar_type()));
     record("strata::broadcast", tensor, [&](Recorder& rec) {
       const int64_t n = tensor.numel();
       NodePtr all = lazy::all_gather(rec.reshape(rec.tensor(tensor), {1, n}), 0, shared_->groups);

@@ -15,6 +15,8 @@
 #include "strata/models/gpt.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
+#include "strata/strategies/xla.h"
+#include "strata/xla/device.h"
 #include "support/checks.h"
 #include "support/errors.h"
 #include "support/multiprocess.h"
@@ -35,11 +37,20 @@ using strata::testing::Checks;
 using strata::testing::contains;
 
 // "ddp", "fsdp-sharded", "fsdp-full", "fsdp-sequential" (sharded, local
-// ranks writing one after another).
+// ranks writing one after another); on 2 xla devices, ranks as threads of
+// one process: "xla", "xla_fsdp" (sharded).
+bool on_xla(const std::string& spec) { return spec.rfind("xla", 0) == 0; }
+
 std::shared_ptr<strata::strategies::Strategy> make(const std::string& spec) {
   std::shared_ptr<strata::strategies::Strategy> s;
   if (spec == "ddp") {
     s = std::make_shared<strata::strategies::DDPStrategy>();
+  } else if (spec == "xla") {
+    s = std::make_shared<strata::strategies::XlaStrategy>(strata::strategies::make_accelerator("xla"));
+  } else if (spec == "xla_fsdp") {
+    s = std::make_shared<strata::strategies::XlaFSDPStrategy>(
+        strata::strategies::make_accelerator("xla"), std::nullopt,
+        FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Block"}));
   } else {
     FSDPOptions options;
     options.with_auto_wrap_policy(ModuleTypes{"Block"})
@@ -69,7 +80,9 @@ std::pair<at::Tensor, at::Tensor> batch(int rank, int world) {
 STRATA_WORKER(ckpt_job) {
   const std::string spec = args.at(0), optim_name = args.at(1), load = args.at(2);
   const int steps = std::stoi(args.at(3)), mid = std::stoi(args.at(5));
-  Fabric fabric(FabricOptions().with_strategy(make(spec)));
+  FabricOptions options = FabricOptions().with_strategy(make(spec));
+  if (on_xla(spec)) options.with_accelerator("xla").with_devices(2);
+  Fabric fabric(options);
   fabric.launch([&](Fabric& f) {
     Fabric::seed_everything(load == "-" ? 5 : 77);  // a loaded run starts from other values
     GPT model(config("tiny"));
@@ -88,6 +101,8 @@ STRATA_WORKER(ckpt_job) {
       step = state.at("step").get<int>();
     }
     auto [input, target] = batch(f.global_rank(), f.world_size());
+    input = input.to(f.device());
+    target = target.to(f.device());
     std::vector<double> losses;
     for (int i = 0; i < steps; ++i) {
       at::Tensor loss = model->loss(input, target);
@@ -178,6 +193,51 @@ TEST_F(FSDPCheckpointTest, ResumeEqualsAnUninterruptedRunAcrossWorldSizesLayouts
   EXPECT_TRUE(StateReader::open(path("sharded2")).sharded());
   EXPECT_TRUE(fs::exists(path("sharded2") + "/shard-00001-of-00002.safetensors"));
   EXPECT_FALSE(StateReader::open(path("full2")).sharded());
+}
+
+// The xla strategies write the CPU's checkpoints: xla_fsdp at 2 devices
+// (sharded) resumes as fsdp at 3 CPU workers, whose checkpoint resumes as
+// xla_fsdp at 2 again; xla at 2 resumes as ddp at 2. Each resumed run
+// continues as the uninterrupted one did.
+TEST_F(FSDPCheckpointTest, XlaCheckpointsResumeOnCpuWorkersAndBack) {
+  try {
+    strata::xla::find_plugin();
+  } catch (const strata::ConfigError& e) {
+    GTEST_SKIP() << e.what();
+  }
+  // One process drives both xla devices (its ranks are threads). SGD with
+  // momentum, as above: Adam would turn the rounding noise of the key
+  // bias's zero gradient into steps of random sign.
+  auto xla_job = [&](const std::string& spec, const std::string& load, int steps, const std::string& mid_save,
+                     int mid, const std::string& final_save, const std::string& losses_file) {
+    job(1, spec, "sgd", load, steps, mid_save, mid, final_save, losses_file);
+  };
+  xla_job("xla_fsdp", "-", 6, path("xla_fsdp2"), 3, path("xla-reference-end"), path("xla-reference.losses"));
+  const std::vector<double> reference = losses("xla-reference.losses");
+  ASSERT_EQ(reference.size(), 6u);
+  EXPECT_TRUE(StateReader::open(path("xla_fsdp2")).sharded());
+  EXPECT_TRUE(fs::exists(path("xla_fsdp2") + "/shard-00001-of-00002.safetensors"));
+  // fsdp at 3 CPU workers: steps 4 and 5, saving after step 4.
+  job(3, "fsdp-sharded", "sgd", path("xla_fsdp2"), 2, path("fsdp3"), 1, "-", path("fsdp3.losses"));
+  const std::vector<double> on_cpu = losses("fsdp3.losses");
+  ASSERT_EQ(on_cpu.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(on_cpu[i], reference[3 + i], 1e-4) << "step " << 4 + i << " on the cpu";
+  // Back on xla_fsdp at 2: steps 5 and 6.
+  xla_job("xla_fsdp", path("fsdp3"), 2, "-", 0, path("back"), path("back.losses"));
+  const std::vector<double> back = losses("back.losses");
+  ASSERT_EQ(back.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(back[i], reference[4 + i], 1e-4) << "step " << 5 + i << " back on xla";
+  expect_same_tensors(path("xla-reference-end"), path("back"), 1e-4, "model/");
+  EXPECT_EQ(StateReader::open(path("back")).entries()["step"]["value"], 6);
+
+  // xla at 2 -> ddp at 2.
+  xla_job("xla", "-", 4, path("xla2"), 2, "-", path("xla.losses"));
+  const std::vector<double> xla_reference = losses("xla.losses");
+  job(2, "ddp", "sgd", path("xla2"), 2, "-", 0, "-", path("ddp2.losses"));
+  const std::vector<double> ddp = losses("ddp2.losses");
+  ASSERT_EQ(ddp.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(ddp[i], xla_reference[2 + i], 1e-4) << "step " << 3 + i << " as ddp";
+  EXPECT_FALSE(StateReader::open(path("xla2")).sharded());
 }
 
 // Model and AdamW state survive resharding exactly: saved sharded at 2,

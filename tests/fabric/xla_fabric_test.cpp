@@ -12,8 +12,14 @@
 #include <torch/optim/adamw.h>
 
 #include <chrono>
+#include <filesystem>
+#include <set>
+#include <unistd.h>
 
 #include "strata/core/error.h"
+#include "strata/data/dataset.h"
+#include "strata/data/distributed_sampler.h"
+#include "strata/data/loader.h"
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/xla.h"
 #include "strata/xla/device.h"
@@ -314,6 +320,105 @@ TEST(XlaFabricTest, XlaFsdpStrategyTrainsLikeTheWholeBatchOnTheCpu) {
     EXPECT_GE(m.lowered.count("strata::reduce_scatter"), 1u) << "the gradients are reduce-scattered in the step";
     std::printf("%s\n", strata::xla::summary(m).c_str());
   }
+}
+
+// The seeds' methods on both xla strategies at 2 devices: collectives on
+// xla tensors (recorded into the step) and on objects, barrier, the data
+// loader, clipping, and a checkpoint saved, loaded and removed.
+TEST(XlaFabricTest, EverySeedMethodWorksOnBothXlaStrategies) {
+  if (!have_plugin()) GTEST_SKIP() << "no PJRT plugin found (set STRATA_PJRT_PLUGIN)";
+  strata::xla::init();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("strata-xla-seed-" + std::to_string(::getpid()))).string();
+  for (const std::string spec : {"xla", "xla_fsdp"}) {
+    SCOPED_TRACE(spec);
+    Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(2).with_strategy(spec));
+    fabric.launch([&](Fabric& f) {
+      strata::strategies::Strategy& s = f.strategy();
+      const int r = f.global_rank();
+      EXPECT_EQ(s.name(), spec);
+      EXPECT_EQ(s.root_device(), strata::xla::device(r));
+      EXPECT_EQ(s.world_size(), 2);
+
+      // Collectives on xla tensors.
+      const at::Tensor v = at::full({3}, r + 1.0).to(f.device());
+      at::Tensor gathered = f.all_gather(v);
+      at::Tensor sum = f.all_reduce(v, "sum");
+      at::Tensor mean = s.reduce(v);
+      at::Tensor max = f.all_reduce(v, strata::comm::ReduceOp::kMax);
+      at::Tensor from_one = f.broadcast(at::full({2, 2}, 10.0 * r).to(f.device()), 1);
+      // sync_grads: d(sum over ranks of sum_k w_k x_k)/dx_r = world * w_r.
+      at::Tensor x = at::full({3}, static_cast<double>(r)).to(f.device()).set_requires_grad(true);
+      at::Tensor w = (at::arange(2, at::kFloat) + 1).unsqueeze(1).to(f.device());
+      (f.all_gather(x, /*sync_grads=*/true) * w).sum().backward();
+      strata::xla::mark_step();
+      EXPECT_TRUE(gathered.cpu().equal(at::stack({at::full({3}, 1.0f), at::full({3}, 2.0f)})));
+      EXPECT_TRUE(sum.cpu().equal(at::full({3}, 3.0f)));
+      EXPECT_TRUE(mean.cpu().equal(at::full({3}, 1.5f)));
+      EXPECT_TRUE(max.cpu().equal(at::full({3}, 2.0f)));
+      EXPECT_TRUE(from_one.cpu().equal(at::full({2, 2}, 10.0f)));
+      EXPECT_TRUE(x.grad().cpu().equal(at::full({3}, 2.0f * (r + 1))));
+      // Objects and barriers meet between the ranks' threads.
+      EXPECT_EQ(f.broadcast(std::string(r == 0 ? "from zero" : "x"), 0), "from zero");
+      EXPECT_TRUE(s.reduce_boolean_decision(r == 0, /*all=*/false));
+      EXPECT_FALSE(s.reduce_boolean_decision(r == 0, /*all=*/true));
+      f.barrier("seed methods");
+
+      // The data loader: each rank its half of the examples, on its device.
+      auto dataset = std::make_shared<strata::data::TensorDataset>(at::arange(8, at::kFloat).view({8, 1}),
+                                                                   at::arange(8, at::kFloat).view({8, 1}));
+      strata::data::DistributedSampler sampler(dataset->size(), f.world_size(), r, /*shuffle=*/true, 3);
+      auto loader = f.setup_dataloader(std::make_shared<strata::data::DataLoader>(dataset, sampler, 2, true));
+      std::vector<float> seen;
+      loader->reset();
+      while (auto batch = loader->next()) {
+        EXPECT_EQ(batch->input.device(), f.device());
+        for (int64_t i = 0; i < batch->input.size(0); ++i) seen.push_back(batch->input[i].item<float>());
+      }
+      std::vector<std::vector<float>> all = s.group().all_gather_object(seen);
+      std::set<float> every(all[0].begin(), all[0].end());
+      every.insert(all[1].begin(), all[1].end());
+      EXPECT_EQ(all[0].size(), 4u);
+      EXPECT_EQ(every.size(), 8u) << "the ranks' halves are disjoint and cover the data";
+
+      // A model, its optimizer, clipping, a step.
+      torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.fill_(0.25);
+      }
+      f.setup_module(model);
+      for (const at::Tensor& p : model->parameters()) EXPECT_EQ(p.device(), f.device());
+      torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+      f.setup_optimizer(optimizer);
+      at::Tensor loss = model->forward(at::ones({2, 4}).to(f.device())).pow(2).sum();
+      f.backward(loss);
+      at::Tensor norm = f.clip_gradients(*model.ptr(), optimizer, 1.0);
+      f.clip_gradients(*model.ptr(), optimizer, strata::ClipByValue{0.01});
+      optimizer.step();
+      optimizer.zero_grad();
+      strata::xla::mark_step();
+      EXPECT_GT(norm.item<double>(), 1.0) << "the norm before clipping";
+
+      // Save, load into a fresh model, remove.
+      const std::string path = dir + "/" + spec;
+      f.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 1}});
+      torch::nn::Sequential fresh(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+      f.setup_module(fresh);
+      torch::optim::AdamW fresh_optimizer(fresh->parameters(), torch::optim::AdamWOptions(1e-2));
+      f.setup_optimizer(fresh_optimizer);
+      strata::strategies::State state{{"model", fresh}, {"optimizer", fresh_optimizer}, {"step", 0}};
+      f.load(path, state);
+      EXPECT_EQ(state.at("step").get<int>(), 1);
+      auto a = model->parameters(), b = fresh->parameters();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].cpu().equal(b[i].cpu())) << "parameter " << i;
+      f.barrier();
+      s.remove_checkpoint(path);
+      EXPECT_FALSE(std::filesystem::exists(path));
+    });
+    EXPECT_FALSE(fabric.strategy().launched()) << "teardown after the launched function";
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A rank that fails stops the others at once (not at the collective

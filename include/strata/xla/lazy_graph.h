@@ -82,6 +82,7 @@ struct Program {
   std::vector<NodePtr> outputs;     ///< in result order (as asked)
   size_t ops = 0;                   ///< op nodes emitted
   size_t donated = 0;               ///< buffer parameters donated to the program
+  bool collective = false;          ///< it holds a collective (all_reduce, all_gather, reduce_scatter)
 };
 
 /// Whether the program may consume a buffer parameter (Note [Donating what
@@ -125,6 +126,9 @@ NodePtr all_gather(const NodePtr& x, int64_t dim, const stablehlo::ReplicaGroups
 /// The reduction over the group, split along `dim`: replica i of the group
 /// keeps part i.
 NodePtr reduce_scatter(const NodePtr& x, int64_t dim, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups);
+
+/// True when the graph of `outputs` holds a collective node.
+bool has_collective(const std::vector<NodePtr>& outputs);
 
 /// What differed between the program compiled last and a new one, for a
 /// person: "the shapes" (only tensor types differ), "a constant baked into
@@ -172,8 +176,13 @@ class Executor {
   /// scalars); every replica's program must be the same text (Note
   /// [Collectives in the step]), else ConfigError naming the first replica
   /// that differs and how. Returns the buffers of each replica's outputs.
+  /// With `independent` given, replicas whose programs differ but hold no
+  /// collective (each can run without its peers) are not an error: the
+  /// explanation goes to *independent, nothing runs and the result is
+  /// empty, for the caller to run each replica's program on its own.
   std::vector<std::vector<Buffer>> run_replicated(const std::vector<std::vector<NodePtr>>& outputs,
-                                                  const Donatable& donatable = nullptr);
+                                                  const Donatable& donatable = nullptr,
+                                                  std::string* independent = nullptr);
 
   /// The devices replica 0, 1, ... run on.
   const std::vector<Device>& devices() const { return devices_; }
