@@ -77,6 +77,7 @@
 
 #include "strata/core/error.h"
 #include "strata/fabric/fabric.h"
+#include "strata/strategies/xla.h"
 #include "strata/models/gpt.h"
 #include "strata/models/mlp.h"
 #include "strata/runtime/env.h"
@@ -203,17 +204,24 @@ int64_t full_numel(torch::nn::Module& module, const strata::strategies::FSDPStra
   return total;
 }
 
+bool on_xla(const BenchConfig& c) { return c.strategy.rfind("xla", 0) == 0; }
+
 std::shared_ptr<strata::strategies::Strategy> make_strategy(const BenchConfig& c) {
   using namespace strata::strategies;
-  Precision precision = Precision::parse(c.precision, "cpu");
-  if (c.strategy == "ddp") {
-    return std::make_shared<DDPStrategy>(cpu_accelerator(), precision,
-                                         DDPOptions().with_bucket_cap_mb(c.bucket_cap_mb));
-  }
+  // Note [The xla strategies in the benchmark]: xla and xla_fsdp run the
+  // same code on the xla devices of the PJRT plugin, one process whose
+  // ranks are threads; each step ends with mark_step (the compiled step
+  // runs there, inside the timed region).
+  std::shared_ptr<Accelerator> accelerator = on_xla(c) ? make_accelerator("xla") : cpu_accelerator();
+  Precision precision = Precision::parse(c.precision, accelerator->name());
+  DDPOptions ddp = DDPOptions().with_bucket_cap_mb(c.bucket_cap_mb);
+  if (c.strategy == "ddp") return std::make_shared<DDPStrategy>(accelerator, precision, ddp);
+  if (c.strategy == "xla") return std::make_shared<XlaStrategy>(accelerator, precision, ddp);
   FSDPOptions options;
   options.with_auto_wrap_policy(ModuleTypes{"Block"});
   if (c.activation_checkpointing) options.with_activation_checkpointing_policy({"Block"});
-  return std::make_shared<FSDPStrategy>(cpu_accelerator(), precision, options);
+  if (c.strategy == "xla_fsdp") return std::make_shared<XlaFSDPStrategy>(accelerator, precision, options);
+  return std::make_shared<FSDPStrategy>(accelerator, precision, options);
 }
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -286,8 +294,8 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
 
   auto loss_of = [&](int64_t i) {
     auto autocast = fabric.autocast();  // bf16-mixed: forward and loss under autocast, as the peers
-    const at::Tensor& x = inputs[i % c.pool];
-    const at::Tensor& y = targets[i % c.pool];
+    const at::Tensor x = inputs[i % c.pool].to(fabric.device());
+    const at::Tensor y = targets[i % c.pool].to(fabric.device());
     return gpt ? gpt->loss(x, y) : torch::nn::functional::mse_loss(mlp->forward(x), y);
   };
 
@@ -307,6 +315,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
     fabric.strategy().optimizer_step(optimizer);
     trace.mark(i, "optimizer_step");
     optimizer.zero_grad();
+    fabric.strategy().mark_step();  // on xla: the step runs here
     double t_all = ms_since(start);
     trace.mark(i, "zero_grad");
     last_loss = loss.item<double>();
@@ -376,8 +385,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", c.model, "gpt or mlp (512-2048-512)")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
   app.add_option("--size", c.size, "GPT preset: tiny, small, medium, large")->capture_default_str();
   app.add_option("--seq-len", c.seq_len, "GPT context length (block_size); 0: the preset's")->capture_default_str();
-  app.add_option("--strategy", c.strategy, "ddp, or fsdp (each GPT Block a unit)")
-      ->check(CLI::IsMember({"ddp", "fsdp"}))
+  app.add_option("--strategy", c.strategy,
+                 "ddp, fsdp (each GPT Block a unit), or xla / xla_fsdp (the same on the xla devices of the PJRT "
+                 "plugin, one process)")
+      ->check(CLI::IsMember({"ddp", "fsdp", "xla", "xla_fsdp"}))
       ->capture_default_str();
   app.add_flag("--activation-checkpointing", c.activation_checkpointing, "FSDP: recompute each Block in backward");
   app.add_flag("--sharded-init", c.sharded_init, "FSDP: build the model inside module_sharded_context");
@@ -403,10 +414,13 @@ int main(int argc, char** argv) {
   try {
     STRATA_CHECK(c.threads >= 1 && c.batch >= 1 && c.steps >= 1 && c.warmup >= 0 && c.pool >= 1,
                  ConfigError, "[bench] --threads, --batch, --steps and --pool must be >= 1, --warmup >= 0");
-    STRATA_CHECK(c.strategy == "fsdp" || (!c.activation_checkpointing && !c.sharded_init), ConfigError,
+    STRATA_CHECK(c.strategy == "fsdp" || c.strategy == "xla_fsdp" || (!c.activation_checkpointing && !c.sharded_init),
+                 ConfigError,
                  "[bench] --activation-checkpointing and --sharded-init need --strategy fsdp (got --strategy ",
                  c.strategy, ")");
-    strata::Fabric fabric(strata::FabricOptions().with_devices(c.devices).with_strategy(make_strategy(c)));
+    strata::FabricOptions options = strata::FabricOptions().with_devices(c.devices).with_strategy(make_strategy(c));
+    if (on_xla(c)) options.with_accelerator("xla");
+    strata::Fabric fabric(options);
     nlohmann::json result = fabric.launch([&](strata::Fabric& f) { return run_worker(f, c); });
     // Fabric's own workers end inside launch(); here is either the process
     // that launched them, or every rank of an outside launcher's job.

@@ -9,11 +9,18 @@
 # goes), and with -r N a line per run. docs/benchmarks.md, "One xla device
 # (CPU plugin) beside LibTorch eager", has the figures.
 #
+# With -s it also runs the strategies at 2 devices (bench/bench_ddp.cpp):
+# ddp and fsdp on 2 CPU workers, xla and xla_fsdp on 2 xla devices of the
+# plugin (one process, ranks as threads), the GPT tiny, AdamW, the same
+# batches; a table of median step times, the xla/CPU-worker ratios and
+# each rank's training state.
+#
 # Builds nothing: expects ./build (override with BUILD_DIR=...), built with
-#   cmake --build build --target bench_xla
-# Usage: bench/run_xla.sh [-r REPEATS] [-o DIR] [BENCH_XLA_ARGS...]
+#   cmake --build build --target bench_xla bench_ddp
+# Usage: bench/run_xla.sh [-r REPEATS] [-o DIR] [-s] [BENCH_XLA_ARGS...]
 #   -r N     runs the benchmark N times (default 1)
 #   -o DIR   keeps each run's JSON there (run-<i>.json)
+#   -s       also the strategies at 2 devices (above)
 #   the rest goes to bench_xla: --model-size tiny|small|medium, --steps N
 #   (default 30), --batch, --threads, ... (bench_xla --help)
 # Environment: XLA_FLAGS reaches the plugin (e.g. --xla_cpu_use_onednn=true).
@@ -23,12 +30,14 @@ cd "$(dirname "$0")/.."
 build_dir="${BUILD_DIR:-build}"
 repeats=1
 out_dir=""
+strategies=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -r) repeats="$2"; shift 2 ;;
     -o) out_dir="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -s) strategies=1; shift ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -67,6 +76,30 @@ for i, path in enumerate(sorted(sys.argv[1:], key=lambda p: int(p.rsplit("-", 1)
         continue  # one side alone (--sides)
     print(f"| {i} | {r['eager']['step_ms_median']:.1f} | {r['xla']['step_ms_median']:.1f} | "
           f"{r['ratio_xla_over_eager']:.2f} | {r['load_before']} | {r['load_after']} |")
+PY
+fi
+if [ "$strategies" = 1 ]; then
+  echo
+  echo "strategies at 2 devices (GPT tiny, batch 8 per rank, 20 timed steps after 3); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  for s in ddp xla fsdp xla_fsdp; do
+    timeout 600 "$build_dir/bench/bench_ddp" --strategy "$s" --devices 2 --model gpt --size tiny --batch 8 \
+      --steps 20 --warmup 3 > "$results/strategy-$s.json"
+  done
+  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  python="$STRATA_PYTHON"
+  [ -x "$python" ] || python=python3
+  "$python" - "$results" <<'PY'
+import json, sys
+d = sys.argv[1]
+r = {s: json.loads(open(f"{d}/strategy-{s}.json").read()) for s in ("ddp", "xla", "fsdp", "xla_fsdp")}
+print("| strategy | where | step ms (median) | vs the CPU workers' | state MB per rank | loss after k |")
+print("| --- | --- | --- | --- | --- | --- |")
+for s, peer in (("ddp", None), ("xla", "ddp"), ("fsdp", None), ("xla_fsdp", "fsdp")):
+    x = r[s]
+    where = "2 xla devices, 1 process" if peer else "2 CPU workers"
+    ratio = f"{x['step_ms_median'] / r[peer]['step_ms_median']:.2f}x" if peer else "1"
+    state = ", ".join(f"{v:.2f}" for v in x["memory"]["state"])
+    print(f"| {s} | {where} | {x['step_ms_median']:.1f} | {ratio} | {state} | {x['loss_after_k']:.5f} |")
 PY
 fi
 if [ -n "$out_dir" ]; then

@@ -81,6 +81,8 @@ class XlaAccelerator : public Accelerator {
     ThreadRanks out;
     for (int r = 0; r < ranks; ++r) out.backends.push_back(group->backend(r));
     out.abort = [group](const std::string& reason) { group->abort(reason); };
+    out.steps = [group] { return group->steps(); };
+    out.set_on_wait = [group](std::function<void(int)> on_wait) { group->set_on_wait(std::move(on_wait)); };
     return out;
   }
 };

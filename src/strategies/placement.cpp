@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -144,6 +145,24 @@ nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std
   }
   ThreadRanks ranks = placement.accelerator->thread_ranks(n, placement.collective_timeout);
   if (placement.seed) seed_everything(*placement.seed);
+  // Note [Ranks start one at a time]
+  // The ranks share the process's CPU generator, which a launched function
+  // uses first of all (seed_everything, then the model's initial weights).
+  // So rank r+1 starts only once rank r waits for its peers (its first
+  // collective or step end) or returns: each rank's start runs alone, as
+  // in a process of its own, and every run draws the same numbers.
+  std::mutex turn_mutex;
+  std::condition_variable turn_cv;
+  int turn = 0;  // the rank that may start
+  const auto pass = [&](int r) {
+    {
+      std::lock_guard<std::mutex> lock(turn_mutex);
+      if (turn != r) return;
+      turn = r + 1;
+    }
+    turn_cv.notify_all();
+  };
+  ranks.set_on_wait(pass);
   std::mutex mutex;
   std::exception_ptr first_failure;
   nlohmann::json result;
@@ -159,18 +178,31 @@ nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std
       tls_primary = placement.strategy.get();
       tls_strategy = strategies[static_cast<size_t>(r)].get();
       Strategy& strategy = *tls_strategy;
+      {
+        std::unique_lock<std::mutex> lock(turn_mutex);
+        turn_cv.wait(lock, [&] { return turn >= r; });
+      }
       try {
         strategy.setup_environment();
         nlohmann::json out = call();
+        pass(r);
         strategy.mark_step();  // the last step's collectives run with their peers
         strategy.teardown();
         if (r == 0) result = std::move(out);
       } catch (const std::exception& e) {
+        bool first = false;
         {
           std::lock_guard<std::mutex> lock(mutex);
-          if (!first_failure) first_failure = std::current_exception();
+          first = !first_failure;
+          if (first) first_failure = std::current_exception();
         }
-        ranks.abort("[" + who + "] rank " + std::to_string(r) + " of " + std::to_string(n) + " failed: " + e.what());
+        const std::string report = "[" + who + "] rank " + std::to_string(r) + " of " + std::to_string(n) +
+                                   " failed in step " + std::to_string(ranks.steps()) + " (counting from 0): " +
+                                   e.what();
+        // The first failure is the job's; the others are ranks it stopped.
+        if (first) log::error(report);
+        ranks.abort(report);
+        pass(r);
         try {
           strategy.teardown();
         } catch (const std::exception&) {
@@ -182,6 +214,7 @@ nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std
     });
   }
   for (std::thread& t : threads) t.join();
+  ranks.set_on_wait(nullptr);  // `pass` ends with this call
   if (first_failure) std::rethrow_exception(first_failure);
   return result;
 }

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -148,6 +149,7 @@ struct Replication {
   uint64_t generation = 0;
   std::string error;      // the last generation's failure, for the threads that waited
   std::string aborted;    // why the replicas stopped (abort_replication): every later sync throws it
+  std::function<void(int)> on_wait;  // told a replica is about to wait for its peers (set_on_wait)
 
   int replica_of(int device) const {
     for (size_t r = 0; r < devices.size(); ++r)
@@ -239,6 +241,11 @@ bool sync_replica(Replication& rep, int r) {
   rep.arrived[static_cast<size_t>(r)] = true;
   rep.in_scope = rep.in_scope || recording_depth > 0;
   if (++rep.count < n) {
+    if (rep.on_wait) {
+      lock.unlock();
+      rep.on_wait(r);
+      lock.lock();
+    }
     const auto deadline = std::chrono::steady_clock::now() + rep.timeout;
     while (rep.generation == generation) {
       if (!rep.aborted.empty()) {
@@ -329,6 +336,16 @@ std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, 
   }
   active = rep;
   return rep;
+}
+
+void set_on_wait(Replication& rep, std::function<void(int)> on_wait) {
+  std::lock_guard<std::mutex> lock(rep.mutex);
+  rep.on_wait = std::move(on_wait);
+}
+
+int64_t replicated_steps(Replication& rep) {
+  std::lock_guard<std::mutex> lock(rep.mutex);
+  return static_cast<int64_t>(rep.generation);
 }
 
 void abort_replication(Replication& rep, const std::string& reason) {

@@ -22,6 +22,7 @@
 #include "strata/xla/replicas.h"
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -56,6 +57,11 @@ class Meeting {
       cv_.notify_all();
       return;
     }
+    if (on_wait_) {
+      lock.unlock();
+      on_wait_(rank);
+      lock.lock();
+    }
     if (!aborted_.empty()) {
       arrived_[static_cast<size_t>(rank)] = false;
       --count_;
@@ -74,6 +80,11 @@ class Meeting {
     --count_;
     throw TimeoutError("[xla] " + std::string(what) + " of replica " + std::to_string(rank) + " waited " +
                        std::to_string(timeout_.count()) + " ms for replica(s) " + missing);
+  }
+
+  void set_on_wait(std::function<void(int)> on_wait) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    on_wait_ = std::move(on_wait);
   }
 
   void abort(const std::string& reason) {
@@ -99,6 +110,7 @@ class Meeting {
   size_t count_ = 0;
   uint64_t generation_ = 0;
   std::string aborted_;
+  std::function<void(int)> on_wait_;
 };
 
 class DoneWork final : public comm::Work {
@@ -351,6 +363,13 @@ ReplicaGroup::ReplicaGroup(std::vector<int> devices, std::chrono::milliseconds t
 int ReplicaGroup::size() const { return static_cast<int>(state_->shared->devices.size()); }
 
 const std::vector<int>& ReplicaGroup::devices() const { return state_->shared->devices; }
+
+void ReplicaGroup::set_on_wait(std::function<void(int)> on_wait) {
+  state_->shared->meeting.set_on_wait(on_wait);
+  detail::set_on_wait(*state_->shared->replication, std::move(on_wait));
+}
+
+int64_t ReplicaGroup::steps() const { return detail::replicated_steps(*state_->shared->replication); }
 
 void ReplicaGroup::abort(const std::string& reason) {
   state_->shared->meeting.abort(reason);

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,11 @@ bool sync_pending();
 /// timeout <= 0, or another replication still alive.
 struct Replication;
 std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout);
+/// Calls on_wait(r) whenever replica r is about to wait for its peers at a
+/// step's end (on the waiting thread, with no lock held).
+void set_on_wait(Replication& replication, std::function<void(int)> on_wait);
+/// The syncs the replicas have ended together so far (their steps).
+int64_t replicated_steps(Replication& replication);
 /// Stops the replicas: the syncs waiting, and every later one, throw
 /// CommError(`reason`) (a replica failed; its peers must not wait for it).
 void abort_replication(Replication& replication, const std::string& reason);

@@ -428,13 +428,18 @@ TEST(XlaFabricTest, ARankThatFailsStopsTheOthersAndIsReported) {
   strata::xla::init();
   Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(2).with_strategy("xla"));
   const auto start = std::chrono::steady_clock::now();
+  ::testing::internal::CaptureStderr();
   const std::string error = strata::testing::error_message([&] {
     fabric.launch([&](Fabric& f) {
+      strata::xla::mark_step();  // step 0, ended together
       if (f.global_rank() == 1) throw strata::Error("rank 1 gives up");
       f.barrier("never met");
     });
   });
+  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(error, "rank 1 gives up");
+  EXPECT_NE(log.find("[fabric] rank 1 of 2 failed in step 1 (counting from 0): rank 1 gives up"), std::string::npos)
+      << log;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
 

@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,6 +21,10 @@ namespace strata::strategies {
 struct ThreadRanks {
   std::vector<std::shared_ptr<comm::Backend>> backends;  ///< rank r's collectives, for its thread
   std::function<void(const std::string&)> abort;  ///< stops the ranks that wait for one that failed
+  std::function<int64_t()> steps;  ///< the steps the ranks have ended together so far
+  /// Sets what is called (with the rank) whenever a rank is about to wait
+  /// for its peers.
+  std::function<void(std::function<void(int)>)> set_on_wait;
 };
 
 /// A kind of device.

@@ -16,6 +16,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +49,15 @@ class ReplicaGroup {
   /// and byte transfers) it runs at once between the replicas' threads.
   /// Throws ConfigError for a rank out of range.
   std::shared_ptr<comm::Backend> backend(int rank) const;
+
+  /// Calls on_wait(r) whenever replica r is about to wait for its peers (a
+  /// step's end, a host collective, a barrier), on the waiting thread with
+  /// no lock held (Note [Ranks start one at a time] in placement.cpp).
+  void set_on_wait(std::function<void(int)> on_wait);
+
+  /// The steps the replicas have ended together so far (each mark_step,
+  /// or host read, that all of them reached).
+  int64_t steps() const;
 
   /// Stops the replicas after one failed: every wait for a peer (a step's
   /// end, a host collective, a barrier), now or later, throws
