@@ -184,7 +184,7 @@ class ReplicaBackend final : public comm::Backend {
       return;
     }
     record("strata::all_reduce", tensor, [&](Recorder& rec) {
-      return lazy::all_reduce(rec.tensor(tensor), lowered(op), shared_->groups);
+      return lazy::all_reduce(ordered(rec, rec.tensor(tensor)), lowered(op), shared_->groups);
     });
   }
 
@@ -201,7 +201,7 @@ class ReplicaBackend final : public comm::Backend {
     }
     on_xla(output, "all_gather");
     record("strata::all_gather", output, [&](Recorder& rec) {
-      NodePtr x = rec.reshape(rec.tensor(input), {input.numel()});
+      NodePtr x = rec.reshape(ordered(rec, rec.tensor(input)), {input.numel()});
       return lazy::all_gather(x, 0, shared_->groups);
     });
   }
@@ -220,7 +220,7 @@ class ReplicaBackend final : public comm::Backend {
     }
     on_xla(output, "reduce_scatter");
     record("strata::reduce_scatter", output, [&](Recorder& rec) {
-      NodePtr x = rec.reshape(rec.tensor(input), {input.numel()});
+      NodePtr x = rec.reshape(ordered(rec, rec.tensor(input)), {input.numel()});
       return lazy::reduce_scatter(x, 0, lowered(op), shared_->groups);
     });
   }
@@ -244,7 +244,7 @@ class ReplicaBackend final : public comm::Backend {
                                              lowering::element_type(tensor.scalar_type()));
     record("strata::broadcast", tensor, [&](Recorder& rec) {
       const int64_t n = tensor.numel();
-      NodePtr all = lazy::all_gather(rec.reshape(rec.tensor(tensor), {1, n}), 0, shared_->groups);
+      NodePtr all = lazy::all_gather(rec.reshape(ordered(rec, rec.tensor(tensor)), {1, n}), 0, shared_->groups);
       return rec.slice(all, {src, 0}, {src + 1, n});
     });
   }
@@ -271,7 +271,7 @@ class ReplicaBackend final : public comm::Backend {
     }
     on_xla(output, "all_gather");
     record("strata::all_gather", output, [&](Recorder& rec) {
-      NodePtr rows = lazy::all_gather(rec.reshape(rec.tensor(input), {1, n}), 0, shared_->groups);  // [w, n]
+      NodePtr rows = lazy::all_gather(rec.reshape(ordered(rec, rec.tensor(input)), {1, n}), 0, shared_->groups);  // [w, n]
       std::vector<NodePtr> parts;
       int64_t begin = 0;
       for (int64_t len : segments) {
@@ -297,7 +297,7 @@ class ReplicaBackend final : public comm::Backend {
     }
     on_xla(output, "reduce_scatter");
     record("strata::reduce_scatter", output, [&](Recorder& rec) {
-      NodePtr full = rec.reshape(rec.tensor(input), {w * n});
+      NodePtr full = rec.reshape(ordered(rec, rec.tensor(input)), {w * n});
       std::vector<NodePtr> columns;
       int64_t begin = 0;
       for (int64_t len : segments) {
@@ -333,6 +333,10 @@ class ReplicaBackend final : public comm::Backend {
       {
         Recorder rec(name);
         NodePtr value = collective(rec);
+        {
+          std::lock_guard<std::mutex> lock(token_mutex_);
+          token_ = value;
+        }
         rec.write(target, rec.reshape(value, lowering::vec(out.sizes())));
       }
       if (!target.is_same(out)) out.copy_(target);
@@ -343,8 +347,34 @@ class ReplicaBackend final : public comm::Backend {
     }
   }
 
+  // Note [Collectives in order]
+  // Each collective's input passes through an optimization_barrier with
+  // the result of the replica's previous collective of the step (torch_xla
+  // chains a token the same way). So XLA keeps the collectives in call
+  // order, and two collectives of the same value (FSDP's gather of a unit
+  // before its forward and again before its backward) stay two: the
+  // backward's cannot be merged with the forward's, nor hoisted above the
+  // backward's earlier collectives, which would keep the unit's full
+  // parameters alive from forward to backward. The token is held weakly:
+  // once a step has run, its nodes are gone and the next step starts a
+  // new chain, the same on every replica.
+  NodePtr ordered(Recorder& rec, const NodePtr& x) {
+    NodePtr token;
+    {
+      std::lock_guard<std::mutex> lock(token_mutex_);
+      token = token_.lock();
+    }
+    if (!token) return x;
+    return rec.op("optimization_barrier", {x, token}, x->type(),
+                  [](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+                    return f.optimization_barrier({in[0], in[1]})[0];
+                  });
+  }
+
   std::shared_ptr<ReplicaShared> shared_;
   const int rank_;
+  std::mutex token_mutex_;
+  std::weak_ptr<const lazy::Node> token_;  // the last collective of the step recorded here
 };
 
 }  // namespace

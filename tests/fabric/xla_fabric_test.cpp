@@ -10,9 +10,12 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <unistd.h>
 
@@ -320,6 +323,54 @@ TEST(XlaFabricTest, XlaFsdpStrategyTrainsLikeTheWholeBatchOnTheCpu) {
     EXPECT_GE(m.lowered.count("strata::reduce_scatter"), 1u) << "the gradients are reduce-scattered in the step";
     std::printf("%s\n", strata::xla::summary(m).c_str());
   }
+}
+
+// Note [Collectives in order] in src/xla_device/replicas.cpp: in the
+// compiled step of xla_fsdp, each unit is gathered twice (before its
+// forward and before its backward), and every collective after the first
+// takes its input through an optimization barrier with the one before.
+TEST(XlaFabricTest, XlaFsdpStepKeepsItsGathersApartAndInOrder) {
+  if (!have_plugin()) GTEST_SKIP() << "no PJRT plugin found (set STRATA_PJRT_PLUGIN)";
+  strata::xla::init();
+  namespace fs = std::filesystem;
+  const fs::path dump = fs::temp_directory_path() / ("strata-xla-order-" + std::to_string(::getpid()));
+  fs::create_directories(dump);
+  ::setenv("STRATA_XLA_DUMP_DIR", dump.c_str(), 1);
+  auto options = strata::strategies::FSDPOptions().with_auto_wrap_policy(strata::strategies::ModuleTypes{"Linear"});
+  auto strategy = std::make_shared<strata::strategies::XlaFSDPStrategy>(strata::strategies::make_accelerator("xla"),
+                                                                        std::nullopt, options);
+  Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(2).with_strategy(strategy));
+  fabric.launch([&](Fabric& f) {
+    torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+    f.setup_module(model);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    f.setup_optimizer(optimizer);
+    for (int step = 0; step < 2; ++step) {
+      f.backward(model->forward(at::ones({4, 6}).to(f.device())).sum());
+      optimizer.step();
+      optimizer.zero_grad();
+      strata::xla::mark_step();
+    }
+  });
+  ::unsetenv("STRATA_XLA_DUMP_DIR");
+  auto count = [](const std::string& text, const std::string& what) {
+    int64_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  // The training step: the program with the most gathers.
+  std::string step;
+  for (const auto& entry : fs::directory_iterator(dump)) {
+    if (entry.path().extension() != ".mlir") continue;
+    std::ifstream in(entry.path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (count(text, "stablehlo.all_gather") > count(step, "stablehlo.all_gather")) step = text;
+  }
+  fs::remove_all(dump);
+  const int64_t gathers = count(step, "stablehlo.all_gather");
+  const int64_t collectives = gathers + count(step, "stablehlo.reduce_scatter") + count(step, "stablehlo.all_reduce");
+  EXPECT_EQ(gathers, 4) << "two units, each gathered before its forward and again before its backward";
+  EXPECT_EQ(count(step, "stablehlo.optimization_barrier"), collectives - 1) << step;
 }
 
 // The seeds' methods on both xla strategies at 2 devices: collectives on
