@@ -121,6 +121,29 @@ TEST(XlaFabricTest, SeveralWorkersAndUnsupportedPrecisionsAreRefusedBeforeAnySta
   EXPECT_EQ(pure.param_dtype(), at::kBFloat16);
 }
 
+// Each rank trains `model` on its slice of every batch of x and y
+// ([steps, 8, ...]), marking each step; returns the mean loss of each step
+// over the ranks. Rank 0 notes the compiles after step 2.
+std::vector<double> train_slices(Fabric& f, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
+                                 const at::Tensor& x, const at::Tensor& y, int64_t& compiles_after_step_2) {
+  const int rank = f.global_rank();
+  const int64_t rows = x.size(1) / f.world_size();
+  std::vector<double> losses;
+  for (int64_t step = 0; step < x.size(0); ++step) {
+    at::Tensor xs = x[step].narrow(0, rank * rows, rows).to(f.device());
+    at::Tensor ys = y[step].narrow(0, rank * rows, rows).to(f.device());
+    at::Tensor loss = at::mse_loss(model->forward(xs), ys);
+    f.backward(loss);
+    optimizer.step();
+    optimizer.zero_grad();
+    at::Tensor mean_loss = f.all_reduce(loss.detach(), "mean");
+    strata::xla::mark_step();
+    losses.push_back(mean_loss.item<double>());
+    if (step == 2 && rank == 0) compiles_after_step_2 = strata::xla::metrics().compiles;
+  }
+  return losses;
+}
+
 // The `xla` strategy on 2 and 4 CPU-plugin devices, ranks as threads of
 // this process: every rank trains on its slice of each batch, DDP's buckets
 // reduce the gradients inside the step, and every rank ends with the
@@ -173,19 +196,7 @@ TEST(XlaFabricTest, XlaStrategyTrainsLikeTheWholeBatchOnTheCpu) {
       f.setup_module(model);
       torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
       f.setup_optimizer(optimizer);
-      const int64_t rows = 8 / n;
-      for (int64_t step = 0; step < kSteps; ++step) {
-        at::Tensor xs = x[step].narrow(0, rank * rows, rows).to(f.device());
-        at::Tensor ys = y[step].narrow(0, rank * rows, rows).to(f.device());
-        at::Tensor loss = at::mse_loss(model->forward(xs), ys);
-        f.backward(loss);
-        optimizer.step();
-        optimizer.zero_grad();
-        at::Tensor mean_loss = f.all_reduce(loss.detach(), "mean");
-        strata::xla::mark_step();
-        losses[rank].push_back(mean_loss.item<double>());
-        if (step == 2 && rank == 0) compiles_after_step_2 = strata::xla::metrics().compiles;
-      }
+      losses[rank] = train_slices(f, model, optimizer, x, y, compiles_after_step_2);
       for (const at::Tensor& p : model->parameters()) weights[rank].push_back(p.detach().cpu());
       return losses[rank].front();
     });
@@ -265,19 +276,7 @@ TEST(XlaFabricTest, XlaFsdpStrategyTrainsLikeTheWholeBatchOnTheCpu) {
       f.setup_module(model);
       torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
       f.setup_optimizer(optimizer);
-      const int64_t rows = 8 / n;
-      for (int64_t step = 0; step < kSteps; ++step) {
-        at::Tensor xs = x[step].narrow(0, rank * rows, rows).to(f.device());
-        at::Tensor ys = y[step].narrow(0, rank * rows, rows).to(f.device());
-        at::Tensor loss = at::mse_loss(model->forward(xs), ys);
-        f.backward(loss);
-        optimizer.step();
-        optimizer.zero_grad();
-        at::Tensor mean_loss = f.all_reduce(loss.detach(), "mean");
-        strata::xla::mark_step();
-        losses[rank].push_back(mean_loss.item<double>());
-        if (step == 2 && rank == 0) compiles_after_step_2 = strata::xla::metrics().compiles;
-      }
+      losses[rank] = train_slices(f, model, optimizer, x, y, compiles_after_step_2);
       // Read before any rank's next sync can run (every sync is the ranks'
       // together), so the reads of full parameters below are not counted.
       if (rank == 0) compiles_after_training = strata::xla::metrics().compiles;
@@ -371,6 +370,34 @@ TEST(XlaFabricTest, XlaFsdpStepKeepsItsGathersApartAndInOrder) {
   const int64_t collectives = gathers + count(step, "stablehlo.reduce_scatter") + count(step, "stablehlo.all_reduce");
   EXPECT_EQ(gathers, 4) << "two units, each gathered before its forward and again before its backward";
   EXPECT_EQ(count(step, "stablehlo.optimization_barrier"), collectives - 1) << step;
+}
+
+// XLAStrategy's debug: the ranks check each collective's description
+// against each other's, and report each step's communication.
+TEST(XlaFabricTest, XlaDebugReportsEachStepsCommunication) {
+  if (!have_plugin()) GTEST_SKIP() << "no PJRT plugin found (set STRATA_PJRT_PLUGIN)";
+  strata::xla::init();
+  auto strategy = std::make_shared<strata::strategies::XlaStrategy>(
+      strata::strategies::make_accelerator("xla"), std::nullopt, strata::strategies::DDPOptions().with_debug(true));
+  Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(2).with_strategy(strategy));
+  ::testing::internal::CaptureStderr();
+  fabric.launch([&](Fabric& f) {
+    EXPECT_TRUE(f.strategy().group().debug());
+    torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+    f.setup_module(model);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    f.setup_optimizer(optimizer);
+    for (int step = 0; step < 2; ++step) {
+      f.backward(model->forward(at::ones({4, 6}).to(f.device())).sum());
+      optimizer.step();
+      optimizer.zero_grad();
+      strata::xla::mark_step();
+    }
+  });
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("[xla] step 1 communication: "), std::string::npos) << log;
+  EXPECT_NE(log.find("[xla] step 2 communication: "), std::string::npos) << log;
+  EXPECT_NE(log.find("all_reduce"), std::string::npos) << log;
 }
 
 // The seeds' methods on both xla strategies at 2 devices: collectives on
