@@ -144,6 +144,10 @@ nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std
     strategies.back()->set_collective_timeout(placement.collective_timeout);
   }
   ThreadRanks ranks = placement.accelerator->thread_ranks(n, placement.collective_timeout);
+  std::string devices;
+  for (int r = 0; r < n; ++r) devices += (r ? ", " : "") + placement.accelerator->device(r).str();
+  log::info("[", who, "] the '", placement.accelerator->name(), "' accelerator drives its devices from one process: ",
+            n, " ranks as threads of this one, on ", devices);
   if (placement.seed) seed_everything(*placement.seed);
   // Note [Ranks start one at a time]
   // The ranks share the process's CPU generator, which a launched function

@@ -478,6 +478,29 @@ TEST(XlaFabricTest, EverySeedMethodWorksOnBothXlaStrategies) {
       strata::xla::mark_step();
       EXPECT_GT(norm.item<double>(), 1.0) << "the norm before clipping";
 
+      if (spec == "xla") {
+        // no_backward_sync: each rank keeps its own gradient (of its own
+        // input); the next synchronised backward averages what each rank
+        // accumulated, as PyTorch's DDP does.
+        auto last_grad = [&] { return model->parameters().front().grad().detach().cpu().clone(); };
+        const at::Tensor input = at::full({2, 4}, r + 1.0).to(f.device());
+        {
+          strata::strategies::Scope no_sync = f.no_backward_sync(*model.ptr());
+          f.backward(model->forward(input).sum());
+        }
+        strata::xla::mark_step();
+        const at::Tensor own = last_grad();
+        const std::vector<at::Tensor> owns = f.all_gather(std::vector<at::Tensor>{own.to(f.device())});
+        strata::xla::mark_step();
+        EXPECT_FALSE(owns[0].cpu()[0].equal(owns[0].cpu()[1])) << "each rank kept its own gradient";
+        f.backward(model->forward(input).sum());
+        strata::xla::mark_step();
+        const at::Tensor synced = last_grad();
+        const at::Tensor expected = owns[0].cpu()[0] + owns[0].cpu()[1];  // the mean of 2 x each rank's own
+        EXPECT_TRUE(at::allclose(synced, expected, 1e-5, 1e-6)) << synced << " vs " << expected;
+        optimizer.zero_grad();
+      }
+
       // Save, load into a fresh model, remove.
       const std::string path = dir + "/" + spec;
       f.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 1}});
@@ -516,6 +539,8 @@ TEST(XlaFabricTest, ARankThatFailsStopsTheOthersAndIsReported) {
   });
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(error, "rank 1 gives up");
+  EXPECT_NE(log.find("[fabric] the 'xla' accelerator drives its devices from one process: 2 ranks as threads of "
+                     "this one, on xla:0, xla:1"), std::string::npos) << log;
   EXPECT_NE(log.find("[fabric] rank 1 of 2 failed in step 1 (counting from 0): rank 1 gives up"), std::string::npos)
       << log;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
