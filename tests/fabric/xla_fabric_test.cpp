@@ -121,9 +121,24 @@ TEST(XlaFabricTest, SeveralWorkersAndUnsupportedPrecisionsAreRefusedBeforeAnySta
   EXPECT_EQ(pure.param_dtype(), at::kBFloat16);
 }
 
-// Each rank trains `model` on its slice of every batch of x and y
-// ([steps, 8, ...]), marking each step; returns the mean loss of each step
-// over the ranks. Rank 0 notes the compiles after step 2.
+// One CPU process training `model` with AdamW on every whole batch of x
+// and y ([steps, 8, ...]); returns each step's loss.
+std::vector<double> train_whole_batches(torch::nn::Sequential& model, const at::Tensor& x, const at::Tensor& y) {
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  std::vector<double> losses;
+  for (int64_t step = 0; step < x.size(0); ++step) {
+    at::Tensor loss = at::mse_loss(model->forward(x[step]), y[step]);
+    loss.backward();
+    optimizer.step();
+    optimizer.zero_grad();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+// Each rank trains `model` on its slice of every batch of x and y,
+// marking each step; returns the mean loss of each step over the ranks.
+// Rank 0 notes the compiles after step 2.
 std::vector<double> train_slices(Fabric& f, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
                                  const at::Tensor& x, const at::Tensor& y, int64_t& compiles_after_step_2) {
   const int rank = f.global_rank();
@@ -160,17 +175,7 @@ TEST(XlaFabricTest, XlaStrategyTrainsLikeTheWholeBatchOnTheCpu) {
   for (const at::Tensor& p : reference->parameters()) initial.push_back(p.detach().clone());
   const at::Tensor x = at::randn({kSteps, 8, 6});
   const at::Tensor y = at::randn({kSteps, 8, 3});
-  std::vector<double> cpu_losses;
-  {
-    torch::optim::AdamW optimizer(reference->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-    for (int64_t step = 0; step < kSteps; ++step) {
-      at::Tensor loss = at::mse_loss(reference->forward(x[step]), y[step]);
-      loss.backward();
-      optimizer.step();
-      optimizer.zero_grad();
-      cpu_losses.push_back(loss.item<double>());
-    }
-  }
+  const std::vector<double> cpu_losses = train_whole_batches(reference, x, y);
   for (int n : {2, 4}) {
     SCOPED_TRACE(std::to_string(n) + " devices");
     Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(n).with_strategy("xla"));
@@ -241,17 +246,7 @@ TEST(XlaFabricTest, XlaFsdpStrategyTrainsLikeTheWholeBatchOnTheCpu) {
   }
   const at::Tensor x = at::randn({kSteps, 8, 6});
   const at::Tensor y = at::randn({kSteps, 8, 3});
-  std::vector<double> cpu_losses;
-  {
-    torch::optim::AdamW optimizer(reference->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-    for (int64_t step = 0; step < kSteps; ++step) {
-      at::Tensor loss = at::mse_loss(reference->forward(x[step]), y[step]);
-      loss.backward();
-      optimizer.step();
-      optimizer.zero_grad();
-      cpu_losses.push_back(loss.item<double>());
-    }
-  }
+  const std::vector<double> cpu_losses = train_whole_batches(reference, x, y);
   for (const auto& [n, checkpointed] : std::vector<std::pair<int, bool>>{{2, false}, {4, false}, {2, true}}) {
     SCOPED_TRACE(std::to_string(n) + " devices" + (checkpointed ? ", activation checkpointing" : ""));
     auto options = strata::strategies::FSDPOptions().with_auto_wrap_policy(strata::strategies::ModuleTypes{"Linear"});
