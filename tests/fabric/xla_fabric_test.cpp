@@ -319,6 +319,20 @@ TEST(XlaFabricTest, XlaFsdpStrategyTrainsLikeTheWholeBatchOnTheCpu) {
   }
 }
 
+// Two SGD steps of a small MLP on every rank, each step marked.
+void two_sgd_steps(Fabric& f) {
+  torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  f.setup_module(model);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  f.setup_optimizer(optimizer);
+  for (int step = 0; step < 2; ++step) {
+    f.backward(model->forward(at::ones({4, 6}).to(f.device())).sum());
+    optimizer.step();
+    optimizer.zero_grad();
+    strata::xla::mark_step();
+  }
+}
+
 // Note [Collectives in order] in src/xla_device/replicas.cpp: in the
 // compiled step of xla_fsdp, each unit is gathered twice (before its
 // forward and before its backward), and every collective after the first
@@ -334,18 +348,7 @@ TEST(XlaFabricTest, XlaFsdpStepKeepsItsGathersApartAndInOrder) {
   auto strategy = std::make_shared<strata::strategies::XlaFSDPStrategy>(strata::strategies::make_accelerator("xla"),
                                                                         std::nullopt, options);
   Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(2).with_strategy(strategy));
-  fabric.launch([&](Fabric& f) {
-    torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
-    f.setup_module(model);
-    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
-    f.setup_optimizer(optimizer);
-    for (int step = 0; step < 2; ++step) {
-      f.backward(model->forward(at::ones({4, 6}).to(f.device())).sum());
-      optimizer.step();
-      optimizer.zero_grad();
-      strata::xla::mark_step();
-    }
-  });
+  fabric.launch([&](Fabric& f) { two_sgd_steps(f); });
   ::unsetenv("STRATA_XLA_DUMP_DIR");
   auto count = [](const std::string& text, const std::string& what) {
     int64_t n = 0;
@@ -378,16 +381,7 @@ TEST(XlaFabricTest, XlaDebugReportsEachStepsCommunication) {
   ::testing::internal::CaptureStderr();
   fabric.launch([&](Fabric& f) {
     EXPECT_TRUE(f.strategy().group().debug());
-    torch::nn::Sequential model(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
-    f.setup_module(model);
-    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
-    f.setup_optimizer(optimizer);
-    for (int step = 0; step < 2; ++step) {
-      f.backward(model->forward(at::ones({4, 6}).to(f.device())).sum());
-      optimizer.step();
-      optimizer.zero_grad();
-      strata::xla::mark_step();
-    }
+    two_sgd_steps(f);
   });
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("[xla] step 1 communication: "), std::string::npos) << log;
