@@ -16,18 +16,17 @@
 // serialised by one mutex. A storage written by another thread while its
 // program ran keeps the newer value (bind_result checks the node).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
 
 #include "strata/core/error.h"
 #include "strata/xla/error.h"
-
 #include "strata/xla/lazy_graph.h"
 #include "lazy_buffer.h"
+#include "meeting.h"
 #include "runtime.h"
 
 namespace strata::xla::detail {
@@ -136,20 +135,15 @@ lazy::Donatable donate_unshared() {
 // replica that needs a replica's pending value is refused, since the value
 // runs only with its peers.
 struct Replication {
-  std::vector<int> devices;  // replica r runs on xla:devices[r]
-  std::chrono::milliseconds timeout;
-  lazy::Executor* executor = nullptr;  // owned by executors()
+  Replication(std::vector<int> d, std::chrono::milliseconds timeout)
+      : devices(std::move(d)), meeting(devices.size(), timeout, [this](int k) {
+          return "replica " + std::to_string(k) + " (xla:" + std::to_string(devices[static_cast<size_t>(k)]) + ")";
+        }) {}
 
-  std::mutex mutex;
-  std::condition_variable arrived_cv;
-  std::vector<bool> arrived;
-  size_t count = 0;
-  bool running = false;
-  bool in_scope = false;  // an arrival came from inside a kernel's recording
-  uint64_t generation = 0;
-  std::string error;      // the last generation's failure, for the threads that waited
-  std::string aborted;    // why the replicas stopped (abort_replication): every later sync throws it
-  std::function<void(int)> on_wait;  // told a replica is about to wait for its peers (set_on_wait)
+  std::vector<int> devices;  // replica r runs on xla:devices[r]
+  lazy::Executor* executor = nullptr;  // owned by executors()
+  Meeting meeting;  // the ends of the steps
+  std::atomic<bool> in_scope{false};  // an arrival came from inside a kernel's recording
 
   int replica_of(int device) const {
     for (size_t r = 0; r < devices.size(); ++r)
@@ -230,78 +224,9 @@ bool run_step(Replication* rep, bool in_scope) {
 }
 
 bool sync_replica(Replication& rep, int r) {
-  std::unique_lock<std::mutex> lock(rep.mutex);
-  const size_t n = rep.devices.size();
-  const int device = rep.devices[static_cast<size_t>(r)];
-  STRATA_CHECK(!rep.arrived[static_cast<size_t>(r)], ConfigError, "[xla] two threads ended the step of replica ", r,
-               " (xla:", device, ") at once: each replica's step is recorded by one thread (with xla:", device,
-               " as its current device)");
-  if (!rep.aborted.empty()) throw CommError(rep.aborted);
-  const uint64_t generation = rep.generation;
-  rep.arrived[static_cast<size_t>(r)] = true;
-  rep.in_scope = rep.in_scope || recording_depth > 0;
-  if (++rep.count < n) {
-    if (rep.on_wait) {
-      lock.unlock();
-      rep.on_wait(r);
-      lock.lock();
-    }
-    const auto deadline = std::chrono::steady_clock::now() + rep.timeout;
-    while (rep.generation == generation) {
-      if (!rep.aborted.empty()) {
-        rep.arrived[static_cast<size_t>(r)] = false;
-        --rep.count;
-        throw CommError(rep.aborted);
-      }
-      if (rep.running) {
-        rep.arrived_cv.wait(lock);
-        continue;
-      }
-      if (rep.arrived_cv.wait_until(lock, deadline) == std::cv_status::timeout && rep.generation == generation &&
-          !rep.running && rep.aborted.empty()) {
-        std::vector<int> missing;
-        for (size_t k = 0; k < n; ++k)
-          if (!rep.arrived[k]) missing.push_back(static_cast<int>(k));
-        rep.arrived[static_cast<size_t>(r)] = false;
-        --rep.count;
-        std::string names;
-        for (int k : missing) names += (names.empty() ? "" : ", ") + std::to_string(k) + " (xla:" +
-                                       std::to_string(rep.devices[static_cast<size_t>(k)]) + ")";
-        throw TimeoutError("[xla] replica " + std::to_string(r) + " (xla:" + std::to_string(device) + ") waited " +
-                           std::to_string(rep.timeout.count()) + " ms at the end of a step for replica(s) " + names +
-                           ": every replica must mark the step (and read values) at the same points, or a replica "
-                           "stopped");
-      }
-    }
-    if (!rep.error.empty()) throw Error(rep.error);
-    return false;
-  }
-  // The last to arrive runs the step for all.
-  const bool in_scope = rep.in_scope;
-  rep.running = true;
-  lock.unlock();
+  if (recording_depth > 0) rep.in_scope = true;
   bool ran = false;
-  std::exception_ptr failure;
-  std::string message;
-  try {
-    ran = run_step(&rep, in_scope);
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    message = e.what();
-  } catch (...) {
-    failure = std::current_exception();
-    message = "[xla] the replicated step failed";
-  }
-  lock.lock();
-  std::fill(rep.arrived.begin(), rep.arrived.end(), false);
-  rep.count = 0;
-  rep.in_scope = false;
-  rep.running = false;
-  rep.error = message;
-  ++rep.generation;
-  lock.unlock();
-  rep.arrived_cv.notify_all();
-  if (failure) std::rethrow_exception(failure);
+  rep.meeting.meet(r, "the end of a step", [&] { ran = run_step(&rep, rep.in_scope.exchange(false)); });
   return ran;
 }
 
@@ -323,10 +248,7 @@ std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, 
     throw ConfigError("[xla] the devices " + device_list(other->devices) + " are replicas of a step already; one "
                       "replicated step at a time in a process (end the other strategy, or use its devices)");
   }
-  std::shared_ptr<Replication> rep(new Replication());
-  rep->devices = devices;
-  rep->timeout = timeout;
-  rep->arrived.assign(devices.size(), false);
+  auto rep = std::make_shared<Replication>(devices, timeout);
   {
     auto& e = executors();
     std::lock_guard<std::mutex> executors_lock(e.mutex);
@@ -338,23 +260,7 @@ std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, 
   return rep;
 }
 
-void set_on_wait(Replication& rep, std::function<void(int)> on_wait) {
-  std::lock_guard<std::mutex> lock(rep.mutex);
-  rep.on_wait = std::move(on_wait);
-}
-
-int64_t replicated_steps(Replication& rep) {
-  std::lock_guard<std::mutex> lock(rep.mutex);
-  return static_cast<int64_t>(rep.generation);
-}
-
-void abort_replication(Replication& rep, const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(rep.mutex);
-    if (rep.aborted.empty()) rep.aborted = reason;
-  }
-  rep.arrived_cv.notify_all();
-}
+Meeting& step_ends(Replication& replication) { return replication.meeting; }
 
 bool sync_pending() {
   if (std::shared_ptr<Replication> rep = active_replication()) {

@@ -21,13 +21,13 @@
 // alive until all have read it. A barrier is a meeting.
 #include "strata/xla/replicas.h"
 
-#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
 
 #include "strata/core/error.h"
 #include "lowering.h"
+#include "meeting.h"
 
 namespace strata::xla {
 namespace detail {
@@ -36,82 +36,6 @@ namespace {
 using lowering::NodePtr;
 using lowering::NotLowered;
 using lowering::Recorder;
-
-// Where the replicas' threads meet, for host collectives and barriers.
-class Meeting {
- public:
-  Meeting(size_t size, std::chrono::milliseconds timeout)
-      : size_(size), timeout_(timeout), posted_(size, nullptr), arrived_(size, false) {}
-
-  // Waits until every replica has arrived (TimeoutError naming the ones
-  // missing after the timeout).
-  void meet(int rank, const char* what) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const uint64_t generation = generation_;
-    arrived_[static_cast<size_t>(rank)] = true;
-    if (++count_ == size_) {
-      count_ = 0;
-      std::fill(arrived_.begin(), arrived_.end(), false);
-      ++generation_;
-      lock.unlock();
-      cv_.notify_all();
-      return;
-    }
-    if (on_wait_) {
-      lock.unlock();
-      on_wait_(rank);
-      lock.lock();
-    }
-    if (!aborted_.empty()) {
-      arrived_[static_cast<size_t>(rank)] = false;
-      --count_;
-      throw CommError(aborted_);
-    }
-    if (cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || !aborted_.empty(); })) {
-      if (generation_ != generation) return;
-      arrived_[static_cast<size_t>(rank)] = false;
-      --count_;
-      throw CommError(aborted_);
-    }
-    std::string missing;
-    for (size_t k = 0; k < size_; ++k)
-      if (!arrived_[k]) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
-    arrived_[static_cast<size_t>(rank)] = false;
-    --count_;
-    throw TimeoutError("[xla] " + std::string(what) + " of replica " + std::to_string(rank) + " waited " +
-                       std::to_string(timeout_.count()) + " ms for replica(s) " + missing);
-  }
-
-  void set_on_wait(std::function<void(int)> on_wait) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    on_wait_ = std::move(on_wait);
-  }
-
-  void abort(const std::string& reason) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (aborted_.empty()) aborted_ = reason;
-    }
-    cv_.notify_all();
-  }
-
-  // The tensor each replica posted before the first meeting of a host
-  // collective (read between the two meetings).
-  void post(int rank, const at::Tensor* t) { posted_[static_cast<size_t>(rank)] = t; }
-  const at::Tensor& posted(int rank) const { return *posted_[static_cast<size_t>(rank)]; }
-
- private:
-  const size_t size_;
-  const std::chrono::milliseconds timeout_;
-  std::vector<const at::Tensor*> posted_;  // slot r written by replica r only, before the first meeting
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<bool> arrived_;
-  size_t count_ = 0;
-  uint64_t generation_ = 0;
-  std::string aborted_;
-  std::function<void(int)> on_wait_;
-};
 
 class DoneWork final : public comm::Work {
  public:
@@ -147,11 +71,14 @@ struct ReplicaShared {
   std::vector<int> devices;
   std::chrono::milliseconds timeout;
   std::shared_ptr<Replication> replication;  // Note [Replicas in one process]
-  Meeting meeting;
+  Meeting meeting;  // host collectives and barriers
+  std::vector<const at::Tensor*> posted;  // slot r written by replica r only, before a host collective's first meeting
   stablehlo::ReplicaGroups groups;
 
   ReplicaShared(std::vector<int> d, std::chrono::milliseconds t)
-      : devices(std::move(d)), timeout(t), meeting(devices.size(), t) {
+      : devices(std::move(d)), timeout(t), meeting(devices.size(), t, [this](int k) {
+          return "replica " + std::to_string(k) + " (xla:" + std::to_string(devices[static_cast<size_t>(k)]) + ")";
+        }), posted(devices.size(), nullptr) {
     std::vector<int64_t> all;
     for (size_t r = 0; r < devices.size(); ++r) all.push_back(static_cast<int64_t>(r));
     groups = {all};
@@ -174,12 +101,10 @@ class ReplicaBackend final : public comm::Backend {
 
   void all_reduce(at::Tensor& tensor, comm::ReduceOp op) override {
     if (!on_xla(tensor, "all_reduce")) {
-      Meeting& m = shared_->meeting;
-      m.post(rank_, &tensor);
-      m.meet(rank_, "all_reduce");
-      at::Tensor result = m.posted(0).clone();
-      for (int r = 1; r < size(); ++r) combine(result, m.posted(r), op);
-      m.meet(rank_, "all_reduce");
+      meet_with(&tensor, "a host all_reduce");
+      at::Tensor result = posted(0).clone();
+      for (int r = 1; r < size(); ++r) combine(result, posted(r), op);
+      meet_with(nullptr, "a host all_reduce");
       tensor.copy_(result);
       return;
     }
@@ -190,13 +115,11 @@ class ReplicaBackend final : public comm::Backend {
 
   void all_gather(const at::Tensor& input, at::Tensor& output) override {
     if (!on_xla(input, "all_gather")) {
-      Meeting& m = shared_->meeting;
-      m.post(rank_, &input);
-      m.meet(rank_, "all_gather");
+      meet_with(&input, "a host all_gather");
       const int64_t n = input.numel();
       at::Tensor flat = output.view({-1});
-      for (int r = 0; r < size(); ++r) flat.narrow(0, r * n, n).copy_(m.posted(r).reshape({-1}));
-      m.meet(rank_, "all_gather");
+      for (int r = 0; r < size(); ++r) flat.narrow(0, r * n, n).copy_(posted(r).reshape({-1}));
+      meet_with(nullptr, "a host all_gather");
       return;
     }
     on_xla(output, "all_gather");
@@ -208,13 +131,11 @@ class ReplicaBackend final : public comm::Backend {
 
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, comm::ReduceOp op) override {
     if (!on_xla(input, "reduce_scatter")) {
-      Meeting& m = shared_->meeting;
-      m.post(rank_, &input);
-      m.meet(rank_, "reduce_scatter");
+      meet_with(&input, "a host reduce_scatter");
       const int64_t n = output.numel();
-      at::Tensor result = m.posted(0).reshape({-1}).narrow(0, rank_ * n, n).clone();
-      for (int r = 1; r < size(); ++r) combine(result, m.posted(r).reshape({-1}).narrow(0, rank_ * n, n), op);
-      m.meet(rank_, "reduce_scatter");
+      at::Tensor result = posted(0).reshape({-1}).narrow(0, rank_ * n, n).clone();
+      for (int r = 1; r < size(); ++r) combine(result, posted(r).reshape({-1}).narrow(0, rank_ * n, n), op);
+      meet_with(nullptr, "a host reduce_scatter");
       output.view({-1}).copy_(result);
       return;
     }
@@ -227,11 +148,9 @@ class ReplicaBackend final : public comm::Backend {
 
   void broadcast(at::Tensor& tensor, int src) override {
     if (!on_xla(tensor, "broadcast")) {
-      Meeting& m = shared_->meeting;
-      m.post(rank_, &tensor);
-      m.meet(rank_, "broadcast");
-      if (rank_ != src) tensor.copy_(m.posted(src));
-      m.meet(rank_, "broadcast");
+      meet_with(&tensor, "a host broadcast");
+      if (rank_ != src) tensor.copy_(posted(src));
+      meet_with(nullptr, "a host broadcast");
       return;
     }
     // The replicas' programs must be one text, but what each passes in
@@ -249,7 +168,7 @@ class ReplicaBackend final : public comm::Backend {
     });
   }
 
-  void barrier() override { shared_->meeting.meet(rank_, "barrier"); }
+  void barrier() override { shared_->meeting.meet(rank_, "a barrier"); }
 
   // Note [Segmented layouts] (comm/backend.h): in the step, the gathered
   // rows are cut into the segments and joined (and the reverse before a
@@ -310,6 +229,15 @@ class ReplicaBackend final : public comm::Backend {
   }
 
  private:
+  // A host collective's meetings: the first with this replica's tensor
+  // posted, which the others read until the second (mine: nullptr), so no
+  // input changes or goes while a peer reads it.
+  void meet_with(const at::Tensor* mine, const char* what) {
+    if (mine != nullptr) shared_->posted[static_cast<size_t>(rank_)] = mine;
+    shared_->meeting.meet(rank_, what);
+  }
+  const at::Tensor& posted(int rank) const { return *shared_->posted[static_cast<size_t>(rank)]; }
+
   // True for an xla tensor of this replica's device, false for a CPU one;
   // ConfigError for any other.
   bool on_xla(const at::Tensor& t, const char* op) const {
@@ -396,14 +324,16 @@ const std::vector<int>& ReplicaGroup::devices() const { return state_->shared->d
 
 void ReplicaGroup::set_on_wait(std::function<void(int)> on_wait) {
   state_->shared->meeting.set_on_wait(on_wait);
-  detail::set_on_wait(*state_->shared->replication, std::move(on_wait));
+  detail::step_ends(*state_->shared->replication).set_on_wait(std::move(on_wait));
 }
 
-int64_t ReplicaGroup::steps() const { return detail::replicated_steps(*state_->shared->replication); }
+int64_t ReplicaGroup::steps() const {
+  return static_cast<int64_t>(detail::step_ends(*state_->shared->replication).completed());
+}
 
 void ReplicaGroup::abort(const std::string& reason) {
   state_->shared->meeting.abort(reason);
-  detail::abort_replication(*state_->shared->replication, reason);
+  detail::step_ends(*state_->shared->replication).abort(reason);
 }
 
 std::shared_ptr<comm::Backend> ReplicaGroup::backend(int rank) const {

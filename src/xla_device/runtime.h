@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <cstddef>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,15 +65,11 @@ bool sync_pending();
 /// ConfigError for no device, a device out of range or given twice, a
 /// timeout <= 0, or another replication still alive.
 struct Replication;
+class Meeting;
 std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, std::chrono::milliseconds timeout);
-/// Calls on_wait(r) whenever replica r is about to wait for its peers at a
-/// step's end (on the waiting thread, with no lock held).
-void set_on_wait(Replication& replication, std::function<void(int)> on_wait);
-/// The syncs the replicas have ended together so far (their steps).
-int64_t replicated_steps(Replication& replication);
-/// Stops the replicas: the syncs waiting, and every later one, throw
-/// CommError(`reason`) (a replica failed; its peers must not wait for it).
-void abort_replication(Replication& replication, const std::string& reason);
+/// Where the replicas meet at the end of each step (to abort them, hear
+/// of their waits, count their steps: meeting.h).
+Meeting& step_ends(Replication& replication);
 
 /// Held by each lowered kernel while it records (the Recorder of
 /// lowering.h): a shared hold on the step, so that sync_pending, which takes
