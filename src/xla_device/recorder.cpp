@@ -193,11 +193,10 @@ bool run_step(Replication* rep, bool in_scope) {
     std::vector<std::vector<lazy::NodePtr>> outputs(of_replica.size());
     for (size_t r = 0; r < of_replica.size(); ++r)
       for (size_t i : of_replica[r]) outputs[r].push_back(values[i].node);
-    std::string independent;
     std::vector<std::vector<Buffer>> buffers;
     const auto empty = std::find_if(outputs.begin(), outputs.end(), [](const auto& o) { return o.empty(); });
     if (empty == outputs.end()) {
-      buffers = rep->executor->run_replicated(outputs, donatable, &independent);
+      buffers = rep->executor->run_replicated(outputs, donatable, /*allow_independent=*/true);
     } else {
       for (size_t r = 0; r < outputs.size(); ++r) {
         STRATA_CHECK(!lazy::has_collective(outputs[r]), ConfigError, "[xla] replica ", r, " (xla:", rep->devices[r],

@@ -176,13 +176,13 @@ class Executor {
   /// scalars); every replica's program must be the same text (Note
   /// [Collectives in the step]), else ConfigError naming the first replica
   /// that differs and how. Returns the buffers of each replica's outputs.
-  /// With `independent` given, replicas whose programs differ but hold no
-  /// collective (each can run without its peers) are not an error: the
-  /// explanation goes to *independent, nothing runs and the result is
-  /// empty, for the caller to run each replica's program on its own.
+  /// With `allow_independent`, replicas whose programs differ but hold no
+  /// collective (each can run without its peers) are not an error: nothing
+  /// runs and the result is empty, for the caller to run each replica's
+  /// program on its own.
   std::vector<std::vector<Buffer>> run_replicated(const std::vector<std::vector<NodePtr>>& outputs,
                                                   const Donatable& donatable = nullptr,
-                                                  std::string* independent = nullptr);
+                                                  bool allow_independent = false);
 
   /// The devices replica 0, 1, ... run on.
   const std::vector<Device>& devices() const { return devices_; }
