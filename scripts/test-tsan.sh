@@ -8,7 +8,7 @@
 # whose every frame is inside LibTorch are suppressed
 # (scripts/tsan-suppressions.txt); a race in strata's code still fails.
 # Not part of the README's test command (a third build of the device's
-# sources); run it after changing src/xla_device/ or src/xla/lazy_graph.cpp, lazy_executor.cpp.
+# sources); run it after changing src/xla_device/ or src/xla/lazy_graph.cpp or lazy_executor.cpp.
 # Usage: scripts/test-tsan.sh [gtest filter]
 set -euo pipefail
 cd "$(dirname "$0")/.."
