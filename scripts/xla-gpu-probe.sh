@@ -13,7 +13,10 @@
 #  3. runs the probe with preallocate=false, writing the JSON report;
 #  4. trains GPT small 30 steps on the plugin's device beside LibTorch's
 #     CUDA eager, from the same weights and batches (bench_xla
-#     --eager-device cuda), printing both step times and the compiles.
+#     --eager-device cuda), printing both step times and the compiles;
+#  5. trains GPT small with the `xla` and `xla_fsdp` strategies at world 1
+#     on the plugin's device (bench_ddp --strategy xla|xla_fsdp --devices
+#     1), printing each one's result line.
 # Usage: scripts/xla-gpu-probe.sh [OUT_DIR]   (default: $TMPDIR/strata-xla-gpu-probe)
 # Environment: PYTHON (the Python with jax and torch; default python3),
 #   STRATA_PJRT_PLUGIN (skip the search), CXX (default c++),
@@ -24,7 +27,8 @@
 #   step 4 on a machine without a GPU, with the CPU plugin as
 #   STRATA_PJRT_PLUGIN).
 # Output in OUT_DIR: xla-gpu-probe.json, probe.log, env.txt, and from step
-# 4 xla-gpu-train.json, train.log, bench-build.log.
+# 4 xla-gpu-train.json, train.log, bench-build.log, and from step 5
+# train-xla.log, train-xla_fsdp.log.
 # Exit status: the probe's (0 when every case that ran matched its loop
 # reference), else 1 when the training failed, or 2 when something needed
 # is missing.
@@ -127,7 +131,7 @@ print(torch.utils.cmake_prefix_path)' "$eager_device" 2>&1)"; then
           -DSTRATA_BUILD_TESTS=OFF -DSTRATA_BUILD_BENCH=ON -DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_CUDA_STANDARD=17 ||
           { rm -f "$bench_build/CMakeCache.txt"; exit 1; }
       fi
-      timeout 240 cmake --build "$bench_build" --target bench_xla --parallel "$(nproc)"
+      timeout 240 cmake --build "$bench_build" --target bench_xla bench_ddp --parallel "$(nproc)"
     ) > "$out_dir/bench-build.log" 2>&1 &
     bench_pid=$!
     log "building bench_xla in $bench_build (pid $bench_pid, log $out_dir/bench-build.log)"
@@ -171,6 +175,17 @@ if [ -n "$bench_pid" ]; then
       tail -n 20 "$out_dir/train.log" >&2
       log "training failed (log $out_dir/train.log)"
     fi
+    # 5. The seeds' strategies on one device of the plugin.
+    for strategy in xla xla_fsdp; do
+      if STRATA_PJRT_PLUGIN="$plugin" timeout 120 "$bench_build/bench/bench_ddp" --model gpt --size small \
+        --strategy "$strategy" --devices 1 --steps 10 --warmup 3 > "$out_dir/train-$strategy.log" 2>&1; then
+        log "$strategy at world 1: $(tail -n 1 "$out_dir/train-$strategy.log" | cut -c1-400)"
+      else
+        tail -n 10 "$out_dir/train-$strategy.log" >&2
+        log "$strategy at world 1 failed (log $out_dir/train-$strategy.log)"
+        train_status=1
+      fi
+    done
   else
     grep -E 'error|Error' "$out_dir/bench-build.log" | head -n 20 >&2 || true
     tail -n 10 "$out_dir/bench-build.log" >&2

@@ -82,6 +82,8 @@ class XlaAccelerator : public Accelerator {
     for (int r = 0; r < ranks; ++r) out.backends.push_back(group->backend(r));
     out.abort = [group](const std::string& reason) { group->abort(reason); };
     out.steps = [group] { return group->steps(); };
+    out.pause = [group](bool paused) { group->pause(paused); };
+    out.finish = [group](int rank) { group->finish(rank); };
     out.set_on_wait = [group](std::function<void(int)> on_wait) { group->set_on_wait(std::move(on_wait)); };
     return out;
   }

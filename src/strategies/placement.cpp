@@ -126,29 +126,69 @@ thread_local const detail::ThreadRank* tls_rank = nullptr;
 thread_local Strategy* tls_primary = nullptr;   // the job's strategy (rank 0's)
 thread_local Strategy* tls_strategy = nullptr;  // this thread's rank's
 
+}  // namespace
+
 // Note [Ranks as threads] (strategies/xla.h): one thread per device of
 // this process, each rank with its own strategy (rank 0 the job's own, the
-// others its replicas), environment and collectives. A rank that fails
-// stops the others' waits (abort) and its error is launch()'s; every rank
-// ends its last step and tears its strategy down, so the next launch
-// starts afresh as a worker process's would.
-nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
-                                   const std::function<nlohmann::json()>& call) {
+// others its replicas), environment and collectives.
+struct ThreadRankJob::State {
+  ResolvedPlacement placement;
+  std::string who;
+  std::vector<std::shared_ptr<Strategy>> strategies;
+  std::vector<detail::ThreadRank> ranks;  // each thread's, kept between runs
+  ThreadRanks threads;
+  std::string failure;  // the failed run's report: the job is over
+  bool torn_down = false;
+};
+
+ThreadRankJob::ThreadRankJob(const ResolvedPlacement& placement, std::string who)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.placement = placement;
+  s.who = std::move(who);
   const int n = placement.devices_per_process;
-  STRATA_CHECK(exit == WorkerExit::kAfterCall, ConfigError, "[", who, "] accelerator '",
-               placement.accelerator->name(), "' runs its ", n, " ranks as threads of one process, which the ",
-               who, " does not support yet; train with Fabric, or on one device (devices=1)");
-  std::vector<std::shared_ptr<Strategy>> strategies{placement.strategy};
+  s.strategies.push_back(placement.strategy);
   for (int r = 1; r < n; ++r) {
-    strategies.push_back(placement.strategy->replica());
-    strategies.back()->set_collective_timeout(placement.collective_timeout);
+    s.strategies.push_back(placement.strategy->replica());
+    s.strategies.back()->set_collective_timeout(placement.collective_timeout);
   }
-  ThreadRanks ranks = placement.accelerator->thread_ranks(n, placement.collective_timeout);
+  s.threads = placement.accelerator->thread_ranks(n, placement.collective_timeout);
+  s.threads.pause(true);  // until a run starts the ranks' threads
+  s.ranks.resize(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    detail::ThreadRank& rank = s.ranks[static_cast<size_t>(r)];
+    rank.env.rank = rank.env.local_rank = r;
+    rank.env.world_size = rank.env.local_world_size = n;
+    rank.env.source = "threads";
+    rank.backend = s.threads.backends[static_cast<size_t>(r)];
+  }
   std::string devices;
   for (int r = 0; r < n; ++r) devices += (r ? ", " : "") + placement.accelerator->device(r).str();
-  log::info("[", who, "] the '", placement.accelerator->name(), "' accelerator drives its devices from one process: ",
-            n, " ranks as threads of this one, on ", devices);
+  log::info("[", s.who, "] the '", placement.accelerator->name(),
+            "' accelerator drives its devices from one process: ", n, " ranks as threads of this one, on ", devices);
   if (placement.seed) seed_everything(*placement.seed);
+}
+
+ThreadRankJob::~ThreadRankJob() {
+  try {
+    teardown();
+  } catch (const std::exception& e) {
+    log::error("[", state_->who, "] teardown failed: ", e.what());
+  }
+}
+
+int ThreadRankJob::size() const { return static_cast<int>(state_->strategies.size()); }
+
+const std::shared_ptr<Strategy>& ThreadRankJob::strategy(int rank) const {
+  return state_->strategies.at(static_cast<size_t>(rank));
+}
+
+nlohmann::json ThreadRankJob::run(const std::function<nlohmann::json(int rank)>& call) {
+  State& s = *state_;
+  STRATA_CHECK(s.failure.empty(), Error, "[", s.who, "] the job's ranks stopped after a failure (", s.failure,
+               "); start a new one");
+  STRATA_CHECK(!s.torn_down, Error, "[", s.who, "] the job's ranks were torn down; start a new one");
+  const int n = size();
   // Note [Ranks start one at a time]
   // The ranks share the process's CPU generator, which a launched function
   // uses first of all (seed_everything, then the model's initial weights).
@@ -166,32 +206,31 @@ nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std
     }
     turn_cv.notify_all();
   };
-  ranks.set_on_wait(pass);
+  s.threads.set_on_wait(pass);
+  s.threads.pause(false);
   std::mutex mutex;
   std::exception_ptr first_failure;
   nlohmann::json result;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      detail::ThreadRank rank;
-      rank.env.rank = rank.env.local_rank = r;
-      rank.env.world_size = rank.env.local_world_size = n;
-      rank.env.source = "threads";
-      rank.backend = ranks.backends[static_cast<size_t>(r)];
-      tls_rank = &rank;
-      tls_primary = placement.strategy.get();
-      tls_strategy = strategies[static_cast<size_t>(r)].get();
+      tls_rank = &s.ranks[static_cast<size_t>(r)];
+      tls_primary = s.placement.strategy.get();
+      tls_strategy = s.strategies[static_cast<size_t>(r)].get();
       Strategy& strategy = *tls_strategy;
       {
         std::unique_lock<std::mutex> lock(turn_mutex);
         turn_cv.wait(lock, [&] { return turn >= r; });
       }
       try {
-        strategy.setup_environment();
-        nlohmann::json out = call();
+        // A thread's device is its own (the xla device's replica): set again
+        // on each run's new thread.
+        if (strategy.launched()) set_current_device(s.placement.accelerator->device(r));
+        else strategy.setup_environment();
+        nlohmann::json out = call(r);
         pass(r);
         strategy.mark_step();  // the last step's collectives run with their peers
-        strategy.teardown();
+        s.threads.finish(r);   // a rank that still waits for this one fails at once
         if (r == 0) result = std::move(out);
       } catch (const std::exception& e) {
         bool first = false;
@@ -200,12 +239,16 @@ nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std
           first = !first_failure;
           if (first) first_failure = std::current_exception();
         }
-        const std::string report = "[" + who + "] rank " + std::to_string(r) + " of " + std::to_string(n) +
-                                   " failed in step " + std::to_string(ranks.steps()) + " (counting from 0): " +
+        const std::string report = "[" + s.who + "] rank " + std::to_string(r) + " of " + std::to_string(n) +
+                                   " failed in step " + std::to_string(s.threads.steps()) + " (counting from 0): " +
                                    e.what();
         // The first failure is the job's; the others are ranks it stopped.
-        if (first) log::error(report);
-        ranks.abort(report);
+        if (first) {
+          log::error(report);
+          std::lock_guard<std::mutex> lock(mutex);
+          s.failure = report;
+        }
+        s.threads.abort(report);
         pass(r);
         try {
           strategy.teardown();
@@ -218,8 +261,54 @@ nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std
     });
   }
   for (std::thread& t : threads) t.join();
-  ranks.set_on_wait(nullptr);  // `pass` ends with this call
+  s.threads.set_on_wait(nullptr);  // `pass` ends with this call
+  s.threads.pause(true);           // the caller may use rank 0's device until the next run
   if (first_failure) std::rethrow_exception(first_failure);
+  return result;
+}
+
+void ThreadRankJob::teardown() {
+  State& s = *state_;
+  if (s.torn_down) return;
+  s.torn_down = true;
+  if (!s.failure.empty()) return;  // a failed run tore its ranks down
+  std::exception_ptr failure;
+  std::mutex mutex;
+  std::vector<std::thread> threads;
+  s.threads.pause(false);
+  for (int r = 0; r < size(); ++r) {
+    threads.emplace_back([&, r] {
+      tls_rank = &s.ranks[static_cast<size_t>(r)];
+      tls_primary = s.placement.strategy.get();
+      tls_strategy = s.strategies[static_cast<size_t>(r)].get();
+      try {
+        set_current_device(s.placement.accelerator->device(r));
+        if (tls_strategy->launched()) tls_strategy->teardown();
+      } catch (const std::exception&) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!failure) failure = std::current_exception();
+        s.threads.abort("a rank's teardown failed");
+      }
+      tls_rank = nullptr;
+      tls_primary = tls_strategy = nullptr;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+namespace {
+
+nlohmann::json launch_thread_ranks(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
+                                   const std::function<nlohmann::json()>& call) {
+  STRATA_CHECK(exit == WorkerExit::kAfterCall, ConfigError, "[", who, "] accelerator '",
+               placement.accelerator->name(), "' runs its ", placement.devices_per_process,
+               " ranks as threads of one process: keep the ranks between calls in a ThreadRankJob");
+  // Every rank ends its last step and tears its strategy down, so the next
+  // launch starts afresh as a worker process's would.
+  ThreadRankJob job(placement, who);
+  nlohmann::json result = job.run([&](int) { return call(); });
+  job.teardown();
   return result;
 }
 

@@ -8,6 +8,69 @@
 
 namespace strata::xla::detail {
 
+// Note [Replicas that wait apart]
+// The replicas' threads meet at the ends of steps and at host collectives
+// (two meetings). When every replica waits, but not all at one meeting,
+// none can go on: one reached a collective the others skipped, typically a
+// checkpoint save or a barrier inside `if (rank == 0)`. Likewise a replica
+// waits in vain for one whose thread has ended. Both are errors at once,
+// naming where each replica is, rather than a wait for the collective
+// timeout (30 minutes by default). The party that completes a meeting
+// clears its peers' marks before it goes on, so a peer not yet awake is
+// never counted as waiting.
+WaitBoard::WaitBoard(size_t size, std::function<std::string(int)> name)
+    : name_(std::move(name)), at_(size, nullptr), what_(size), gone_(size, false) {}
+
+std::string WaitBoard::stuck_locked() const {
+  std::string gone, places;
+  size_t waiting = 0;
+  bool apart = false;
+  for (size_t k = 0; k < at_.size(); ++k) {
+    if (gone_[k]) gone += (gone.empty() ? "" : ", ") + name_(static_cast<int>(k));
+    if (at_[k] == nullptr) continue;
+    ++waiting;
+    apart = apart || at_[k] != at_[0] || at_[0] == nullptr;
+    places += (places.empty() ? "" : ", ") + name_(static_cast<int>(k)) + " at " + what_[k];
+  }
+  const std::string advice =
+      ": every rank must reach each collective (a checkpoint save, a barrier, a read of a device value) at the "
+      "same point of its code; a collective inside `if (rank == 0)` is the usual cause";
+  if (!gone.empty() && waiting > 0)
+    return "[xla] " + places + " waits for " + gone + ", whose work has ended" + advice;
+  if (waiting == at_.size() && apart)
+    return "[xla] the replicas wait at different points and none can go on: " + places + advice;
+  return "";
+}
+
+std::string WaitBoard::wait(int rank, const Meeting* meeting, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  at_[static_cast<size_t>(rank)] = meeting;
+  what_[static_cast<size_t>(rank)] = what;
+  return stuck_locked();
+}
+
+void WaitBoard::done(int rank, const Meeting* meeting) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (at_[static_cast<size_t>(rank)] == meeting) at_[static_cast<size_t>(rank)] = nullptr;
+}
+
+void WaitBoard::release(const Meeting* meeting) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Meeting*& at : at_)
+    if (at == meeting) at = nullptr;
+}
+
+std::string WaitBoard::leave(int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  gone_[static_cast<size_t>(rank)] = true;
+  return stuck_locked();
+}
+
+void WaitBoard::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::fill(gone_.begin(), gone_.end(), false);
+}
+
 Meeting::Meeting(size_t size, std::chrono::milliseconds timeout, std::function<std::string(int)> name)
     : size_(size), timeout_(timeout), name_(std::move(name)), arrived_(size, false) {}
 
@@ -36,6 +99,7 @@ void Meeting::meet(int rank, const std::string& what, const std::function<void()
         message = "[xla] the work of " + what + " failed";
       }
     }
+    if (board_) board_->release(this);
     lock.lock();
     std::fill(arrived_.begin(), arrived_.end(), false);
     count_ = 0;
@@ -47,14 +111,18 @@ void Meeting::meet(int rank, const std::string& what, const std::function<void()
     if (failure) std::rethrow_exception(failure);
     return;
   }
-  if (on_wait_) {
+  if (on_wait_ || board_) {
+    const std::function<void(int)> on_wait = on_wait_;
     lock.unlock();
-    on_wait_(rank);
+    if (on_wait) on_wait(rank);
+    const std::string stuck = board_ ? board_->wait(rank, this, what) : std::string();
+    if (!stuck.empty()) abort_all_(stuck);  // Note [Replicas that wait apart]
     lock.lock();
   }
   const auto leave = [&] {
     arrived_[me] = false;
     --count_;
+    if (board_) board_->done(rank, this);
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (generation_ == generation) {
@@ -91,6 +159,12 @@ void Meeting::abort(const std::string& reason) {
 void Meeting::set_on_wait(std::function<void(int)> on_wait) {
   std::lock_guard<std::mutex> lock(mutex_);
   on_wait_ = std::move(on_wait);
+}
+
+void Meeting::set_board(std::shared_ptr<WaitBoard> board, std::function<void(const std::string&)> abort_all) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  board_ = std::move(board);
+  abort_all_ = std::move(abort_all);
 }
 
 uint64_t Meeting::completed() const {

@@ -7,11 +7,44 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace strata::xla::detail {
+
+class Meeting;
+
+/// Where the parties of several meetings wait (Note [Replicas that wait
+/// apart] in meeting.cpp): a wait that can never end is an error at once,
+/// not a timeout. Thread-safe.
+class WaitBoard {
+ public:
+  WaitBoard(size_t size, std::function<std::string(int)> name);
+  /// Party `rank` is about to wait at `what` of `meeting`: the message of
+  /// a wait that cannot end (every party waits, not all at one meeting; or
+  /// a party has left), or "".
+  std::string wait(int rank, const Meeting* meeting, const std::string& what);
+  /// Party `rank` waits at `meeting` no more (it left the wait).
+  void done(int rank, const Meeting* meeting);
+  /// `meeting` completed: its parties wait there no more.
+  void release(const Meeting* meeting);
+  /// Party `rank` has left for good (its thread ended): a party that waits
+  /// for it now or later fails at once with the returned message ("" when
+  /// none waits now).
+  std::string leave(int rank);
+  /// Every party is back (a new run of their threads).
+  void reset();
+
+ private:
+  std::string stuck_locked() const;
+  const std::function<std::string(int)> name_;
+  mutable std::mutex mutex_;
+  std::vector<const Meeting*> at_;      // where each party waits (null: not waiting)
+  std::vector<std::string> what_;
+  std::vector<bool> gone_;
+};
 
 /// A barrier of `size` parties that meet again and again: a timeout that
 /// names who is missing, an abort that ends every wait, and work the last
@@ -38,6 +71,9 @@ class Meeting {
   void set_on_wait(std::function<void(int)> on_wait);
   /// The meetings completed so far.
   uint64_t completed() const;
+  /// Reports each wait to `board`, shared with the parties' other meetings
+  /// (Note [Replicas that wait apart]); a wait that cannot end aborts them.
+  void set_board(std::shared_ptr<WaitBoard> board, std::function<void(const std::string&)> abort_all);
 
  private:
   const size_t size_;
@@ -52,6 +88,8 @@ class Meeting {
   std::string error_;     // the last meeting's failure of `last`
   std::string aborted_;
   std::function<void(int)> on_wait_;
+  std::shared_ptr<WaitBoard> board_;
+  std::function<void(const std::string&)> abort_all_;
 };
 
 }  // namespace strata::xla::detail

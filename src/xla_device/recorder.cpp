@@ -144,6 +144,7 @@ struct Replication {
   lazy::Executor* executor = nullptr;  // owned by executors()
   Meeting meeting;  // the ends of the steps
   std::atomic<bool> in_scope{false};  // an arrival came from inside a kernel's recording
+  std::atomic<bool> paused{false};    // Note [Paused replicas]
 
   int replica_of(int device) const {
     for (size_t r = 0; r < devices.size(); ++r)
@@ -157,9 +158,18 @@ namespace {
 std::mutex replication_mutex;
 std::weak_ptr<Replication> active;  // at most one at a time, owned by its ReplicaGroup
 
+// Note [Paused replicas]
+// Between two runs of the replicas' threads (a Trainer's calls: Note [The
+// Trainer's ranks as threads] in trainer/trainer.h) nobody records a
+// replicated step, and the caller may use a replica's device as a device
+// of its own: rank 0's model after fit, on the calling thread. So a paused
+// replication makes no sync a collective; its devices run one program per
+// device, as without a replication. What the pause left pending runs, per
+// device, before the replicas resume, so their next steps start even.
 std::shared_ptr<Replication> active_replication() {
   std::lock_guard<std::mutex> lock(replication_mutex);
-  return active.lock();
+  std::shared_ptr<Replication> rep = active.lock();
+  return rep && !rep->paused ? rep : nullptr;
 }
 
 std::string device_list(const std::vector<int>& devices) {
@@ -260,6 +270,16 @@ std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, 
 }
 
 Meeting& step_ends(Replication& replication) { return replication.meeting; }
+
+void pause_replication(Replication& replication, bool paused) {
+  if (!paused && replication.paused) sync_pending();  // while still paused: per device
+  replication.paused = paused;
+}
+
+bool is_replica_device(c10::DeviceIndex index) {
+  std::shared_ptr<Replication> rep = active_replication();
+  return rep && rep->replica_of(index) >= 0;
+}
 
 bool sync_pending() {
   if (std::shared_ptr<Replication> rep = active_replication()) {

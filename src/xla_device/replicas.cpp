@@ -83,7 +83,20 @@ struct ReplicaShared {
     for (size_t r = 0; r < devices.size(); ++r) all.push_back(static_cast<int64_t>(r));
     groups = {all};
     replication = start_replication(devices, timeout);
+    // Note [Replicas that wait apart] (meeting.cpp): the two meetings' waits
+    // on one board.
+    board = std::make_shared<WaitBoard>(devices.size(), [this](int k) {
+      return "replica " + std::to_string(k) + " (xla:" + std::to_string(devices[static_cast<size_t>(k)]) + ")";
+    });
+    Meeting* steps = &step_ends(*replication);
+    const auto abort_all = [this, steps](const std::string& reason) {
+      meeting.abort(reason);
+      steps->abort(reason);
+    };
+    meeting.set_board(board, abort_all);
+    steps->set_board(board, abort_all);
   }
+  std::shared_ptr<WaitBoard> board;
 };
 
 namespace {
@@ -329,6 +342,18 @@ void ReplicaGroup::set_on_wait(std::function<void(int)> on_wait) {
 
 int64_t ReplicaGroup::steps() const {
   return static_cast<int64_t>(detail::step_ends(*state_->shared->replication).completed());
+}
+
+void ReplicaGroup::pause(bool paused) {
+  if (!paused) state_->shared->board->reset();
+  detail::pause_replication(*state_->shared->replication, paused);
+}
+
+void ReplicaGroup::finish(int rank) {
+  STRATA_CHECK(rank >= 0 && rank < size(), ConfigError, "[xla] replica ", rank, " does not exist: the group has ",
+               size());
+  const std::string stuck = state_->shared->board->leave(rank);
+  if (!stuck.empty()) abort(stuck);
 }
 
 void ReplicaGroup::abort(const std::string& reason) {

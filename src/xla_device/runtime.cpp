@@ -324,12 +324,20 @@ std::mutex checks_mutex;
 std::vector<DeferredCheck> checks;
 
 // The checks check_after_step registered, read once the step has run (a
-// download each; a failing one throws).
+// download each; a failing one throws). A replica's checks are its own
+// thread's (Note [Replicas in one process] in recorder.cpp): another
+// replica's step may not have run yet, and only its thread may read it.
 void run_deferred_checks() {
+  const c10::DeviceIndex here = current_device();
   std::vector<DeferredCheck> due;
   {
     std::lock_guard<std::mutex> lock(checks_mutex);
-    due.swap(checks);
+    std::vector<DeferredCheck> others;
+    for (DeferredCheck& check : checks) {
+      const c10::DeviceIndex device = check.ok.device().index();
+      (device == here || !is_replica_device(device) ? due : others).push_back(std::move(check));
+    }
+    checks.swap(others);
   }
   for (const DeferredCheck& check : due) {
     if (!check.ok.cpu().item<bool>()) throw Error(check.message);

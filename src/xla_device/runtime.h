@@ -58,6 +58,9 @@ std::shared_ptr<const Client> shared_client();
 /// one process]). A no-op when nothing is pending; true when this call ran
 /// a program (on a replica, the call that ran it for all).
 bool sync_pending();
+/// True when xla:`index` is a replica of the running replicated step
+/// (recorder.cpp): its values are its own thread's to run and read.
+bool is_replica_device(c10::DeviceIndex index);
 
 /// Makes xla:devices[r] replica r of one replicated step (Note [Replicas
 /// in one process] in recorder.cpp) while the returned object lives; a
@@ -70,6 +73,8 @@ std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, 
 /// Where the replicas meet at the end of each step (to abort them, hear
 /// of their waits, count their steps: meeting.h).
 Meeting& step_ends(Replication& replication);
+/// Note [Paused replicas] (recorder.cpp).
+void pause_replication(Replication& replication, bool paused);
 
 /// Held by each lowered kernel while it records (the Recorder of
 /// lowering.h): a shared hold on the step, so that sync_pending, which takes

@@ -535,4 +535,42 @@ TEST(XlaFabricTest, ARankThatFailsStopsTheOthersAndIsReported) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
 
+// Lightning's XLA complaint: a save inside `if (rank == 0)` hangs. Here
+// the ranks wait at different points, which fails every rank at once
+// (Note [Replicas that wait apart] in src/xla_device/meeting.cpp), on
+// both strategies.
+TEST(XlaFabricTest, ASaveThatOnlyRankZeroReachesFailsAtOnceInsteadOfHanging) {
+  if (!have_plugin()) GTEST_SKIP() << "no PJRT plugin found (set STRATA_PJRT_PLUGIN)";
+  strata::xla::init();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("strata-xla-save-" + std::to_string(::getpid()))).string();
+  for (const std::string spec : {"xla", "xla_fsdp"}) {
+    SCOPED_TRACE(spec);
+    Fabric fabric(FabricOptions()
+                      .with_accelerator("xla")
+                      .with_devices(2)
+                      .with_strategy(spec)
+                      .with_collective_timeout(std::chrono::minutes(10)));
+    ::testing::internal::CaptureStderr();
+    const std::string error = strata::testing::error_message([&] {
+      fabric.launch([&](Fabric& f) {
+        torch::nn::Sequential model(torch::nn::Linear(4, 2));
+        f.setup_module(model);
+        strata::xla::mark_step();
+        strata::strategies::State state{{"model", model}, {"step", 1}};
+        if (f.global_rank() == 0) f.save(dir + "/" + spec, state);
+        f.barrier("after the save");
+      });
+    });
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(error.find("every rank must reach each collective (a checkpoint save, a barrier, a read of a device "
+                         "value) at the same point of its code; a collective inside `if (rank == 0)` is the usual "
+                         "cause"),
+              std::string::npos)
+        << error << "\n" << log;
+    EXPECT_NE(log.find(" of 2 failed in step "), std::string::npos) << log;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace

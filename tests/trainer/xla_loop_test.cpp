@@ -22,18 +22,6 @@ namespace {
 
 using namespace strata::testing;
 
-// Before the process's first backward (docs/xla.md): autograd counts each
-// device's threads once, at its first backward.
-bool start_xla() {
-  try {
-    strata::xla::find_plugin();
-  } catch (const strata::ConfigError&) {
-    return false;
-  }
-  strata::xla::init();
-  return true;
-}
-
 /// A regression MLP that logs its loss and a statistic of its batch.
 class Mlp : public strata::TrainModule {
  public:

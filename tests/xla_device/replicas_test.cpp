@@ -282,4 +282,42 @@ TEST_F(XlaReplicasTest, RefusesWhatCannotBeReplicated) {
   }
 }
 
+// Note [Replicas that wait apart]: a collective only some replicas reach
+// (a barrier or a save inside `if (rank == 0)`) fails at once on every
+// replica, naming where each waits, instead of waiting out the timeout.
+TEST_F(XlaReplicasTest, ReplicasThatWaitApartFailAtOnceSayingWhere) {
+  ReplicaGroup replicas({0, 1}, std::chrono::minutes(10));
+  const std::vector<std::string> errors = on_replicas(replicas, [&](int r) {
+    Group group(replicas.backend(r));
+    if (r == 0) group.barrier();           // only rank 0 reaches it
+    else strata::xla::mark_step();         // rank 1 ends its step
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("[xla] the replicas wait at different points and none can go on: replica 0 (xla:0) "
+                             "at a barrier, replica 1 (xla:1) at the end of a step: every rank must reach each "
+                             "collective"),
+              std::string::npos)
+        << "replica " << r << ": " << errors[r];
+  }
+}
+
+TEST_F(XlaReplicasTest, AReplicaThatWaitsForOneWhoseWorkEndedFailsAtOnce) {
+  ReplicaGroup replicas({0, 1}, std::chrono::minutes(10));
+  std::atomic<bool> finished{false};
+  const std::vector<std::string> errors = on_replicas(replicas, [&](int r) {
+    Group group(replicas.backend(r));
+    if (r == 1) {
+      replicas.finish(1);
+      finished = true;
+      return;
+    }
+    while (!finished) std::this_thread::yield();
+    group.barrier();
+  });
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(errors[0].find("[xla] replica 0 (xla:0) at a barrier waits for replica 1 (xla:1), whose work has ended"),
+            std::string::npos)
+      << errors[0];
+}
+
 }  // namespace

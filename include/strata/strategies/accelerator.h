@@ -22,6 +22,12 @@ struct ThreadRanks {
   std::vector<std::shared_ptr<comm::Backend>> backends;  ///< rank r's collectives, for its thread
   std::function<void(const std::string&)> abort;  ///< stops the ranks that wait for one that failed
   std::function<int64_t()> steps;  ///< the steps the ranks have ended together so far
+  /// Pauses the ranks' collectives between runs of their threads, so the
+  /// calling thread may use their devices (Note [Paused replicas]), or
+  /// resumes them.
+  std::function<void(bool)> pause;
+  /// Rank r's thread ended its call: a rank that waits for it fails at once.
+  std::function<void(int)> finish;
   /// Sets what is called (with the rank) whenever a rank is about to wait
   /// for its peers.
   std::function<void(std::function<void(int)>)> set_on_wait;

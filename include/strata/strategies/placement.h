@@ -135,6 +135,37 @@ enum class WorkerExit {
 nlohmann::json launch(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
                       const std::function<nlohmann::json()>& call);
 
+/// The ranks of a job whose accelerator drives its devices from one process
+/// (Note [Ranks as threads] in strategies/xla.h), as threads of this one:
+/// rank 0 on the placement's strategy, rank r on a replica of it. Each
+/// run() starts the ranks' threads, one at a time (Note [Ranks start one
+/// at a time] in placement.cpp), calls `call(r)` on rank r's thread and
+/// returns rank 0's result; a rank that fails stops the others, its error
+/// is run()'s, and the job is over. The ranks keep their environments
+/// (collectives, set-up modules) from one run to the next until teardown()
+/// or the destructor: launch() makes one for a call (Fabric), the Trainer
+/// one for all its calls (WorkerExit::kContinue).
+class ThreadRankJob {
+ public:
+  /// Logs which devices the ranks drive; seeds when the placement has a
+  /// seed. Starts no thread.
+  ThreadRankJob(const ResolvedPlacement& placement, std::string who);
+  ~ThreadRankJob();
+  ThreadRankJob(const ThreadRankJob&) = delete;
+  ThreadRankJob& operator=(const ThreadRankJob&) = delete;
+
+  int size() const;
+  /// Rank r's strategy (rank 0: the placement's own).
+  const std::shared_ptr<Strategy>& strategy(int rank) const;
+  nlohmann::json run(const std::function<nlohmann::json(int rank)>& call);
+  /// Tears every rank's strategy down, on its thread; then runs nothing.
+  void teardown();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 /// The strategy a call on this thread goes through: the rank's own when
 /// launch() started this thread as one of the ranks of `primary`'s job
 /// (Note [Ranks as threads] in strategies/xla.h), else `primary`.

@@ -11,7 +11,9 @@
 // strategy of its own (Strategy::replica()) whose environment is rank r of
 // the devices, and Fabric's calls on a rank's thread go to that rank's
 // strategy. Build the model, the optimizer and the data inside the launched
-// function, as each worker process would.
+// function, as each worker process would. The Trainer gives each rank a
+// Trainer and a module of its own (Note [The Trainer's ranks as threads]
+// in trainer/trainer.h).
 #pragma once
 
 #include "strata/strategies/ddp.h"

@@ -59,6 +59,20 @@ class ReplicaGroup {
   /// or host read, that all of them reached).
   int64_t steps() const;
 
+  /// Pauses the group between runs of the replicas' threads, or resumes
+  /// it (Note [Paused replicas] in src/xla_device/recorder.cpp): while
+  /// paused, no sync is a collective, and any thread may use the replicas'
+  /// devices one at a time. Resuming first runs what the pause left
+  /// pending.
+  void pause(bool paused);
+
+  /// Replica `rank`'s thread has ended its work (until the next resume):
+  /// a replica that waits for it, now or later, fails at once with a
+  /// CommError naming both (Note [Replicas that wait apart] in
+  /// src/xla_device/meeting.cpp). Replicas that wait at different points
+  /// where none can go on fail the same way.
+  void finish(int rank);
+
   /// Stops the replicas after one failed: every wait for a peer (a step's
   /// end, a host collective, a barrier), now or later, throws
   /// CommError(`reason`) instead of waiting for the timeout.

@@ -1,0 +1,202 @@
+// The Trainer on several xla devices of XLA's CPU plugin: the ranks are
+// threads of the test process (Note [The Trainer's ranks as threads] in
+// strata/trainer/trainer.h), each with its own Trainer, module and
+// callbacks. `xla` and `xla_fsdp` at 2 devices train the tiny GPT as one
+// process does on the whole batch, their checkpoints load on the CPU, and
+// what cannot be copied for the other ranks is refused with a message.
+// Each test skips, saying so, without a plugin.
+#include <gtest/gtest.h>
+
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+
+#include "strata/xla/device.h"
+#include "support/errors.h"
+#include "trainer_util.h"
+
+namespace {
+
+using namespace strata::testing;
+
+/// Each rank's parameters at the end of fit, on the CPU: the copies of
+/// this callback share one record.
+class RankParameters : public strata::trainer::Callback {
+ public:
+  struct Record {
+    std::mutex mutex;
+    std::map<int, std::vector<at::Tensor>> by_rank;
+  };
+  explicit RankParameters(std::shared_ptr<Record> record = std::make_shared<Record>()) : record(std::move(record)) {}
+  std::string state_key() const override { return "RankParameters"; }
+  strata::trainer::CallbackPtr replica() const override { return std::make_shared<RankParameters>(record); }
+  void on_train_end(strata::Trainer& trainer, strata::TrainModule& module) override {
+    std::vector<at::Tensor> values;
+    for (const at::Tensor& p : module.parameters()) values.push_back(p.detach().cpu());
+    std::lock_guard<std::mutex> lock(record->mutex);
+    record->by_rank[trainer.global_rank()] = std::move(values);
+  }
+  std::shared_ptr<Record> record;
+};
+
+struct FitRun {
+  std::vector<double> losses;  // each batch's, averaged over the ranks
+  std::vector<double> epoch_losses;
+  double val_loss = NAN;
+  int64_t global_step = 0;
+  std::map<int, std::vector<at::Tensor>> parameters;
+  std::string checkpoint;  // saved after fit, from the calling thread
+};
+
+strata::DataSource train_data() {
+  return strata::DataSource(gpt_dataset(32), strata::DataOptions().with_batch_size(8));
+}
+strata::DataSource val_data() { return strata::DataSource(gpt_dataset(16), strata::DataOptions().with_batch_size(8)); }
+
+FitRun fit(const std::string& accelerator, const std::string& strategy, int devices, const std::string& folder) {
+  at::manual_seed(7);
+  auto module = std::make_shared<LitGPT>();
+  auto losses = std::make_shared<LossRecorder>();
+  auto parameters = std::make_shared<RankParameters>();
+  strata::Trainer trainer(strata::TrainerOptions()
+                              .with_accelerator(accelerator)
+                              .with_devices(devices)
+                              .with_strategy(strategy)
+                              .with_max_epochs(2)
+                              .with_enable_progress_bar(false)
+                              .with_enable_checkpointing(false)
+                              .with_callbacks({losses, parameters}));
+  trainer.fit(module, train_data(), val_data());
+  FitRun run{losses->losses, losses->epoch_losses, trainer.callback_metrics().at("val_loss"), trainer.global_step(),
+          parameters->record->by_rank, folder + "/end"};
+  trainer.save_checkpoint(run.checkpoint);
+  return run;
+}
+
+double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+void expect_like_the_cpu(const FitRun& xla, const FitRun& cpu) {
+  ASSERT_EQ(cpu.losses.size(), 8u);
+  ASSERT_EQ(xla.losses.size(), cpu.losses.size());
+  EXPECT_EQ(xla.global_step, cpu.global_step);
+  // XLA's CPU kernels order their sums their own way: f32 rounding per
+  // step, carried on by the momentum (Note [GPT tolerances] in
+  // tests/xla_device/gpt_test.cpp).
+  EXPECT_LE(relative(xla.losses.front(), cpu.losses.front()), 1e-5);
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_LE(relative(xla.losses[i], cpu.losses[i]), 1e-3) << "step " << i + 1;
+  ASSERT_EQ(xla.epoch_losses.size(), cpu.epoch_losses.size());
+  for (size_t i = 0; i < cpu.epoch_losses.size(); ++i)
+    EXPECT_LE(relative(xla.epoch_losses[i], cpu.epoch_losses[i]), 1e-3) << "epoch " << i;
+  EXPECT_LE(relative(xla.val_loss, cpu.val_loss), 1e-3);
+}
+
+// The checkpoint saved after fit, validated by a one-process CPU Trainer.
+double val_loss_on_the_cpu(const std::string& checkpoint) {
+  strata::Trainer trainer(strata::TrainerOptions()
+                              .with_accelerator("cpu")
+                              .with_strategy("single_device")
+                              .with_enable_progress_bar(false)
+                              .with_enable_checkpointing(false));
+  return trainer.validate(std::make_shared<LitGPT>(), val_data(), checkpoint).at("val_loss");
+}
+
+TEST(XlaRanksTest, XlaAtTwoDevicesTrainsAsOneProcessOnTheWholeBatch) {
+  if (!start_xla()) GTEST_SKIP() << "no PJRT plugin for the xla device";
+  TempDir dir("xla-ranks");
+  const FitRun cpu = fit("cpu", "single_device", 1, dir.path + "/cpu");
+  const FitRun xla = fit("xla", "xla", 2, dir.path + "/xla");
+  expect_like_the_cpu(xla, cpu);
+  // Every rank ran its own module and callbacks; DDP keeps the replicas equal.
+  ASSERT_EQ(xla.parameters.size(), 2u);
+  ASSERT_EQ(xla.parameters.at(0).size(), cpu.parameters.at(0).size());
+  for (size_t i = 0; i < xla.parameters.at(0).size(); ++i) {
+    EXPECT_TRUE(at::equal(xla.parameters.at(0)[i], xla.parameters.at(1)[i])) << "parameter " << i;
+    EXPECT_TRUE(at::allclose(xla.parameters.at(0)[i], cpu.parameters.at(0)[i], 1e-3, 1e-5)) << "parameter " << i;
+  }
+  // The checkpoint is the CPU's kind: a one-process CPU Trainer reads it.
+  EXPECT_LE(relative(val_loss_on_the_cpu(xla.checkpoint), cpu.val_loss), 1e-3);
+}
+
+TEST(XlaRanksTest, XlaFsdpAtTwoDevicesTrainsAsOneProcessAndItsShardedCheckpointLoadsOnTheCpu) {
+  if (!start_xla()) GTEST_SKIP() << "no PJRT plugin for the xla device";
+  TempDir dir("xla-fsdp-ranks");
+  const FitRun cpu = fit("cpu", "single_device", 1, dir.path + "/cpu");
+  const FitRun xla = fit("xla", "xla_fsdp", 2, dir.path + "/xla");
+  expect_like_the_cpu(xla, cpu);
+  // Each rank holds half of every parameter (the root unit's shards).
+  int64_t total = 0;
+  for (const at::Tensor& p : cpu.parameters.at(0)) total += p.numel();
+  for (int r = 0; r < 2; ++r) {
+    int64_t held = 0;
+    for (const at::Tensor& p : xla.parameters.at(r)) held += p.numel();
+    EXPECT_LE(held, total / 2 + 64) << "rank " << r;
+    EXPECT_GE(held, total / 2 - 64) << "rank " << r;
+  }
+  // Sharded, written by two ranks, read by one.
+  EXPECT_LE(relative(val_loss_on_the_cpu(xla.checkpoint), cpu.val_loss), 1e-3);
+}
+
+/// A module that says nothing about how to build another of it.
+class NoReplica : public strata::TrainModule {
+ public:
+  NoReplica() { layer = register_module("layer", torch::nn::Linear(2, 1)); }
+  at::Tensor training_step(const strata::data::Batch& b, int64_t) override {
+    return (layer->forward(b.input) - b.target).pow(2).mean();
+  }
+  strata::OptimizerConfig configure_optimizers() override {
+    return strata::OptimizerConfig(std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1)));
+  }
+  std::shared_ptr<strata::TrainModule> replica() const override { return replica_ ? std::make_shared<NoReplica>() : nullptr; }
+  torch::nn::Linear layer{nullptr};
+  bool replica_ = false;
+};
+
+class NoCopy : public strata::trainer::Callback {
+ public:
+  std::string state_key() const override { return "NoCopy"; }
+};
+
+std::string fit_message(std::shared_ptr<NoReplica> module, std::vector<strata::trainer::CallbackPtr> callbacks,
+                        bool as_loader) {
+  return error_message([&] {
+    strata::Trainer trainer(strata::TrainerOptions()
+                                .with_accelerator("xla")
+                                .with_devices(2)
+                                .with_max_epochs(1)
+                                .with_enable_progress_bar(false)
+                                .with_enable_checkpointing(false)
+                                .with_callbacks(std::move(callbacks)));
+    auto data = std::make_shared<strata::data::TensorDataset>(at::ones({4, 2}), at::ones({4, 1}));
+    if (as_loader) {
+      trainer.fit(module, strata::DataSource(std::make_shared<strata::data::DataLoader>(data, 2)));
+    } else {
+      trainer.fit(module, strata::DataSource(data, strata::DataOptions().with_batch_size(2)));
+    }
+  });
+}
+
+TEST(XlaRanksTest, WhatCannotBeCopiedForTheOtherRanksIsRefusedWithAMessage) {
+  if (!start_xla()) GTEST_SKIP() << "no PJRT plugin for the xla device";
+  std::string message = fit_message(std::make_shared<NoReplica>(), {}, false);
+  EXPECT_NE(message.find("[trainer] accelerator 'xla' with devices=2 runs the ranks as threads of this process, each "
+                         "with a module of its own, and this module has no replica(): override "
+                         "TrainModule::replica()"),
+            std::string::npos)
+      << message;
+  message = fit_message(std::make_shared<NoReplica>(), {std::make_shared<NoCopy>()}, false);
+  EXPECT_NE(message.find("the callback 'NoCopy' has no replica(): override Callback::replica()"), std::string::npos)
+      << message;
+  auto copyable = std::make_shared<NoReplica>();
+  copyable->replica_ = true;
+  message = fit_message(copyable, {}, true);
+  EXPECT_NE(message.find("[trainer] the training data is a loader, but the ranks are threads of this process "
+                         "(accelerator 'xla', devices=2) and would share it: pass a dataset"),
+            std::string::npos)
+      << message;
+}
+
+}  // namespace
