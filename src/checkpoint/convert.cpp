@@ -8,6 +8,7 @@
 #include <system_error>
 #include <unordered_map>
 
+#include "strata/checkpoint/convert.h"
 #include "strata/checkpoint/directory.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/single_file.h"
@@ -76,6 +77,24 @@ std::vector<SourceTensor> source_tensors(const StateReader& source) {
   return out;
 }
 
+// Counts what a conversion has written and reports it (convert.h).
+class Progress {
+ public:
+  Progress(const OnConvertProgress& report, size_t tensors_total, uint64_t bytes_total) : report_(report) {
+    count_.tensors_total = tensors_total;
+    count_.bytes_total = bytes_total;
+  }
+  void wrote(uint64_t bytes) {
+    count_.tensors_done += 1;
+    count_.bytes_done += bytes;
+    if (report_) report_(count_);
+  }
+
+ private:
+  const OnConvertProgress& report_;
+  ConvertProgress count_;
+};
+
 std::vector<std::string> module_keys(const StateReader& source) {
   std::vector<std::string> keys;
   for (const auto& [key, entry] : source.entries().items())
@@ -84,7 +103,8 @@ std::vector<std::string> module_keys(const StateReader& source) {
 }
 
 // consolidate_checkpoint into one file (single_file.h).
-void consolidate_to_file(const StateReader& source, const std::string& out, const OnFileWritten& on_file) {
+void consolidate_to_file(const StateReader& source, const std::string& out, const OnFileWritten& on_file,
+                         const OnConvertProgress& on_progress) {
   const std::vector<SourceTensor> tensors = source_tensors(source);
   const std::string primary = primary_module(module_keys(source));
   nlohmann::json metadata = carried_metadata(source);
@@ -103,7 +123,11 @@ void consolidate_to_file(const StateReader& source, const std::string& out, cons
     written.bytes += specs.back().nbytes();
   }
   SafetensorsWriter file = begin_checkpoint_file(out, specs, metadata);
-  for (size_t i = 0; i < tensors.size(); ++i) file.write(specs[i].name, source.full(tensors[i].stored));
+  Progress progress(on_progress, tensors.size(), written.bytes);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    file.write(specs[i].name, source.full(tensors[i].stored));
+    progress.wrote(specs[i].nbytes());
+  }
   file.close();
   if (on_file) on_file(written);
 }
@@ -111,8 +135,13 @@ void consolidate_to_file(const StateReader& source, const std::string& out, cons
 }  // namespace
 
 void consolidate_checkpoint(const StateReader& source, const std::string& out, const OnFileWritten& on_file) {
+  consolidate_checkpoint(source, out, on_file, OnConvertProgress());
+}
+
+void consolidate_checkpoint(const StateReader& source, const std::string& out, const OnFileWritten& on_file,
+                            const OnConvertProgress& on_progress) {
   check_new_output(out);
-  if (is_single_file_path(out)) return consolidate_to_file(source, out, on_file);
+  if (is_single_file_path(out)) return consolidate_to_file(source, out, on_file, on_progress);
   const std::vector<SourceTensor> tensors = source_tensors(source);
   std::vector<TensorSpec> specs;
   WrittenFile written{kFullStateFile, tensors.size(), 0};
@@ -122,7 +151,11 @@ void consolidate_checkpoint(const StateReader& source, const std::string& out, c
   }
   CheckpointWriter writer = CheckpointWriter::begin(out);
   SafetensorsWriter file = writer.open_file(kFullStateFile, specs);
-  for (size_t i = 0; i < tensors.size(); ++i) file.write(specs[i].name, source.full(tensors[i].stored));
+  Progress progress(on_progress, tensors.size(), written.bytes);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    file.write(specs[i].name, source.full(tensors[i].stored));
+    progress.wrote(specs[i].nbytes());
+  }
   file.close();
   if (on_file) on_file(written);
 
@@ -135,6 +168,11 @@ void consolidate_checkpoint(const StateReader& source, const std::string& out, c
 
 void reshard_checkpoint(const StateReader& source, const std::string& out, int world,
                         const OnFileWritten& on_file) {
+  reshard_checkpoint(source, out, world, on_file, OnConvertProgress());
+}
+
+void reshard_checkpoint(const StateReader& source, const std::string& out, int world, const OnFileWritten& on_file,
+                        const OnConvertProgress& on_progress) {
   STRATA_CHECK(world >= 1 && world <= 99999, ConfigError,
                "[checkpoint] the target world size must be from 1 to 99999 (shard file names have "
                "5 digits), got ", world);
@@ -155,9 +193,17 @@ void reshard_checkpoint(const StateReader& source, const std::string& out, int w
 
   CheckpointWriter writer = CheckpointWriter::begin(out);
   nlohmann::json records = nlohmann::json::object();
-  for (size_t i = 0; i < tensors.size(); ++i)
+  // In all: every sharded tensor once per rank file (its slices add up to
+  // it), every whole tensor once.
+  size_t records_total = 0;
+  uint64_t bytes_total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
     records[tensors[i].canonical()] =
         tensor_record(source.shape(tensors[i].stored), source.dtype(tensors[i].stored), sharded[i]);
+    records_total += sharded[i] ? static_cast<size_t>(world) : 1;
+    bytes_total += TensorSpec{tensors[i].stored, source.dtype(tensors[i].stored), source.shape(tensors[i].stored)}.nbytes();
+  }
+  Progress progress(on_progress, records_total, bytes_total);
   for (int rank = 0; rank < world; ++rank) {
     // What this rank's file holds: each sharded tensor's slice, and on
     // rank 0 the whole tensors (index into `tensors`, slice; whole: empty).
@@ -183,11 +229,15 @@ void reshard_checkpoint(const StateReader& source, const std::string& out, int w
       written.bytes += specs.back().nbytes();
     }
     written.tensors = specs.size();
+    std::vector<uint64_t> part_bytes;
+    for (const TensorSpec& spec : specs) part_bytes.push_back(spec.nbytes());
     SafetensorsWriter file = writer.open_file(written.name, std::move(specs), shard_file_metadata(rank, world, records));
-    for (const Part& part : parts) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const Part& part = parts[p];
       const SourceTensor& t = tensors[part.index];
       file.write(t.canonical(), part.slice ? source.flat_slice(t.stored, part.slice->begin, part.slice->end)
                                            : source.full(t.stored));
+      progress.wrote(part_bytes[p]);
     }
     file.close();
     if (on_file) on_file(written);
@@ -203,6 +253,12 @@ void reshard_checkpoint(const StateReader& source, const std::string& out, int w
 
 void export_module(const StateReader& source, const std::string& key, const std::string& out,
                    const std::vector<std::pair<std::string, std::string>>& aliases, const std::string& sub_prefix) {
+  export_module(source, key, out, aliases, sub_prefix, OnConvertProgress());
+}
+
+void export_module(const StateReader& source, const std::string& key, const std::string& out,
+                   const std::vector<std::pair<std::string, std::string>>& aliases, const std::string& sub_prefix,
+                   const OnConvertProgress& on_progress) {
   STRATA_CHECK(source.entries().contains(key) && source.entries()[key].value("kind", "") == "module",
                CheckpointError, "[checkpoint] ", source.path(), " has no module entry '", key,
                "'; its entries: ", source.entries().dump().substr(0, 300));
@@ -218,9 +274,19 @@ void export_module(const StateReader& source, const std::string& key, const std:
     if (!taken) names.emplace_back(alias, source.tensor_of(key, sub_prefix + original));
   }
   std::vector<TensorSpec> specs;
-  for (const auto& [name, stored] : names) specs.push_back(TensorSpec{name, source.dtype(stored), source.shape(stored)});
+  std::vector<uint64_t> bytes;
+  uint64_t bytes_total = 0;
+  for (const auto& [name, stored] : names) {
+    specs.push_back(TensorSpec{name, source.dtype(stored), source.shape(stored)});
+    bytes.push_back(specs.back().nbytes());
+    bytes_total += bytes.back();
+  }
   SafetensorsWriter file(out, std::move(specs), {{"format", "pt"}});
-  for (const auto& [name, stored] : names) file.write(name, source.full(stored));
+  Progress progress(on_progress, names.size(), bytes_total);
+  for (size_t i = 0; i < names.size(); ++i) {
+    file.write(names[i].first, source.full(names[i].second));
+    progress.wrote(bytes[i]);
+  }
   file.close();
 }
 

@@ -4,6 +4,7 @@
 //   strata ckpt reshard SHARDED OUT --world-size N  shard files for N ranks
 //   strata ckpt verify PATH                       every check, every checksum
 //   strata ckpt export PATH OUT                   model.safetensors + config.json
+//   strata ckpt export PATH OUT.ckpt --format lightning   one Lightning checkpoint file
 // The work is done by strata::checkpoint (StateReader,
 // consolidate_checkpoint, reshard_checkpoint), streaming one tensor at a
 // time; this file parses flags and prints.
@@ -11,22 +12,30 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "strata/checkpoint/atomic.h"
+#include "strata/checkpoint/convert.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/single_file.h"
 #include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/models/gpt.h"
+#include "strata/runtime/progress_line.h"
 #include "strata/strategies/strategy.h"
+#include "strata/trainer/lightning_checkpoint.h"
 #include "strata/trainer/trainer_state.h"
 
 namespace strata::cli {
@@ -47,6 +56,7 @@ struct CkptConfig {
   CLI::App* export_ = nullptr;
   std::string entry;       // export: the module entry ("" = "model" or the only one)
   std::string model_size;  // export: preset for checkpoints saved without model_config
+  std::string format = "safetensors";  // export: safetensors (a folder) or lightning (one file)
 };
 
 uint64_t tensor_bytes(const StateReader& reader, const std::string& name) {
@@ -63,6 +73,246 @@ std::string entry_text(const nlohmann::json& entry) {
     return "optimizer (" + (entry["state"]["type"].is_string() ? entry["state"]["type"].get<std::string>()
                                                                 : entry["state"]["type"].dump()) + ")";
   return kind;
+}
+
+// Note [Inspect output is bounded]
+// A checkpoint is hostile input: StateReader::open and
+// validate_trainer_entry have checked its structure, but a value may still
+// be large (a list of a million numbers, a string of a megabyte, deep
+// nesting up to the JSON parser's limit) or carry control characters. The
+// summary and the readable values print at most kMaxListItems items of a
+// list, kMaxObjectKeys keys of an object, kMaxDepth levels and kMaxText
+// characters of a string or key, each elision saying how much was left out,
+// and replace control characters, so the output stays a screenful however
+// the file was made.
+constexpr size_t kMaxListItems = 8;
+constexpr size_t kMaxObjectKeys = 40;
+constexpr int kMaxDepth = 8;
+constexpr size_t kMaxText = 120;
+constexpr size_t kMaxModuleRows = 24;  // sub-modules listed per module entry
+
+// `text` with control characters replaced by '?' and cut at kMaxText.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kMaxText; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  }
+  if (text.size() > kMaxText) out += "... (" + std::to_string(text.size()) + " characters)";
+  return out;
+}
+
+// A scalar as JSON writes it (strings quoted and escaped), cut at kMaxText.
+std::string scalar_text(const nlohmann::json& value) {
+  if (value.is_string()) return printable(nlohmann::json(value.get<std::string>()).dump());
+  return value.dump();
+}
+
+bool is_scalar(const nlohmann::json& value) { return !value.is_object() && !value.is_array(); }
+
+// Prints `value` readably, one key per line, nested values indented under
+// their key; short lists of scalars on one line. Bounded (Note [Inspect
+// output is bounded]).
+void print_value(std::ostream& out, const nlohmann::json& value, const std::string& indent, int depth) {
+  if (value.is_object()) {
+    if (depth >= kMaxDepth) {
+      out << indent << "... (an object of " << value.size() << " keys)\n";
+      return;
+    }
+    size_t shown = 0;
+    for (const auto& [key, item] : value.items()) {
+      if (shown++ == kMaxObjectKeys) {
+        out << indent << "... (" << value.size() - kMaxObjectKeys << " more keys)\n";
+        break;
+      }
+      out << indent << printable(key) << ":";
+      if (is_scalar(item))
+        out << " " << scalar_text(item) << "\n";
+      else if (item.empty())
+        out << " " << (item.is_object() ? "{}" : "[]") << "\n";
+      else if (item.is_array() && std::all_of(item.begin(), item.end(), is_scalar) && item.size() <= kMaxListItems)
+        out << " " << [&] {
+          std::string line = "[";
+          for (size_t i = 0; i < item.size(); ++i) line += (i ? ", " : "") + scalar_text(item[i]);
+          return line + "]";
+        }() << "\n";
+      else {
+        out << "\n";
+        print_value(out, item, indent + "  ", depth + 1);
+      }
+    }
+    return;
+  }
+  if (value.is_array()) {
+    if (depth >= kMaxDepth) {
+      out << indent << "... (a list of " << value.size() << " items)\n";
+      return;
+    }
+    if (std::all_of(value.begin(), value.end(), is_scalar)) {
+      std::string line = "[";
+      for (size_t i = 0; i < value.size() && i < kMaxListItems; ++i) line += (i ? ", " : "") + scalar_text(value[i]);
+      if (value.size() > kMaxListItems)
+        line += ", ... (" + std::to_string(value.size()) + " items)";
+      out << indent << line << "]\n";
+      return;
+    }
+    for (size_t i = 0; i < value.size(); ++i) {
+      if (i == kMaxListItems) {
+        out << indent << "... (" << value.size() - kMaxListItems << " more items, " << value.size() << " in all)\n";
+        break;
+      }
+      out << indent << "- [" << i << "]";
+      if (is_scalar(value[i])) {
+        out << " " << scalar_text(value[i]) << "\n";
+      } else {
+        out << "\n";
+        print_value(out, value[i], indent + "  ", depth + 1);
+      }
+    }
+    return;
+  }
+  out << indent << scalar_text(value) << "\n";
+}
+
+// One row of the summary's table: tensors, elements and bytes of a group.
+struct GroupSize {
+  std::string name;
+  int64_t tensors = 0;
+  uint64_t elements = 0;
+  uint64_t bytes = 0;
+};
+
+uint64_t tensor_elements(const StateReader& reader, const std::string& name) {
+  uint64_t n = 1;
+  for (int64_t d : reader.shape(name)) n *= static_cast<uint64_t>(d);  // the reader checked the sizes
+  return n;
+}
+
+// The tensors grouped by the first component of their stored name (the
+// entry: "model/wte.weight" is "model"; a one-file checkpoint's model
+// tensors, stored without a prefix, are its primary module's), in
+// first-seen order.
+std::vector<GroupSize> entry_groups(const StateReader& reader) {
+  std::string primary = "model";
+  if (reader.single_file()) {
+    std::vector<std::string> modules;
+    for (const auto& [key, entry] : reader.entries().items())
+      if (entry.is_object() && entry.value("kind", "") == "module") modules.push_back(key);
+    if (!checkpoint::primary_module(modules).empty()) primary = checkpoint::primary_module(modules);
+  }
+  std::vector<GroupSize> groups;
+  std::map<std::string, size_t> index;
+  for (const std::string& name : reader.tensor_names()) {
+    const size_t slash = name.find('/');
+    const std::string group = slash == std::string::npos ? (reader.single_file() ? primary : name) : name.substr(0, slash);
+    auto [it, added] = index.emplace(group, groups.size());
+    if (added) groups.push_back({group});
+    GroupSize& g = groups[it->second];
+    g.tensors += 1;
+    g.elements += tensor_elements(reader, name);
+    g.bytes += tensor_bytes(reader, name);
+  }
+  return groups;
+}
+
+// A module entry's tensors grouped by their top-level sub-module (the first
+// dotted component: "wte", "h", "ln_f"); a module that wraps one child (a
+// Trainer's module holding its GPT as "model") is looked through, so the
+// rows are the GPT's ("model.wte", "model.h", ...).
+std::vector<GroupSize> module_groups(const StateReader& reader, const std::string& key) {
+  const std::vector<std::string> names = reader.names_under(key);
+  auto first = [](const std::string& n) { return n.substr(0, n.find('.')); };
+  std::string wrapper;
+  if (!names.empty() && names[0].find('.') != std::string::npos) {
+    wrapper = first(names[0]) + ".";
+    for (const std::string& n : names)
+      if (n.rfind(wrapper, 0) != 0 || n.size() == wrapper.size()) wrapper.clear();
+  }
+  std::vector<GroupSize> groups;
+  std::map<std::string, size_t> index;
+  for (const std::string& n : names) {
+    const std::string group = wrapper + first(n.substr(wrapper.size()));
+    auto [it, added] = index.emplace(group, groups.size());
+    if (added) groups.push_back({group});
+    const std::string stored = reader.tensor_of(key, n);
+    GroupSize& g = groups[it->second];
+    g.tensors += 1;
+    g.elements += tensor_elements(reader, stored);
+    g.bytes += tensor_bytes(reader, stored);
+  }
+  return groups;
+}
+
+// The Trainer state of a Trainer checkpoint (validated), or null.
+const nlohmann::json* trainer_state(const StateReader& reader) {
+  const nlohmann::json& entries = reader.entries();
+  auto it = entries.find("trainer");
+  if (it == entries.end() || !it->is_object() || it->value("kind", "") != "value") return nullptr;
+  auto v = it->find("value");
+  if (v == it->end() || !v->is_object() || !v->contains("format")) return nullptr;
+  return &*v;
+}
+
+// A count named `key`: the Trainer state's field, else a value entry of
+// that name (a Fabric job's "step"); null when neither holds an integer.
+nlohmann::json count_of(const StateReader& reader, const char* trainer_key, const char* entry_key) {
+  if (const nlohmann::json* t = trainer_state(reader))
+    if (t->contains(trainer_key) && (*t)[trainer_key].is_number_integer()) return (*t)[trainer_key];
+  const nlohmann::json& entries = reader.entries();
+  auto it = entries.find(entry_key);
+  if (it != entries.end() && it->is_object() && it->value("kind", "") == "value" && it->contains("value") &&
+      (*it)["value"].is_number_integer())
+    return (*it)["value"];
+  return nullptr;
+}
+
+nlohmann::json summary_json(const StateReader& reader) {
+  const nlohmann::json& meta = reader.metadata();
+  nlohmann::json modules = nlohmann::json::array();
+  for (const GroupSize& g : entry_groups(reader)) {
+    nlohmann::json row = {{"name", g.name}, {"tensors", g.tensors}, {"elements", g.elements}, {"bytes", g.bytes}};
+    const nlohmann::json& entries = reader.entries();
+    if (entries.contains(g.name) && entries[g.name].is_object() && entries[g.name].value("kind", "") == "module") {
+      nlohmann::json children = nlohmann::json::array();
+      for (const GroupSize& c : module_groups(reader, g.name))
+        children.push_back({{"name", c.name}, {"tensors", c.tensors}, {"elements", c.elements}, {"bytes", c.bytes}});
+      row["modules"] = children;
+    }
+    modules.push_back(row);
+  }
+  return {{"kind", reader.sharded() ? "sharded" : "full"},
+          {"strategy", meta.value("strategy", nlohmann::json())},
+          {"step", count_of(reader, "global_step", "step")},
+          {"epoch", count_of(reader, "epoch", "epoch")},
+          {"world_size", reader.world_size()},
+          {"groups", modules}};
+}
+
+// The summary's table: one row per group, right-aligned numbers.
+void print_groups(std::ostream& out, const nlohmann::json& groups) {
+  std::vector<std::vector<std::string>> rows = {{"", "tensors", "parameters", "bytes"}};
+  for (const auto& g : groups) {
+    rows.push_back({printable(g["name"].get<std::string>()), std::to_string(g["tensors"].get<int64_t>()),
+                    std::to_string(g["elements"].get<uint64_t>()), human_bytes(g["bytes"].get<uint64_t>())});
+    if (!g.contains("modules")) continue;
+    const nlohmann::json& children = g["modules"];
+    for (size_t i = 0; i < children.size() && i < kMaxModuleRows; ++i)
+      rows.push_back({"  " + printable(children[i]["name"].get<std::string>()),
+                      std::to_string(children[i]["tensors"].get<int64_t>()),
+                      std::to_string(children[i]["elements"].get<uint64_t>()),
+                      human_bytes(children[i]["bytes"].get<uint64_t>())});
+    if (children.size() > kMaxModuleRows)
+      rows.push_back({"  ... (" + std::to_string(children.size() - kMaxModuleRows) + " more)", "", "", ""});
+  }
+  std::vector<size_t> width(4, 0);
+  for (const auto& row : rows)
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  for (const auto& row : rows) {
+    std::string line = "    " + row[0] + std::string(width[0] - row[0].size(), ' ');
+    for (size_t i = 1; i < row.size(); ++i) line += "  " + std::string(width[i] - row[i].size(), ' ') + row[i];
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
 }
 
 nlohmann::json inspect_json(const StateReader& reader) {
@@ -98,6 +348,7 @@ nlohmann::json inspect_json(const StateReader& reader) {
                        {"bytes", bytes}});
   }
   out["tensors"] = tensors;
+  out["summary"] = summary_json(reader);
   out["totals"] = {{"tensors", tensors.size()},
                    {"sharded", sharded},
                    {"whole", static_cast<int64_t>(tensors.size()) - sharded},
@@ -121,30 +372,51 @@ int run_inspect(const CkptConfig& c) {
     return 0;
   }
   const nlohmann::json& meta = reader.metadata();
-  std::cout << "checkpoint  " << reader.path() << "\n"
-            << "layout      " << info["layout"].get<std::string>();
+  // The summary first (Note [Inspect output is bounded]).
+  const nlohmann::json& summary = info["summary"];
+  auto count = [](const nlohmann::json& v) { return v.is_null() ? std::string("-") : v.dump(); };
+  std::cout << "checkpoint  " << printable(reader.path()) << "\n"
+            << "summary:\n"
+            << "  kind        " << summary["kind"].get<std::string>() << ", strategy "
+            << (summary["strategy"].is_string() ? printable(summary["strategy"].get<std::string>()) : "-") << "\n"
+            << "  step        " << count(summary["step"]) << "\n"
+            << "  epoch       " << count(summary["epoch"]) << "\n"
+            << "  world size  " << reader.world_size() << "\n"
+            << "  by entry and module:\n";
+  print_groups(std::cout, summary["groups"]);
+  std::cout << "layout      " << info["layout"].get<std::string>();
   if (reader.sharded()) std::cout << " (" << reader.world_size() << " rank files)";
   std::cout << "\n"
             << "world size  " << reader.world_size() << "\n"
-            << "strategy    " << meta.value("strategy", "-") << "\n"
-            << "format      " << meta.value("format", "-") << " version "
+            << "strategy    " << printable(meta.value("strategy", "-")) << "\n"
+            << "format      " << printable(meta.value("format", "-")) << " version "
             << meta.value("version", 0) << "\n";
   if (meta.contains("consolidated_from"))
     std::cout << "converted   consolidated from world size " << meta["consolidated_from"].dump() << "\n";
   if (meta.contains("resharded_from"))
     std::cout << "converted   resharded from world size " << meta["resharded_from"].dump() << "\n";
 
+  // Entries one a line; a structured value (the Trainer state) key by key
+  // under its entry instead of one long JSON line.
   std::cout << "entries:\n";
   size_t key_width = 0;
-  for (const auto& [key, entry] : reader.entries().items()) key_width = std::max(key_width, key.size());
-  for (const auto& [key, entry] : reader.entries().items())
-    std::cout << "  " << key << std::string(key_width - key.size() + 2, ' ') << entry_text(entry) << "\n";
+  for (const auto& [key, entry] : reader.entries().items()) key_width = std::max(key_width, printable(key).size());
+  for (const auto& [key, entry] : reader.entries().items()) {
+    const std::string name = printable(key);
+    const bool structured = entry.is_object() && entry.value("kind", "") == "value" && entry.contains("value") &&
+                            !is_scalar(entry["value"]) && !entry["value"].empty();
+    std::cout << "  " << name << std::string(key_width - name.size() + 2, ' ')
+              << (structured ? std::string(entry["value"].is_object() ? "value:" : "value (a list):")
+                             : printable(entry_text(entry)))
+              << "\n";
+    if (structured) print_value(std::cout, entry["value"], "    ", 0);
+  }
   if (reader.entries().empty()) std::cout << "  (none)\n";
 
   // The tensor table, columns padded to their widest cell.
   std::vector<std::vector<std::string>> rows = {{"name", "shape", "dtype", "storage", "bytes"}};
   for (const auto& t : info["tensors"])
-    rows.push_back({t["name"].get<std::string>(), shape_string(t["shape"].get<std::vector<int64_t>>()),
+    rows.push_back({printable(t["name"].get<std::string>()), shape_string(t["shape"].get<std::vector<int64_t>>()),
                     t["dtype"].get<std::string>(), t["sharded"].get<bool>() ? "sharded" : "whole",
                     std::to_string(t["bytes"].get<uint64_t>())});
   std::vector<size_t> width(5, 0);
@@ -169,9 +441,30 @@ int run_inspect(const CkptConfig& c) {
   return 0;
 }
 
-// Prints one line per file written (the conversions may take a while).
-checkpoint::OnFileWritten progress(const std::string& out) {
-  return [out](const checkpoint::WrittenFile& file) {
+// Note [Conversion progress]
+// consolidate, reshard and export stream one tensor at a time and may take
+// minutes on a large checkpoint: a progress line (tensors and bytes done of
+// the total, rate, ETA; runtime::ProgressLine) is redrawn in place when
+// stdout is a terminal, and otherwise printed every kProgressSeconds, none
+// for a conversion quicker than that. Each file written is reported on a
+// line of its own.
+constexpr int kProgressSeconds = 5;
+
+runtime::ProgressLine progress_line(const char* label) {
+  return runtime::ProgressLine(std::cout, label, "tensors", runtime::ProgressLine::is_terminal(STDOUT_FILENO),
+                               std::chrono::seconds(kProgressSeconds));
+}
+
+checkpoint::OnConvertProgress on_progress(runtime::ProgressLine& line) {
+  return [&line](const checkpoint::ConvertProgress& p) {
+    line.update({p.tensors_done, p.tensors_total, p.bytes_done, p.bytes_total});
+  };
+}
+
+// Prints one line per file written, above the progress line.
+checkpoint::OnFileWritten progress(const std::string& out, runtime::ProgressLine& line) {
+  return [out, &line](const checkpoint::WrittenFile& file) {
+    line.clear();
     std::cout << "wrote " << out << "/" << file.name << " (" << file.tensors << " tensors, "
               << human_bytes(file.bytes) << ")" << std::endl;
   };
@@ -184,7 +477,9 @@ std::string describe(const StateReader& reader) {
 
 int run_consolidate(const CkptConfig& c) {
   const StateReader source = StateReader::open(c.path);
-  checkpoint::consolidate_checkpoint(source, c.out, progress(c.out));
+  runtime::ProgressLine line = progress_line("consolidating");
+  checkpoint::consolidate_checkpoint(source, c.out, progress(c.out, line), on_progress(line));
+  line.finish();
   std::cout << "consolidated " << source.path() << " (" << describe(source) << ") into " << c.out
             << " (full)" << std::endl;
   return 0;
@@ -194,7 +489,9 @@ int run_reshard(const CkptConfig& c) {
   STRATA_CHECK(c.world_size >= 1, ConfigError, "[ckpt] --world-size must be at least 1, got ",
                c.world_size);
   const StateReader source = StateReader::open(c.path);
-  checkpoint::reshard_checkpoint(source, c.out, c.world_size, progress(c.out));
+  runtime::ProgressLine line = progress_line("resharding");
+  checkpoint::reshard_checkpoint(source, c.out, c.world_size, progress(c.out, line), on_progress(line));
+  line.finish();
   std::cout << "resharded " << source.path() << " (" << describe(source) << ") into " << c.out
             << " (sharded, world size " << c.world_size << ")" << std::endl;
   return 0;
@@ -224,6 +521,16 @@ std::string preset_list() {
   return names;
 }
 
+// True when the checkpoint keeps its GPT configuration (export_config).
+bool has_saved_config(const StateReader& reader) {
+  const nlohmann::json& entries = reader.entries();
+  if (entries.contains("model_config") && entries["model_config"].value("kind", "") == "value") return true;
+  if (!entries.contains("trainer") || entries["trainer"].value("kind", "") != "value") return false;
+  const nlohmann::json& value = entries["trainer"].value("value", nlohmann::json());
+  return value.is_object() && value.contains("module_extra") && value["module_extra"].is_object() &&
+         value["module_extra"].contains("model_config");
+}
+
 // The GPT configuration of the checkpoint: its "model_config" entry, or the
 // preset named by --model-size for checkpoints saved before it existed.
 models::GPTConfig export_config(const StateReader& reader, const CkptConfig& c) {
@@ -250,32 +557,43 @@ models::GPTConfig export_config(const StateReader& reader, const CkptConfig& c) 
   return config;
 }
 
-int run_export(const CkptConfig& c) {
-  const StateReader reader = StateReader::open(c.path);
-  std::string key = c.entry;
-  if (key.empty()) {
+// The module entry to export, the prefix of the GPT's names inside it
+// ("model." in a Trainer checkpoint, whose module holds the GPT as its
+// child "model"), and the GPT's configuration when there is one.
+struct ExportSource {
+  std::string key;
+  std::string sub;
+  std::optional<models::GPTConfig> config;
+};
+
+// Note [What export checks]
+// The source was checked when StateReader opened it (metadata, files,
+// tensors, optimizer state). With a GPT configuration (saved, or
+// --model-size), the module's tensors must be that GPT's, name for name and
+// shape for shape, before anything is written. The safetensors export needs
+// one; the Lightning export writes any module as it is.
+ExportSource export_source(const StateReader& reader, const CkptConfig& c, bool need_config) {
+  ExportSource source;
+  source.key = c.entry;
+  if (source.key.empty()) {
     std::vector<std::string> modules;
     for (const auto& [k, entry] : reader.entries().items())
       if (entry.value("kind", "") == "module") modules.push_back(k);
-    key = checkpoint::primary_module(modules);
-    STRATA_CHECK(!key.empty(), ConfigError, "[ckpt] ", reader.path(), " has ", modules.size(),
+    source.key = checkpoint::primary_module(modules);
+    STRATA_CHECK(!source.key.empty(), ConfigError, "[ckpt] ", reader.path(), " has ", modules.size(),
                  " module entries and none is named 'model'; choose one with --entry");
   }
-  models::GPTConfig config = export_config(reader, c);
-  // The GPT may sit inside the saved module (a Trainer's module holds it as
-  // a child, "model.wte.weight"): its names then share that prefix.
-  std::string sub;
+  if (!need_config && c.model_size.empty() && !has_saved_config(reader)) return source;
+  const models::GPTConfig config = export_config(reader, c);
   std::vector<std::string> stored;
-  for (const std::string& name : reader.names_under(key)) {
+  for (const std::string& name : reader.names_under(source.key)) {
     const std::string anchor = "wte.weight";
     if (name.size() >= anchor.size() && name.compare(name.size() - anchor.size(), anchor.size(), anchor) == 0 &&
         (name.size() == anchor.size() || name[name.size() - anchor.size() - 1] == '.'))
-      sub = name.substr(0, name.size() - anchor.size());
+      source.sub = name.substr(0, name.size() - anchor.size());
   }
-  for (const std::string& name : reader.names_under(key))
-    if (name.rfind(sub, 0) == 0) stored.push_back(name.substr(sub.size()));
-  // The checkpoint's tensors must be this configuration's, name for name
-  // and shape for shape, before anything is written.
+  for (const std::string& name : reader.names_under(source.key))
+    if (name.rfind(source.sub, 0) == 0) stored.push_back(name.substr(source.sub.size()));
   {
     // Names and shapes only: the model is built on the meta device.
     torch::NoGradGuard no_grad;
@@ -287,7 +605,7 @@ int run_export(const CkptConfig& c) {
     const checkpoint::NamedTensors expected = checkpoint::module_state(*model);
     std::vector<std::string> problems;
     for (const auto& [name, tensor] : expected) {
-      const std::string full = reader.tensor_of(key, sub + name);
+      const std::string full = reader.tensor_of(source.key, source.sub + name);
       if (!reader.contains(full))
         problems.push_back("missing '" + name + "'");
       else if (reader.shape(full) != tensor.sizes().vec())
@@ -295,10 +613,18 @@ int run_export(const CkptConfig& c) {
                            shape_string(tensor.sizes().vec()));
     }
     STRATA_CHECK(problems.empty() && stored.size() == expected.size(), ConfigError,
-                 "[ckpt] ", reader.path(), " entry '", key, "' does not match its model configuration ",
+                 "[ckpt] ", reader.path(), " entry '", source.key, "' does not match its model configuration ",
                  config.to_json().dump(), ": ", problems.empty() ? std::string("other tensors") : problems[0],
                  problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : "");
   }
+  source.config = config;
+  return source;
+}
+
+int run_export_safetensors(const CkptConfig& c) {
+  const StateReader reader = StateReader::open(c.path);
+  const ExportSource source = export_source(reader, c, /*need_config=*/true);
+  const models::GPTConfig& config = *source.config;
   std::error_code ec;
   std::filesystem::create_directories(c.out, ec);
   STRATA_CHECK(!ec, ConfigError, "[ckpt] cannot create ", c.out, ": ", ec.message());
@@ -306,11 +632,45 @@ int run_export(const CkptConfig& c) {
   std::vector<std::pair<std::string, std::string>> aliases;
   if (config.tie_weights) aliases.emplace_back("lm_head.weight", "wte.weight");
   const std::string model_file = c.out + "/model.safetensors";
-  checkpoint::export_module(reader, key, model_file, aliases, sub);
+  runtime::ProgressLine line = progress_line("exporting");
+  checkpoint::export_module(reader, source.key, model_file, aliases, source.sub, on_progress(line));
+  line.finish();
   checkpoint::atomic_write_file(c.out + "/config.json", config.to_json().dump(2) + "\n");
-  std::cout << "exported " << reader.path() << " (" << describe(reader) << ") entry '" << key << "' to " << model_file
-            << " and " << c.out << "/config.json" << std::endl;
+  std::cout << "exported " << reader.path() << " (" << describe(reader) << ") entry '" << source.key << "' to "
+            << model_file << " and " << c.out << "/config.json" << std::endl;
   return 0;
+}
+
+// Progress as the other conversions' (Note [Conversion progress]).
+int run_export_lightning(const CkptConfig& c) {
+  const StateReader reader = StateReader::open(c.path);
+  const ExportSource source = export_source(reader, c, /*need_config=*/false);
+  trainer::LightningExportOptions options;
+  options.module_key = source.key;
+  // PyTorch's state_dict lists a tied head under both names.
+  if (source.config && source.config->tie_weights)
+    options.aliases.emplace_back(source.sub + "lm_head.weight", source.sub + "wte.weight");
+  uint64_t bytes = 0;
+  size_t tensors = 0;
+  runtime::ProgressLine line = progress_line("exporting");
+  options.on_progress = [&](const checkpoint::TorchFileProgress& p) {
+    bytes = p.bytes_total;
+    tensors = p.tensors_total;
+    line.update({p.tensors_done, p.tensors_total, p.bytes_done, p.bytes_total});
+  };
+  trainer::export_lightning_checkpoint(reader, c.out, options);
+  line.finish();
+  std::cout << "exported " << reader.path() << " (" << describe(reader) << ") entry '" << source.key << "' to "
+            << c.out << " (Lightning checkpoint, " << tensors << " tensor records, " << human_bytes(bytes) << ")"
+            << std::endl;
+  return 0;
+}
+
+int run_export(const CkptConfig& c) {
+  if (c.format == "lightning") return run_export_lightning(c);
+  STRATA_CHECK(c.format == "safetensors", ConfigError, "[ckpt] --format '", c.format,
+               "' is not a format; choose safetensors or lightning");
+  return run_export_safetensors(c);
 }
 
 }  // namespace
@@ -331,7 +691,8 @@ Command make_ckpt_command() {
 
     c.inspect = ckpt->add_subcommand(
         "inspect",
-        "Print a checkpoint's layout (full or sharded), world size, strategy, format\n"
+        "Print a summary (kind, strategy, step, epoch, world size, tensors, parameters\n"
+        "and bytes by entry and top-level module), then the layout, format\n"
         "version, state entries (values such as the step printed) and every tensor:\n"
         "name, full shape, dtype, sharded or whole, bytes; then totals.\n"
         "Example: strata ckpt inspect ckpt/step-00000300 --json");
@@ -375,9 +736,18 @@ Command make_ckpt_command() {
         "tensor whole, under the model's own names, a tied head under both names)\n"
         "and OUT/config.json (every GPT hyperparameter). docs/checkpoints.md shows\n"
         "how to load it into a PyTorch GPT.\n"
-        "Example: strata ckpt export ckpt/step-00000300 exported");
+        "With --format lightning, OUT is one file in Lightning's checkpoint layout that\n"
+        "torch.load(OUT, weights_only=True) reads and LightningModule.load_from_checkpoint\n"
+        "loads: state_dict (the module's tensors), epoch, global_step, optimizer_states,\n"
+        "lr_schedulers, callbacks, hyper_parameters, pytorch-lightning_version.\n"
+        "Examples: strata ckpt export ckpt/step-00000300 exported\n"
+        "          strata ckpt export ckpt/step-00000300 step300.ckpt --format lightning");
     c.export_->add_option("path", c.path, "Checkpoint to read")->required();
-    c.export_->add_option("out", c.out, "Folder to write model.safetensors and config.json into")->required();
+    c.export_->add_option("out", c.out,
+                          "Folder to write model.safetensors and config.json into (--format lightning: the file)")
+        ->required();
+    c.export_->add_option("--format", c.format, "safetensors (default: a folder) or lightning (one .ckpt file)")
+        ->check(CLI::IsMember({"safetensors", "lightning"}));
     c.export_->add_option("--entry", c.entry, "Module entry to export (default: 'model', or the only module)");
     c.export_->add_option("--model-size", c.model_size,
                           "GPT preset, for checkpoints saved without their model configuration");

@@ -44,7 +44,8 @@ bool is_decimal_real(const std::string& text) {
 
 std::string Range::text() const {
   if (integer) return detail::cat("an integer in ", static_cast<int64_t>(lo), "..", static_cast<int64_t>(hi));
-  return detail::cat("a number in ", lo_open ? "(" : "[", number_text(lo), ", ", number_text(hi), "]");
+  return detail::cat("a number in ", lo_open ? "(" : "[", number_text(lo), ", ", number_text(hi),
+                     hi_open ? ")" : "]");
 }
 
 int64_t parse_integer(const std::string& area, const std::string& flag, const std::string& text, int64_t lo,
@@ -75,7 +76,8 @@ double parse_real(const std::string& area, const std::string& flag, const std::s
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
   if (end != text.c_str() + text.size()) refuse(area, flag, text, "is not a decimal number", range.text());
-  bool inside = std::isfinite(v) && errno != ERANGE && (range.lo_open ? v > range.lo : v >= range.lo) && v <= range.hi;
+  bool inside = std::isfinite(v) && errno != ERANGE && (range.lo_open ? v > range.lo : v >= range.lo) &&
+                (range.hi_open ? v < range.hi : v <= range.hi);
   if (!inside) refuse(area, flag, text, "is out of range", range.text());
   return v;
 }

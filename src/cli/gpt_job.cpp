@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "strata/core/error.h"
 #include "strata/trainer/trainer.h"
@@ -27,10 +29,26 @@ GPTJob::GPTJob(const models::GPTConfig& config, std::string model_size, double l
   gpt = register_module("model", models::GPT(config));
 }
 
+std::shared_ptr<TrainModule> GPTJob::replica() const {
+  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_);
+}
+
 at::Tensor GPTJob::training_step(const data::Batch& batch, int64_t) {
-  at::Tensor loss = gpt->loss(batch.input, batch.target).to(at::kFloat);
-  log("train_loss", loss.detach(), LogOptions().with_prog_bar(false));
-  return loss;
+  return gpt->loss(batch.input, batch.target).to(at::kFloat);
+}
+
+// Note [One train_loss]
+// The loss of a step is logged once, after the step: its micro-batches'
+// mean on each rank weighted by the rank's share of the global batch
+// (Trainer::last_loss_weighted), averaged over the ranks, so it is the
+// loss of the global batch. Every record of strata train reads this one
+// value: the loggers' rows, the progress bar, --metrics-file and the
+// final line.
+void GPTJob::on_train_batch_end(const at::Tensor&, const data::Batch&, int64_t) {
+  if (global_step() == last_logged_step_) return;  // inside an accumulation
+  last_logged_step_ = global_step();
+  log("train_loss", at::scalar_tensor(trainer()->last_loss_weighted(), at::kDouble),
+      LogOptions().with_sync_dist(true).with_batch_size(1).with_prog_bar(true));
 }
 
 at::Tensor GPTJob::validation_step(const data::Batch& batch, int64_t) {
@@ -102,8 +120,11 @@ double measure_matmul_gflops() {
   return 2.0 * n * n * n / std::max(fastest, 1e-9) / 1e9;
 }
 
-MetricsFile::MetricsFile(std::string path, int64_t tokens_per_step)
-    : path_(std::move(path)), tokens_per_step_(tokens_per_step), last_loss_(std::numeric_limits<double>::quiet_NaN()) {}
+MetricsFile::MetricsFile(std::string path, int64_t tokens_per_step, int64_t samples_per_step)
+    : path_(std::move(path)),
+      tokens_per_step_(tokens_per_step),
+      samples_per_step_(samples_per_step),
+      last_loss_(std::numeric_limits<double>::quiet_NaN()) {}
 
 // Note [MFU of strata train]
 // Model FLOP utilisation: the model's training FLOP/s (gpt_flops_per_token
@@ -128,37 +149,85 @@ void MetricsFile::on_train_start(Trainer& trainer, TrainModule& module) {
   }
 }
 
-void MetricsFile::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&, const data::Batch&, int64_t) {
+void MetricsFile::on_train_batch_start(Trainer&, TrainModule&, const data::Batch&, int64_t) {
+  line_from_this_batch_ = false;
+}
+
+// Note [Throughput through the Trainer's logging]
+// Each step's tokens/s, samples/s and MFU are logged with the module's
+// log() from here (a callback's on_train_batch_end, whose values the
+// Trainer files under the step that just ended, Note [Values logged in
+// on_train_batch_end]), so the CSV, TensorBoard and JSON-lines loggers get
+// them at the same steps and cadence as train_loss, and the metrics file
+// writes the very values logged. Each rank times its own steps; rank 0's
+// values are the ones the loggers write (no collective: the ranks step
+// together, and a sync would cost a round trip per step). The first step
+// includes the warm-up; the closing throughput line leaves it out.
+void MetricsFile::on_train_batch_end(Trainer& trainer, TrainModule& module, const at::Tensor&, const data::Batch&,
+                                     int64_t) {
   if (trainer.global_step() == last_step_) return;  // inside an accumulation
   last_step_ = trainer.global_step();
-  // Every rank: the step's loss averaged over ranks (a collective), each
-  // rank weighted by its share of the global batch (Note [Unequal shares]).
-  last_loss_ =
-      trainer.strategy().all_reduce(at::scalar_tensor(trainer.last_loss_weighted(), at::kFloat)).item<double>();
+  // Note [One train_loss] in this file: the value the loggers get.
+  auto logged = trainer.callback_metrics().find("train_loss");
+  last_loss_ = logged != trainer.callback_metrics().end() ? logged->second : std::numeric_limits<double>::quiet_NaN();
   const auto now = std::chrono::steady_clock::now();
   const double step_s = std::max(std::chrono::duration<double>(now - last_).count(), 1e-9);
   const bool first = last_ == start_;
   last_ = now;
   if (!first) step_s_.push_back(step_s);  // the first step warms up
-  if (!out_.is_open()) return;
-  nlohmann::json line{{"step", trainer.global_step()},
-                      {"loss", last_loss_},
-                      {"lr", trainer.optimizers().front()->param_groups()[0].options().get_lr()},
-                      {"epoch", trainer.current_epoch()},
-                      {"tokens_per_s", static_cast<double>(tokens_per_step_) / step_s},
-                      {"elapsed_s", std::chrono::duration<double>(now - start_).count()}};
+  const double tokens_per_s = static_cast<double>(tokens_per_step_) / step_s;
+  const double samples_per_s = static_cast<double>(samples_per_step_) / step_s;
+  const LogOptions per_step = LogOptions().with_on_step(true).with_on_epoch(false).with_batch_size(1);
+  module.log("tokens_per_s", tokens_per_s, per_step);
+  module.log("samples_per_s", samples_per_s, per_step);
+  std::optional<double> mfu;
   if (flops_per_token_ > 0 && machine_gflops_ > 0) {
-    line["mfu"] = flops_per_token_ * static_cast<double>(tokens_per_step_) / step_s / 1e9 / machine_gflops_;
+    mfu = flops_per_token_ * static_cast<double>(tokens_per_step_) / step_s / 1e9 / machine_gflops_;
+    module.log("mfu", *mfu, per_step);
   }
+  if (!out_.is_open()) return;
+  write_pending();
+  pending_ = nlohmann::json{{"step", trainer.global_step()},
+                            {"loss", last_loss_},
+                            {"lr", trainer.optimizers().front()->param_groups()[0].options().get_lr()},
+                            {"epoch", trainer.current_epoch()},
+                            {"tokens_per_s", tokens_per_s},
+                            {"samples_per_s", samples_per_s},
+                            {"elapsed_s", std::chrono::duration<double>(now - start_).count()}};
+  if (mfu) pending_["mfu"] = *mfu;
+  if (!next_val_.is_null()) pending_["val_loss"] = std::exchange(next_val_, nullptr);
+  line_from_this_batch_ = true;
+}
+
+// Note [Validation in the metrics file]
+// A validation's val_loss goes on the line of the step the loggers file it
+// under, once: the line of the step that just ended when the validation
+// followed a batch that stepped (the line waits for it), else, inside an
+// accumulation window, the next step's line (the loggers' step index is
+// the line's step - 1).
+void MetricsFile::on_validation_end(Trainer& trainer, TrainModule&) {
+  if (trainer.state_fn() != "fit" || trainer.sanity_checking() || !out_.is_open()) return;
   auto val = trainer.callback_metrics().find("val_loss");
-  if (val != trainer.callback_metrics().end()) line["val_loss"] = val->second;
-  out_ << line.dump() << "\n";
+  if (val == trainer.callback_metrics().end()) return;
+  if (line_from_this_batch_ && !pending_.is_null()) {
+    pending_["val_loss"] = val->second;
+    write_pending();
+  } else {
+    next_val_ = val->second;
+  }
+}
+
+void MetricsFile::write_pending() {
+  if (pending_.is_null()) return;
+  out_ << pending_.dump() << "\n";
   out_.flush();
-  STRATA_CHECK(out_.good(), Error, "[train] writing --metrics-file ", path_, " failed at step ", trainer.global_step(),
+  STRATA_CHECK(out_.good(), Error, "[train] writing --metrics-file ", path_, " failed at step ", pending_["step"].dump(),
                " (is the disk full?)");
+  pending_ = nullptr;
 }
 
 void MetricsFile::on_train_end(Trainer& trainer, TrainModule&) {
+  if (out_.is_open()) write_pending();
   if (!trainer.is_global_zero() || step_s_.empty()) return;
   std::vector<double> sorted = step_s_;
   std::sort(sorted.begin(), sorted.end());

@@ -259,6 +259,25 @@ std::string find_metrics_file(const std::string& path) {
                                 "or the metrics file itself"));
 }
 
+std::string run_name(const std::string& input, const std::string& metrics_file) {
+  // The folder: `input` itself when it is one, else the file's parent.
+  fs::path folder = input == metrics_file ? fs::path(metrics_file).parent_path() : fs::path(input);
+  folder = folder.lexically_normal();
+  if (!folder.empty() && !folder.has_filename()) folder = folder.parent_path();  // "run/" -> "run"
+  if (folder.empty() || folder == ".") {
+    std::error_code ec;
+    const fs::path absolute = fs::absolute(metrics_file, ec).parent_path();
+    folder = ec ? fs::path() : absolute;
+  }
+  std::string name = folder.filename().string();
+  if (name.empty() || name == "." || name == "..") return metrics_file;
+  const bool version = name.rfind("version_", 0) == 0 && name.size() > 8 &&
+                       name.find_first_not_of("0123456789", 8) == std::string::npos;
+  const std::string parent = folder.parent_path().filename().string();
+  if (version && !parent.empty() && parent != "." && parent != "..") name = parent + "/" + name;
+  return name;
+}
+
 MetricsTable read_metrics(const std::string& file, const MetricsLimits& limits) {
   MetricsTable table;
   table.path = file;

@@ -42,8 +42,10 @@ class RasterCanvas : public Canvas {
     composite(color);
   }
 
-  void polyline(const Points& points, Color color, double width, const std::string& name) override {
+  void polyline(const Points& points, Color color, double width, const std::string& name,
+                const std::vector<double>& values) override {
     (void)name;
+    (void)values;
     if (points.size() == 1) stroke(points[0].first, points[0].second, points[0].first, points[0].second, width);
     for (std::size_t i = 1; i < points.size(); ++i)
       stroke(points[i - 1].first, points[i - 1].second, points[i].first, points[i].second, width);
@@ -181,9 +183,9 @@ std::string RasterCanvas::png() const {
 
 }  // namespace
 
-std::string render_png(const MetricsTable& table, const PlotOptions& options) {
+std::string render_png(const std::vector<PlotRun>& runs, const PlotOptions& options) {
   RasterCanvas canvas(options.width, options.height);
-  draw_chart(table, options, canvas);
+  draw_chart(runs, options, canvas);
   return canvas.png();
 }
 

@@ -56,8 +56,15 @@ class SvgCanvas : public Canvas {
             "\" stroke=\"" + rgb(color) + "\" stroke-width=\"" + num(width) + "\"/>\n";
   }
 
-  void polyline(const Points& points, Color color, double width, const std::string& name) override {
-    out_ += "<polyline data-series=\"" + xml_escape(name) + "\" fill=\"none\" stroke=\"" + rgb(color) +
+  void polyline(const Points& points, Color color, double width, const std::string& name,
+                const std::vector<double>& values) override {
+    out_ += "<polyline data-series=\"" + xml_escape(name) + "\" data-values=\"";
+    char text[32];
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      std::snprintf(text, sizeof text, "%s%.17g", i ? " " : "", values[i]);
+      out_ += text;
+    }
+    out_ += "\" fill=\"none\" stroke=\"" + rgb(color) +
             "\" stroke-width=\"" + num(width) + "\" stroke-linejoin=\"round\" stroke-linecap=\"round\" points=\"";
     for (std::size_t i = 0; i < points.size(); ++i) {
       if (i) out_.push_back(' ');
@@ -91,9 +98,9 @@ class SvgCanvas : public Canvas {
 
 }  // namespace
 
-std::string render_svg(const MetricsTable& table, const PlotOptions& options) {
+std::string render_svg(const std::vector<PlotRun>& runs, const PlotOptions& options) {
   SvgCanvas canvas(options.width, options.height);
-  draw_chart(table, options, canvas);
+  draw_chart(runs, options, canvas);
   return canvas.finish();
 }
 

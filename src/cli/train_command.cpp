@@ -71,7 +71,7 @@ Command make_train_command() {
     sub->add_option("--resume", c.resume,
                     "Checkpoint to resume from, or 'last' (also 'latest': the newest complete one in --ckpt-dir)");
     sub->add_option("--metrics-file", c.metrics_file,
-                    "Append one JSON line per step: step, loss, lr, epoch, tokens_per_s, elapsed_s");
+                    "Append one JSON line per step: step, loss, lr, epoch, tokens_per_s, samples_per_s, elapsed_s, mfu");
     n.add_integer(sub, "--log-every", "Print a progress line every K steps when not on a terminal", 1, 1000000000,
                   [&c](int64_t v) { c.log_every = v; }, "10");
     n.add_integer(sub, "--sample-tokens", "Tokens of text to sample at the end (0: none)", 0,
@@ -88,7 +88,7 @@ Command make_train_command() {
                   1000000, [&c](int64_t v) { c.early_stopping = v; }, "0");
     n.add_integer(sub, "--save-top-k", "Keep the K checkpoints of lowest val_loss in <ckpt-dir>/best (0: off)", 0,
                   1000000, [&c](int64_t v) { c.save_top_k = v; }, "0");
-    sub->add_option("--logger", c.logger, "Experiment log: csv (Lightning's CSVLogger layout), jsonl or tensorboard (event files)");
+    sub->add_option("--logger", c.logger, "Experiment log: csv (Lightning's CSVLogger layout), jsonl or tensorboard (event files); several as a comma-separated list. Logs train_loss, val_loss, lr-AdamW, tokens_per_s, samples_per_s, mfu and the configuration as hyperparameters");
     sub->add_option("--log-dir", c.log_dir, "Folder of --logger's runs (<log-dir>/train/version_N)")
         ->capture_default_str();
     return sub;
@@ -96,8 +96,8 @@ Command make_train_command() {
   command.run = [config, numbers, strategy_flag] {
     numbers->apply();
     // --strategy's default is ddp; on xla it is single_device on one device
-    // and xla on several (which the Trainer does not run yet: Note [Ranks
-    // as threads] in strategies/xla.h).
+    // and xla on several (ranks as threads: Note [The Trainer's ranks as
+    // threads] in trainer/trainer.h).
     if (config->accelerator == "xla" && (*strategy_flag)->count() == 0)
       config->strategy = config->devices == 1 ? "single_device" : "xla";
     return run_train(*config);

@@ -18,6 +18,19 @@
 namespace strata::cli {
 namespace {
 
+// "csv,tensorboard" -> {"csv", "tensorboard"}; "" -> {}.
+std::vector<std::string> logger_kinds(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    out.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  if (!list.empty() && list.back() == ',') out.push_back("");
+  return out;
+}
+
 // Note [Which modules can be FSDP units]
 // --wrap-policy names module types as module.name() reports them. FSDP
 // gathers a unit's parameters around the unit's forward, which it sees
@@ -108,8 +121,10 @@ void TrainConfig::validate() const {
                " watches val_loss, but --val-every 0 turns validation off; drop one of them");
   STRATA_CHECK(save_top_k == 0 || !ckpt_dir.empty(), ConfigError,
                "[train] --save-top-k needs --ckpt-dir (the best checkpoints go to <ckpt-dir>/best)");
-  STRATA_CHECK(logger.empty() || logger == "csv" || logger == "jsonl" || logger == "tensorboard", ConfigError, "[train] --logger '", logger,
-               "' is not one of csv, jsonl, tensorboard");
+  for (const std::string& kind : logger_kinds(logger)) {
+    STRATA_CHECK(kind == "csv" || kind == "jsonl" || kind == "tensorboard", ConfigError, "[train] --logger '", kind,
+                 "' is not one of csv, jsonl, tensorboard (several: a comma-separated list, e.g. csv,tensorboard)");
+  }
   models::GPTConfig::preset(model_size);  // throws for an unknown size
 
   STRATA_CHECK(pjrt_plugin.empty() || accelerator == "xla", ConfigError, "[train] --pjrt-plugin applies only to "
@@ -193,12 +208,15 @@ TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
   if (config.max_epochs > 0) options.with_max_epochs(config.max_epochs);
   if (config.grad_clip > 0) options.with_gradient_clip_val(config.grad_clip);
   if (config.val_every != 0) {
-    options.with_val_check_interval(config.validation_interval())
-        .with_check_val_every_n_epoch(0)
+    // Every --val-every optimizer steps of the run: Lightning's
+    // check_val_every_n_epoch=None, which counts batches across epochs.
+    options.with_val_check_interval(config.validation_interval() * config.grad_accum)
+        .with_check_val_every_n_epoch(kValidateAcrossEpochs)
         .with_limit_val_batches(config.val_batches);
   }
   const int64_t seq_len = config.seq_len > 0 ? config.seq_len : models::GPTConfig::preset(config.model_size).block_size;
-  options.with_callback(std::make_shared<MetricsFile>(config.metrics_file, config.batch_size * seq_len))
+  options.with_callback(std::make_shared<MetricsFile>(config.metrics_file, config.batch_size * seq_len,
+                                                      config.batch_size))
       .with_callback(std::make_shared<FinalSave>(config.ckpt_dir, config.ckpt_every));
   if (!config.ckpt_dir.empty() && config.ckpt_every > 0) {
     options.with_callback(std::make_shared<trainer::ModelCheckpoint>(trainer::ModelCheckpointOptions()
@@ -225,9 +243,19 @@ TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
   }
   // Only global rank 0 writes logs; the logger picks its version folder
   // when built, so other ranks build none.
+  // Several loggers share one version folder, as Lightning's loggers of a run do.
   if (!config.logger.empty() && rank_zero) {
-    options.with_logger(trainer::make_logger(config.logger, config.log_dir.empty() ? "runs" : config.log_dir, "train"));
+    const std::string root = config.log_dir.empty() ? "runs" : config.log_dir;
+    const std::string dir = trainer::versioned_log_dir(root, "train", std::nullopt);
+    const int64_t version = std::stoll(std::filesystem::path(dir).filename().string().substr(8));
+    for (const std::string& kind : logger_kinds(config.logger)) {
+      options.with_logger(trainer::make_logger(kind, root, "train", version));
+    }
   }
+  // With loggers, the learning rate is logged each logging step ("lr-AdamW"),
+  // as a Lightning run with LearningRateMonitor() does. Every rank gets the
+  // callback (only global rank 0 logs), so their callback lists match.
+  if (!config.logger.empty()) options.with_callback(std::make_shared<trainer::LearningRateMonitor>("step"));
   return options;
 }
 

@@ -111,6 +111,41 @@ void sample(Trainer& trainer, GPTJob& job, const TrainConfig& config) {
   if (trainer.is_global_zero()) std::cout << "sample: " << models::decode_bytes(out.cpu()) << std::endl;
 }
 
+// Note [strata train's hyperparameters]
+// The run's configuration, typed, as the module's hyperparameters: the
+// loggers write them (hparams.yaml, TensorBoard's HPARAMS tab) and the
+// checkpoint keeps them, so `strata ckpt export --format lightning` hands
+// them to load_from_checkpoint as a LightningModule's init arguments
+// (model_config builds the GPT).
+trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTConfig& model, Trainer& run) {
+  trainer::Hyperparams h = {{"model_size", config.model_size},
+                   {"model_config", model.to_json()},
+                   {"lr", config.lr},
+                   {"weight_decay", config.weight_decay},
+                   {"batch_size", config.batch_size},
+                   {"seq_len", model.block_size},
+                   {"grad_accum", config.grad_accum},
+                   {"grad_clip", config.grad_clip},
+                   {"max_steps", config.max_steps},
+                   {"max_epochs", config.max_epochs},
+                   {"seed", config.seed},
+                   {"accelerator", config.accelerator},
+                   {"strategy", run.strategy().name()},
+                   {"devices", config.devices},
+                   {"num_nodes", config.num_nodes},
+                   {"world_size", run.placement().world_size},
+                   {"precision", config.precision},
+                   {"val_every", config.val_every == 0 ? int64_t{0} : config.validation_interval()},
+                   {"val_batches", config.val_batches},
+                   {"log_every", config.log_every},
+                   {"data", config.data.empty() ? std::string(data::kDefaultDataPath) : config.data}};
+  if (config.strategy == "fsdp") {
+    h["state_dict_type"] = config.state_dict_type.empty() ? "sharded" : config.state_dict_type;
+    h["activation_checkpointing"] = config.activation_checkpointing;
+  }
+  return h;
+}
+
 // The job in a process that trains (a worker, or the only process): the
 // data, the model, fit, the sample and the closing line on global rank 0.
 void train_here(Trainer& trainer, const TrainConfig& config) {
@@ -122,6 +157,7 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   strategies::seed_everything(config.seed);
   auto job = std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay);
+  job->save_hyperparameters(train_hparams(config, job->gpt->config(), trainer));
   const int64_t num_parameters = job->gpt->num_parameters();  // before FSDP leaves each rank a shard
 
   const bool rank_zero = runtime::Environment::from_env().rank == 0;

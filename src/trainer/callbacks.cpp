@@ -141,11 +141,17 @@ std::string ProgressBar::line(const Trainer& trainer, double steps_per_s, double
   out += " | step " + std::to_string(trainer.global_step());
   if (o.max_steps > 0) out += "/" + std::to_string(o.max_steps);
   char buf[64];
-  if (std::isfinite(trainer.last_loss())) {
-    std::snprintf(buf, sizeof(buf), " | loss %.4f", trainer.last_loss());
+  // The loss shown is the one the loggers get when the module puts
+  // "train_loss" on the bar (one value everywhere); else this rank's.
+  const auto& shown = trainer.progress_bar_metrics();
+  const auto logged_loss = shown.find("train_loss");
+  const double loss = logged_loss != shown.end() ? logged_loss->second : trainer.last_loss();
+  if (std::isfinite(loss)) {
+    std::snprintf(buf, sizeof(buf), " | loss %.4f", loss);
     out += buf;
   }
-  for (const auto& [name, value] : trainer.progress_bar_metrics()) {
+  for (const auto& [name, value] : shown) {
+    if (name == "train_loss") continue;
     std::snprintf(buf, sizeof(buf), " %.4g", value);
     out += " | " + name + buf;
   }
@@ -188,7 +194,7 @@ void ProgressBar::on_train_batch_end(Trainer& trainer, TrainModule&, const at::T
   const double eta = rate > 0 && total >= 0 ? std::max<int64_t>(total - trainer.global_step(), 0) / rate : -1.0;
   if (tty_) {
     print(line(trainer, rate, eta), false);
-  } else if (trainer.global_step() != last_printed_step_ &&
+  } else if (trainer.global_step() > first_step_ && trainer.global_step() != last_printed_step_ &&
              (trainer.global_step() % o.log_every_n_steps == 0 || trainer.global_step() == first_step_ + 1)) {
     last_printed_step_ = trainer.global_step();
     print(line(trainer, rate, eta), true);
@@ -201,7 +207,7 @@ void ProgressBar::on_train_epoch_end(Trainer& trainer, TrainModule&) {
 }
 
 void ProgressBar::on_validation_end(Trainer& trainer, TrainModule&) {
-  if (!trainer.is_global_zero() || trainer.state_fn() != "fit") return;
+  if (!trainer.is_global_zero() || trainer.state_fn() != "fit" || trainer.sanity_checking()) return;
   std::string text = "validation at step " + std::to_string(trainer.global_step()) + ":";
   char buf[64];
   for (const auto& [name, value] : trainer.callback_metrics()) {

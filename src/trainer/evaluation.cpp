@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 
 #include "results.h"
+#include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
 #include "strata/core/module_hooks.h"
 #include "strata/strategies/precision.h"
@@ -79,16 +80,44 @@ trainer::Metrics Trainer::evaluation_loop(data::Loader& loader, int64_t limit, c
   results.reduce_epoch(*strategy_, log, bar, all);
   for (const auto& [k, v] : all) callback_metrics_[k] = v;
   for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
-  if (!log.empty()) log_to_loggers(log, std::max<int64_t>(global_step_ - 1, 0));
+  // Inside fit at Lightning's step (log_step: global_step itself inside an
+  // accumulation window); a sanity validation logs nothing.
+  const int64_t step = stage == "validate_in_fit" ? log_step() : std::max<int64_t>(global_step_ - 1, 0);
+  if (!log.empty() && !sanity_checking_) log_to_loggers(log, step);
   return all;
 }
 
-void Trainer::run_validation(data::Loader& loader, int64_t limit) {
+void Trainer::run_validation(data::Loader& loader, int64_t limit, bool sanity) {
+  // Note [Sanity validation]: before training, num_sanity_val_steps
+  // batches run through the validation loop and its hooks with
+  // sanity_checking() true, in Lightning's order (on_sanity_check_start,
+  // the validation hooks, on_sanity_check_end); the random state is left
+  // as it was, and the metrics are dropped afterwards, so nothing ranks,
+  // stops or logs on them.
+  at::Tensor rng_state;
+  if (sanity) {
+    sanity_checking_ = true;
+    rng_state = checkpoint::cpu_rng_state();
+    each_callback([&](trainer::Callback& c) { c.on_sanity_check_start(*this, *module_); });
+  }
+  struct SanityReset {
+    Trainer& t;
+    ~SanityReset() { t.sanity_checking_ = false; }
+  } sanity_reset{*this};
   validating_ = true;
   each_callback([&](trainer::Callback& c) { c.on_validation_start(*this, *module_); });
   evaluation_loop(loader, limit, "validate_in_fit");
   validating_ = false;
   each_callback([&](trainer::Callback& c) { c.on_validation_end(*this, *module_); });
+  if (sanity) {
+    each_callback([&](trainer::Callback& c) { c.on_sanity_check_end(*this, *module_); });
+    checkpoint::set_cpu_rng_state(rng_state);
+    callback_metrics_.clear();
+    progress_bar_metrics_.clear();
+    logged_metrics_.clear();
+  } else {
+    ++validations_run_;
+  }
 }
 
 trainer::Metrics Trainer::run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
@@ -96,9 +125,11 @@ trainer::Metrics Trainer::run_evaluation(std::shared_ptr<TrainModule> module, co
   trainer::Metrics metrics;
   nlohmann::json remote;
   const bool here = launch(
-      [&] {
-        metrics = evaluate_here(module, data, stage, ckpt_path);
-        return trainer::detail::metrics_json(metrics);
+      module,
+      [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
+        trainer::Metrics out = rank.evaluate_here(m, data, stage, ckpt_path);
+        if (&rank == this) metrics = out;
+        return trainer::detail::metrics_json(out);
       },
       remote);
   return here ? metrics : trainer::detail::metrics_from_json(remote);
@@ -147,8 +178,10 @@ at::Tensor Trainer::predict(std::shared_ptr<TrainModule> module, const DataSourc
   at::Tensor result;
   nlohmann::json remote;
   launch(
-      [&] {
-        result = predict_here(module, data, ckpt_path);
+      module,
+      [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
+        at::Tensor out = rank.predict_here(m, data, ckpt_path);
+        if (&rank == this) result = out;
         return nlohmann::json();
       },
       remote);

@@ -10,7 +10,8 @@
 //   Summary.Value: metadata = 9 (SummaryMetadata)
 //   SummaryMetadata: plugin_data = 1 (PluginData: plugin_name = 1, content = 2)
 // and for the hparams plugin (tensorboard/plugins/hparams/*.proto):
-//   HParamsPluginData: version = 1, session_start_info = 3
+//   HParamsPluginData: version = 1, experiment = 2, session_start_info = 3,
+//                     session_end_info = 4
 //   SessionStartInfo: hparams = 1 (map<string, google.protobuf.Value>,
 //                     entries with key = 1, value = 2), start_time_secs = 5
 //   google.protobuf.Value: number_value = 2, string_value = 3, bool_value = 4
@@ -198,7 +199,50 @@ std::string valid_utf8(const std::string& text) {
 
 }  // namespace
 
-std::string encode_hparams_event(double wall_time, const std::vector<HparamValue>& hparams) {
+namespace {
+
+// One Event at step 0 holding one hparams-plugin summary `tag` whose
+// content is the HParamsPluginData field `field` set to `message`.
+std::string hparams_plugin_event(double wall_time, const char* tag, int field, const std::string& message) {
+  std::string plugin_data;  // HParamsPluginData; version 0 is the default, not written
+  put_bytes(plugin_data, field, message);
+  std::string plugin;
+  put_bytes(plugin, 1, "hparams");
+  put_bytes(plugin, 2, plugin_data);
+  std::string metadata;
+  put_bytes(metadata, 1, plugin);
+  std::string entry;
+  put_bytes(entry, 1, tag);
+  put_bytes(entry, 9, metadata);
+  std::string summary;
+  put_bytes(summary, 1, entry);
+  std::string event = event_header(wall_time, 0);
+  put_bytes(event, 5, summary);
+  return event;
+}
+
+}  // namespace
+
+std::vector<std::string> encode_hparams_events(double wall_time, const std::vector<HparamValue>& hparams,
+                                               const std::vector<std::string>& metric_tags) {
+  // Experiment: hparam_infos = 4 (HParamInfo: name = 1, type = 4 with
+  // DATA_TYPE_STRING 1, BOOL 2, FLOAT64 3), metric_infos = 5 (MetricInfo:
+  // name = 1, a MetricName with tag = 2).
+  std::string experiment;
+  for (const HparamValue& h : hparams) {
+    std::string info;
+    put_bytes(info, 1, valid_utf8(h.name));
+    put_key(info, 4, 0);
+    put_varint(info, h.kind == HparamValue::Kind::kText ? 1 : h.kind == HparamValue::Kind::kBool ? 2 : 3);
+    put_bytes(experiment, 4, info);
+  }
+  for (const std::string& tag : metric_tags) {
+    std::string name;
+    put_bytes(name, 2, valid_utf8(tag));
+    std::string info;
+    put_bytes(info, 1, name);
+    put_bytes(experiment, 5, info);
+  }
   std::string start_info;
   for (const HparamValue& h : hparams) {
     std::string value;
@@ -216,21 +260,12 @@ std::string encode_hparams_event(double wall_time, const std::vector<HparamValue
     put_bytes(start_info, 1, entry);
   }
   put_double(start_info, 5, wall_time);
-  std::string plugin_data;  // HParamsPluginData; version 0 is the default, not written
-  put_bytes(plugin_data, 3, start_info);
-  std::string plugin;
-  put_bytes(plugin, 1, "hparams");
-  put_bytes(plugin, 2, plugin_data);
-  std::string metadata;
-  put_bytes(metadata, 1, plugin);
-  std::string entry;
-  put_bytes(entry, 1, "_hparams_/session_start_info");
-  put_bytes(entry, 9, metadata);
-  std::string summary;
-  put_bytes(summary, 1, entry);
-  std::string event = event_header(wall_time, 0);
-  put_bytes(event, 5, summary);
-  return event;
+  std::string end_info;  // SessionEndInfo: status = 1 (STATUS_SUCCESS = 1), as torch's hparams() writes it
+  put_key(end_info, 1, 0);
+  put_varint(end_info, 1);
+  return {hparams_plugin_event(wall_time, "_hparams_/experiment", 2, experiment),
+          hparams_plugin_event(wall_time, "_hparams_/session_start_info", 3, start_info),
+          hparams_plugin_event(wall_time, "_hparams_/session_end_info", 4, end_info)};
 }
 
 void check_tag(const std::string& tag) {

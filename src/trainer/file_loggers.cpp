@@ -10,6 +10,7 @@
 
 #include "strata/core/error.h"
 #include "strata/trainer/csv_logger.h"
+#include "strata/trainer/hparams.h"
 #include "strata/trainer/tensorboard_logger.h"
 
 namespace strata::trainer {
@@ -95,8 +96,11 @@ void FileLogger::write_file(const std::string& file, const std::string& text) co
 
 // ---- CSVLogger --------------------------------------------------------------
 
-CSVLogger::CSVLogger(std::string root_dir, std::string name, std::optional<int64_t> version)
-    : FileLogger(root_dir, name, version) {}
+CSVLogger::CSVLogger(std::string root_dir, std::string name, std::optional<int64_t> version,
+                     int64_t flush_logs_every_n_steps)
+    : FileLogger(root_dir, name, version), flush_every_(flush_logs_every_n_steps) {
+  STRATA_CHECK(flush_every_ >= 1, ConfigError, "[logger] flush_logs_every_n_steps must be >= 1, got ", flush_every_);
+}
 
 std::string CSVLogger::metrics_file() const { return (fs::path(log_dir_) / "metrics.csv").string(); }
 
@@ -117,22 +121,22 @@ void CSVLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
   }
   row["step"] = std::to_string(step);
   rows_.push_back(std::move(row));
+  // Lightning's rule: (step + 1) % N, so N=100 writes at steps 99, 199, ...
+  if ((step + 1) % flush_every_ == 0) save();
 }
 
 void CSVLogger::log_hyperparams(const Hyperparams& params) {
-  // JSON strings are YAML double-quoted scalars: every key and value reads
-  // back as the text it was, whatever characters it holds.
-  std::string yaml = params.empty() ? "{}\n" : "";
-  for (const auto& [key, value] : params) yaml += nlohmann::json(key).dump() + ": " + nlohmann::json(value).dump() + "\n";
-  write_file("hparams.yaml", yaml);
+  // Lightning keeps the union of every call's hyperparameters.
+  for (const auto& [key, value] : params) hparams_[key] = value;
+  write_file("hparams.yaml", hparams_yaml(hparams_));
 }
 
 void CSVLogger::save() {
   if (rows_.size() == written_ && !header_changed_) return;
-  // Lightning's column order: the metrics (sorted), then "step"; "epoch"
-  // is a metric like the others.
+  // Lightning's column order: every name sorted, "step" among them
+  // ("epoch,step,train_loss_epoch,..."); "epoch" is a metric like the others.
   std::vector<std::string> header = columns_;
-  header.push_back("step");
+  header.insert(std::upper_bound(header.begin(), header.end(), std::string("step")), "step");
   const bool rewrite = header_changed_ || written_ == 0;
   std::ofstream out(file_path("metrics.csv"), rewrite ? std::ios::trunc : std::ios::app);
   STRATA_CHECK(out.is_open(), Error, "[logger] cannot open ", metrics_file(), " for writing");
@@ -174,7 +178,10 @@ void JSONLinesLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
 }
 
 void JSONLinesLogger::log_hyperparams(const Hyperparams& params) {
-  write_file("hparams.json", nlohmann::json(params).dump(2) + "\n");
+  for (const auto& [key, value] : params) hparams_[key] = value;
+  // Bytes that are not UTF-8 become U+FFFD (JSON holds only UTF-8).
+  const nlohmann::json h(hparams_);
+  write_file("hparams.json", h.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void JSONLinesLogger::save() {

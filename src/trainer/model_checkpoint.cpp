@@ -74,8 +74,6 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
                "[trainer] ModelCheckpoint file_extension '", options_.file_extension, "' must not contain '/'");
   STRATA_CHECK(options_.filename.find('/') == std::string::npos, ConfigError,
                "[trainer] ModelCheckpoint filename '", options_.filename, "' must not contain '/'; use dirpath");
-  best_model_score_ = options_.mode == "min" ? std::numeric_limits<double>::infinity()
-                                             : -std::numeric_limits<double>::infinity();
 }
 
 std::string ModelCheckpoint::state_key() const {
@@ -140,96 +138,182 @@ std::string ModelCheckpoint::format_name(int64_t epoch, int64_t step, const Metr
 }
 
 void ModelCheckpoint::setup(Trainer& trainer, TrainModule&, const std::string&) {
-  dirpath_ = options_.dirpath.empty() ? (fs::path(trainer.options().default_root_dir) / "checkpoints").string()
-                                      : options_.dirpath;
-  if (trainer.state_fn() == "fit" && trainer.strategy().local_rank() == 0) {
+  // Lightning's folder: dirpath, else the first logger's
+  // <log_dir>/checkpoints, else <default_root_dir>/checkpoints; rank 0's,
+  // since only rank 0 may have built a logger.
+  std::string dir = options_.dirpath;
+  if (dir.empty()) {
+    const LoggerPtr logger = trainer.logger();
+    dir = ((logger ? fs::path(logger->log_dir()) : fs::path(trainer.options().default_root_dir)) / "checkpoints")
+              .string();
+    dir = trainer.strategy().broadcast(dir, 0);
+  }
+  dirpath_ = dir;
+  // fast_dev_run saves nothing, so it makes no folder either.
+  if (trainer.state_fn() == "fit" && trainer.fast_dev_run() == 0 && trainer.strategy().local_rank() == 0) {
     std::error_code ec;
     fs::create_directories(dirpath_, ec);
     STRATA_CHECK(!ec, ConfigError, "[trainer] ModelCheckpoint cannot create its folder ", dirpath_, ": ",
                  ec.message());
   }
+  defer_save_until_validation_ = false;
+}
+
+// Note [When ModelCheckpoint saves]
+// Lightning 2.6's rules, decision for decision:
+// - Nothing is saved under fast_dev_run, outside fit, in the sanity
+//   validation, or twice at one global step.
+// - every_n_train_steps saves after the batch that reaches the step. When
+//   the monitored metric does not exist yet (a validation metric before the
+//   first validation), the save waits for the next validation's end; so
+//   does a save on the epoch's last batch when a validation follows it
+//   and the checkpoints are not taken at the epoch's end, so that it is
+//   ranked with that validation's score, not the previous one's.
+// - The epoch-interval saves (every_n_epochs, by default 1 without
+//   every_n_train_steps) happen at the training epoch's end when validation
+//   runs once an epoch at its end (val_check_interval 1.0,
+//   check_val_every_n_epoch 1) or there is no validation, and otherwise at
+//   each validation's end.
+// - A monitored metric missing at a save is an error once a validation has
+//   run, and before that a warning; the ranking then skips that save (the
+//   `last` checkpoint is still written).
+// - "epoch" and "step" can be monitored: the current epoch and global step
+//   unless the module logged metrics of those names.
+bool ModelCheckpoint::skip_saving(Trainer& trainer) const {
+  // Lightning counts step 0 as saved already.
+  return trainer.fast_dev_run() > 0 || trainer.state_fn() != "fit" || trainer.sanity_checking() ||
+         trainer.global_step() == std::max<int64_t>(last_saved_step_, 0);
+}
+
+bool ModelCheckpoint::save_on_train_epoch_end(const Trainer& trainer) const {
+  const TrainerOptions& o = trainer.options();
+  if (o.check_val_every_n_epoch != std::optional<int64_t>(1)) return false;
+  if (trainer.num_val_batches() == 0) return true;
+  return o.val_check_interval.value == 1.0;
+}
+
+Metrics ModelCheckpoint::candidates(const Trainer& trainer) const {
+  Metrics out = trainer.callback_metrics();
+  out.emplace("epoch", static_cast<double>(trainer.current_epoch()));
+  out.emplace("step", static_cast<double>(trainer.global_step()));
+  return out;
 }
 
 void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&, const data::Batch&,
                                          int64_t) {
   const int64_t n = options_.every_n_train_steps;
-  if (n > 0 && trainer.global_step() > 0 && trainer.global_step() % n == 0 &&
-      trainer.global_step() != last_saved_step_) {
-    save(trainer);
+  if (n < 1 || trainer.global_step() % n != 0) return;
+  const Metrics metrics = candidates(trainer);
+  if (!options_.monitor.empty()) {
+    // Rank 0's view decides (Note [Rank 0 decides]).
+    const bool missing = trainer.strategy().broadcast(metrics.find(options_.monitor) == metrics.end(), 0);
+    if (missing) {
+      defer_save_until_validation_ = true;
+      return;
+    }
+    if (!save_on_train_epoch_end(trainer) && trainer.is_last_batch() && trainer.validates_this_epoch()) {
+      defer_save_until_validation_ = true;
+      return;
+    }
   }
+  if (skip_saving(trainer)) return;
+  save_top_k_checkpoint(trainer, metrics);
+  save_last_checkpoint(trainer, metrics);
 }
 
 void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, TrainModule&) {
-  // Without validation this epoch, the epoch's end is the save point.
-  const bool validated = has_validation_;
-  has_validation_ = false;
-  if (validated) return;
+  if (skip_saving(trainer) || !save_on_train_epoch_end(trainer)) return;
+  const Metrics metrics = candidates(trainer);
   const int64_t every = options_.every_n_epochs.value_or(options_.every_n_train_steps > 0 ? 0 : 1);
-  if (every > 0 && (trainer.current_epoch() + 1) % every == 0) save(trainer);
+  if (every >= 1 && (trainer.current_epoch() + 1) % every == 0) save_top_k_checkpoint(trainer, metrics);
+  if (last_saved_step_ == trainer.global_step()) save_last_checkpoint(trainer, metrics);
 }
 
 void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule&) {
-  if (trainer.state_fn() != "fit") return;
-  has_validation_ = true;
+  if (skip_saving(trainer) || save_on_train_epoch_end(trainer)) return;
+  const Metrics metrics = candidates(trainer);
+  if (defer_save_until_validation_) {
+    save_top_k_checkpoint(trainer, metrics);
+    save_last_checkpoint(trainer, metrics);
+    defer_save_until_validation_ = false;
+    return;
+  }
   const int64_t every = options_.every_n_epochs.value_or(options_.every_n_train_steps > 0 ? 0 : 1);
-  if (every > 0 && (trainer.current_epoch() + 1) % every == 0) save(trainer);
+  if (every >= 1 && (trainer.current_epoch() + 1) % every == 0) save_top_k_checkpoint(trainer, metrics);
+  if (last_saved_step_ == trainer.global_step()) save_last_checkpoint(trainer, metrics);
 }
 
-void ModelCheckpoint::save(Trainer& trainer) {
-  if (trainer.global_step() == last_saved_step_) return;  // this step is saved already
+void ModelCheckpoint::write(Trainer& trainer, const std::string& path) {
+  trainer.save_checkpoint(path);
   last_saved_step_ = trainer.global_step();
+}
+
+void ModelCheckpoint::save_top_k_checkpoint(Trainer& trainer, const Metrics& metrics) {
+  if (options_.save_top_k == 0) return;
   strategies::Strategy& strategy = trainer.strategy();
   // Rank 0's name: the template may hold metrics each rank has its own of.
   const std::string file =
-      strategy.broadcast(format_name(trainer.current_epoch(), trainer.global_step(), trainer.callback_metrics()), 0);
+      strategy.broadcast(format_name(trainer.current_epoch(), trainer.global_step(), metrics), 0);
   const std::string path = (fs::path(dirpath_) / (file + options_.file_extension)).string();
-  if (options_.save_top_k != 0) {
-    if (options_.monitor.empty()) {
-      // Keep the latest (save_top_k 1) or all (-1). As with the ranking
-      // below, the checkpoint's own state already names it, so a run
-      // resumed from it removes it when the next one is saved.
-      const std::string previous = best_model_path_;
-      best_model_path_ = path;
-      trainer.save_checkpoint(path);
-      if (options_.save_top_k == 1 && !previous.empty() && previous != path) {
-        strategy.remove_checkpoint(previous, dirpath_);
-      }
-    } else {
-      double current = monitored(trainer, options_.monitor, "ModelCheckpoint");
-      if (std::isnan(current)) current = options_.mode == "min" ? std::numeric_limits<double>::infinity()
-                                                                : -std::numeric_limits<double>::infinity();
-      const size_t k = static_cast<size_t>(options_.save_top_k);
-      std::string worst;
-      for (const auto& [p, v] : best_k_) {
-        if (worst.empty() || better(best_k_[worst], v)) worst = p;
-      }
-      bool should = options_.save_top_k == -1 || best_k_.size() < k || better(current, best_k_[worst]);
-      should = strategy.reduce_boolean_decision(should, /*all=*/true);  // Note [Rank 0 decides]
-      if (should) {
-        // The ranking is updated first, so the checkpoint's own state
-        // (callbacks) already counts it.
-        best_k_[path] = current;
-        std::string evicted;
-        if (options_.save_top_k != -1 && best_k_.size() > k) {
-          for (const auto& [p, v] : best_k_) {
-            if (evicted.empty() || better(best_k_[evicted], v)) evicted = p;
-          }
-          best_k_.erase(evicted);
-        }
-        best_model_path_.clear();
-        for (const auto& [p, v] : best_k_) {
-          if (best_model_path_.empty() || better(v, best_k_[best_model_path_])) best_model_path_ = p;
-        }
-        best_model_score_ = best_k_[best_model_path_];
-        trainer.save_checkpoint(path);
-        if (!evicted.empty() && evicted != path) strategy.remove_checkpoint(evicted, dirpath_);  // on every host
-      }
+  if (options_.monitor.empty()) {
+    // Keep the latest (save_top_k 1) or all (-1). As with the ranking
+    // below, the checkpoint's own state already names it, so a run
+    // resumed from it removes it when the next one is saved.
+    const std::string previous = best_model_path_;
+    best_model_path_ = path;
+    write(trainer, path);
+    if (options_.save_top_k == 1 && !previous.empty() && previous != path) {
+      strategy.remove_checkpoint(previous, dirpath_);
     }
+    return;
   }
-  if (options_.save_last) {
-    last_model_path_ = (fs::path(dirpath_) / ("last" + options_.file_extension)).string();
-    trainer.save_checkpoint(last_model_path_);
+  auto it = metrics.find(options_.monitor);
+  const bool found = strategy.broadcast(it != metrics.end(), 0);
+  if (!found) {
+    STRATA_CHECK(!trainer.validation_has_run(), ConfigError, "[trainer] ModelCheckpoint monitors '",
+                 options_.monitor, "', which was never logged; the metrics it can monitor are: ", available(metrics),
+                 ". Log it with log(\"", options_.monitor, "\", value) in a step, or monitor one of those");
+    if (trainer.is_global_zero() && !warned_missing_) {
+      log::warning_all_ranks("[trainer] ModelCheckpoint monitors '", options_.monitor,
+                             "', which is not logged yet (no validation has run); this save is not ranked");
+    }
+    warned_missing_ = true;
+    return;
   }
+  double current = strategy.broadcast(it != metrics.end() ? it->second : 0.0, 0);
+  if (std::isnan(current)) current = options_.mode == "min" ? std::numeric_limits<double>::infinity()
+                                                            : -std::numeric_limits<double>::infinity();
+  const size_t k = static_cast<size_t>(options_.save_top_k);
+  std::string worst;
+  for (const auto& [p, v] : best_k_) {
+    if (worst.empty() || better(best_k_[worst], v)) worst = p;
+  }
+  bool should = options_.save_top_k == -1 || best_k_.size() < k || better(current, best_k_[worst]);
+  should = strategy.reduce_boolean_decision(should, /*all=*/true);  // Note [Rank 0 decides]
+  if (!should) return;
+  // The ranking is updated first, so the checkpoint's own state
+  // (callbacks) already counts it.
+  best_k_[path] = current;
+  std::string evicted;
+  if (options_.save_top_k != -1 && best_k_.size() > k) {
+    for (const auto& [p, v] : best_k_) {
+      if (evicted.empty() || better(best_k_[evicted], v)) evicted = p;
+    }
+    best_k_.erase(evicted);
+  }
+  best_model_path_.clear();
+  for (const auto& [p, v] : best_k_) {
+    if (best_model_path_.empty() || better(v, best_k_[best_model_path_])) best_model_path_ = p;
+  }
+  best_model_score_ = best_k_[best_model_path_];
+  write(trainer, path);
+  if (!evicted.empty() && evicted != path) strategy.remove_checkpoint(evicted, dirpath_);  // on every host
+}
+
+void ModelCheckpoint::save_last_checkpoint(Trainer& trainer, const Metrics&) {
+  if (!options_.save_last) return;
+  last_model_path_ = (fs::path(dirpath_) / ("last" + options_.file_extension)).string();
+  write(trainer, last_model_path_);
 }
 
 namespace {
@@ -242,7 +326,8 @@ double score_of(const nlohmann::json& j, double if_null) { return j.is_number() 
 nlohmann::json ModelCheckpoint::state_dict() const {
   nlohmann::json best_k = nlohmann::json::object();
   for (const auto& [path, v] : best_k_) best_k[path] = score_json(v);
-  return {{"monitor", options_.monitor},         {"best_model_score", score_json(best_model_score_)},
+  return {{"monitor", options_.monitor},
+          {"best_model_score", best_model_score_ ? score_json(*best_model_score_) : nlohmann::json(nullptr)},
           {"best_model_path", best_model_path_}, {"last_model_path", last_model_path_},
           {"best_k_models", best_k},             {"dirpath", dirpath_},
           {"last_saved_step", last_saved_step_}};
@@ -300,7 +385,12 @@ void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
   for (auto it = ranked.begin(); it != ranked.end(); ++it) best_k[it.key()] = score_of(it.value(), worst);
   best_k_ = std::move(best_k);
   best_model_path_ = best;
-  best_model_score_ = score_of(state["best_model_score"], worst);
+  // null: no score yet, or a non-finite one (kept as the worst) when a
+  // checkpoint was ranked.
+  best_model_score_.reset();
+  if (!options_.monitor.empty() && (state["best_model_score"].is_number() || !best_k_.empty())) {
+    best_model_score_ = score_of(state["best_model_score"], worst);
+  }
   last_model_path_ = last;
   last_saved_step_ = state["last_saved_step"].get<int64_t>();
 }
@@ -321,15 +411,20 @@ std::string EarlyStopping::state_key() const {
 }
 
 void EarlyStopping::on_validation_end(Trainer& trainer, TrainModule&) {
-  if (trainer.state_fn() != "fit" || options_.check_on_train_epoch_end) return;
+  // Not on the sanity validation's values, nor under fast_dev_run (Lightning's).
+  if (trainer.state_fn() != "fit" || trainer.sanity_checking() || options_.check_on_train_epoch_end) return;
   validated_ = true;
-  check(trainer);
+  if (trainer.fast_dev_run() == 0) check(trainer);
 }
 
 void EarlyStopping::on_train_epoch_end(Trainer& trainer, TrainModule&) {
   const bool validated = validated_;
   validated_ = false;
-  if (options_.check_on_train_epoch_end || !validated) check(trainer);
+  if (trainer.fast_dev_run() > 0) return;
+  // Without validation data the epoch's end is the check; with it, an
+  // epoch that did not validate (check_val_every_n_epoch > 1, an interval
+  // that did not come round) is not checked, as in Lightning.
+  if (options_.check_on_train_epoch_end || (!validated && trainer.num_val_batches() == 0)) check(trainer);
 }
 
 void EarlyStopping::check(Trainer& trainer) {
@@ -348,6 +443,7 @@ void EarlyStopping::check(Trainer& trainer) {
   if (stop && !trainer.should_stop) {
     trainer.should_stop = true;
     stopped_step_ = trainer.global_step();
+    stopped_epoch_ = trainer.current_epoch();
     if (trainer.is_global_zero()) {
       log::info("[trainer] early stopping: ", options_.monitor, " did not improve for ", wait_, " check(s) (best ",
                 best_, "); stopping at step ", stopped_step_);
@@ -359,7 +455,8 @@ nlohmann::json EarlyStopping::state_dict() const {
   // JSON has no infinity: an unset best is null.
   return {{"wait_count", wait_},
           {"best_score", std::isfinite(best_) ? nlohmann::json(best_) : nlohmann::json(nullptr)},
-          {"stopped_step", stopped_step_}};
+          {"stopped_step", stopped_step_},
+          {"stopped_epoch", stopped_epoch_}};
 }
 
 void EarlyStopping::load_state_dict(const nlohmann::json& state) {
@@ -367,6 +464,7 @@ void EarlyStopping::load_state_dict(const nlohmann::json& state) {
   wait_ = state["wait_count"].get<int64_t>();
   if (state["best_score"].is_number()) best_ = state["best_score"].get<double>();
   stopped_step_ = state["stopped_step"].get<int64_t>();
+  stopped_epoch_ = state.contains("stopped_epoch") ? state["stopped_epoch"].get<int64_t>() : 0;  // absent: older
 }
 
 }  // namespace strata::trainer

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/trainer/hparams.h"
 
 namespace strata::trainer {
 namespace {
@@ -41,70 +42,6 @@ int next_version(const fs::path& dir) {
     next = std::max(next, std::atoi(digits.c_str()) + 1);
   }
   return next;
-}
-
-bool is_number(const std::string& text) {
-  if (text.empty() || text.size() > 64) return false;
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  // strtod also takes hex floats, "inf" and "nan": YAML reads those as text.
-  return *end == '\0' && std::isfinite(value) && text.find_first_of("xXpP") == std::string::npos &&
-         text.find_first_not_of("0123456789+-.eE") == std::string::npos;
-}
-
-// A scalar PyYAML (YAML 1.1) reads back as the same text or as the number it
-// spells. Words YAML 1.1 turns into booleans other than true/false are quoted.
-bool plain_ok(const std::string& text) {
-  if (text.empty()) return false;
-  if (is_number(text)) return true;
-  for (const char* word : {"yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF", "y", "Y",
-                           "n", "N", "~", "<<", "="}) {
-    if (text == word) return false;
-  }
-  const char first = text[0];
-  const bool letter = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') || first == '_';
-  if (!letter) return false;  // digits (dates, 1:20), signs and punctuation: quote
-  for (char c : text) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                    c == '-' || c == '.' || c == '/' || c == '+';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-std::string yaml_scalar(const std::string& text) {
-  if (plain_ok(text)) return text;
-  std::string out = "\"";
-  for (std::size_t i = 0; i < text.size();) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x80) {
-      const std::size_t n = utf8_sequence_length(text, i);
-      if (n == 0) {
-        out += "\\uFFFD";  // not UTF-8: YAML cannot hold the byte itself
-        ++i;
-      } else {
-        out.append(text, i, n);
-        i += n;
-      }
-      continue;
-    }
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c == 0x7F) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-    ++i;
-  }
-  return out + "\"";
 }
 
 // Writes `text` to `path` through a temporary file and a rename.
@@ -139,15 +76,9 @@ double now_seconds() {
 
 }  // namespace
 
-std::string hparams_yaml(const Hyperparams& params) {
-  if (params.empty()) return "{}\n";
-  std::string out;
-  for (const auto& [key, value] : params) out += yaml_scalar(key) + ": " + yaml_scalar(value) + "\n";
-  return out;
-}
-
-TensorBoardLogger::TensorBoardLogger(std::string root_dir, std::string name, std::optional<int> version)
-    : root_dir_(std::move(root_dir)), name_(std::move(name)) {
+TensorBoardLogger::TensorBoardLogger(std::string root_dir, std::string name, std::optional<int> version,
+                                     bool default_hp_metric)
+    : root_dir_(std::move(root_dir)), name_(std::move(name)), default_hp_metric_(default_hp_metric) {
   STRATA_CHECK(!root_dir_.empty(), ConfigError,
                "[tensorboard] root_dir is empty; name the folder that holds the runs (\".\" for here)");
   STRATA_CHECK(root_dir_.find('\0') == std::string::npos && root_dir_.size() <= 4096, ConfigError,
@@ -205,23 +136,15 @@ void TensorBoardLogger::write_pending_hparams() {
   if (!hparams_pending_) return;
   hparams_pending_ = false;
   ensure_dir();
-  // Numbers as numbers, true/false as booleans, the rest as text.
-  std::vector<HparamValue> values;
-  for (const auto& [key, text] : hparams_) {
-    HparamValue v;
-    v.name = key;
-    if (is_number(text)) {
-      v.kind = HparamValue::Kind::kNumber;
-      v.number = std::strtod(text.c_str(), nullptr);
-    } else if (text == "true" || text == "false" || text == "True" || text == "False") {
-      v.kind = HparamValue::Kind::kBool;
-      v.flag = text[0] == 't' || text[0] == 'T';
-    } else {
-      v.text = text;
-    }
-    values.push_back(std::move(v));
+  // Lightning's TensorBoardLogger: with default_hp_metric, "hp_metric" = -1
+  // at step 0 and the three hparams summaries naming it as the metric;
+  // without it (and no metrics given), nothing reaches the event file.
+  if (!default_hp_metric_) return;
+  const double now = now_seconds();
+  writer_->append_event(encode_scalars_event(now, 0, {{"hp_metric", -1.0}}));
+  for (const std::string& event : encode_hparams_events(now, tensorboard_hparams(hparams_), {"hp_metric"})) {
+    writer_->append_event(event);
   }
-  writer_->append_event(encode_hparams_event(now_seconds(), values));
 }
 
 void TensorBoardLogger::write_hparams() {

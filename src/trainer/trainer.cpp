@@ -56,7 +56,7 @@ void check_limit(const BatchLimit& l, const char* field) {
 }  // namespace
 
 Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
-  const TrainerOptions& o = options_;
+  TrainerOptions& o = options_;
   STRATA_CHECK(o.max_steps >= -1, ConfigError, "[trainer] max_steps must be >= -1 (-1: no limit), got ", o.max_steps);
   STRATA_CHECK(!o.max_epochs || *o.max_epochs >= -1, ConfigError,
                "[trainer] max_epochs must be >= -1 (-1: no limit), got ", *o.max_epochs);
@@ -68,11 +68,18 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                ConfigError, "[trainer] gradient_clip_val must be a finite number >= 0, got ", *o.gradient_clip_val);
   STRATA_CHECK(o.log_every_n_steps >= 1, ConfigError, "[trainer] log_every_n_steps must be >= 1, got ",
                o.log_every_n_steps);
-  STRATA_CHECK(o.check_val_every_n_epoch >= 0, ConfigError,
-               "[trainer] check_val_every_n_epoch must be >= 0 (0: val_check_interval counts steps across epochs), got ",
-               o.check_val_every_n_epoch);
-  STRATA_CHECK(o.check_val_every_n_epoch > 0 || !o.val_check_interval.fraction, ConfigError,
-               "[trainer] check_val_every_n_epoch=0 needs val_check_interval as a number of steps, not a fraction");
+  STRATA_CHECK(!o.check_val_every_n_epoch || *o.check_val_every_n_epoch >= 1, ConfigError,
+               "[trainer] check_val_every_n_epoch must be >= 1, got ", o.check_val_every_n_epoch.value_or(0),
+               "; pass std::nullopt (strata::kValidateAcrossEpochs, Lightning's None) to count val_check_interval's "
+               "batches across epochs");
+  STRATA_CHECK(o.check_val_every_n_epoch || !o.val_check_interval.fraction || o.val_check_interval.value == 1.0,
+               ConfigError, "[trainer] check_val_every_n_epoch=None needs val_check_interval as a number of batches, "
+               "not the fraction ", o.val_check_interval.value);
+  STRATA_CHECK(o.num_sanity_val_steps >= -1, ConfigError,
+               "[trainer] num_sanity_val_steps must be >= -1 (-1: all validation batches), got ", o.num_sanity_val_steps);
+  STRATA_CHECK(o.fast_dev_run >= 0, ConfigError, "[trainer] fast_dev_run must be >= 0 batches (0: off), got ",
+               o.fast_dev_run);
+  check_limit(o.overfit_batches, "overfit_batches");
   STRATA_CHECK(!o.max_time || o.max_time->count() >= 0, ConfigError, "[trainer] max_time must be >= 0");
   check_limit(o.limit_train_batches, "limit_train_batches");
   check_limit(o.limit_val_batches, "limit_val_batches");
@@ -85,6 +92,32 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   for (const auto& c : o.callbacks) STRATA_CHECK(c != nullptr, ConfigError, "[trainer] callbacks holds a null callback");
   for (const auto& l : o.loggers) STRATA_CHECK(l != nullptr, ConfigError, "[trainer] loggers holds a null logger");
 
+  // Note [Debug runs]
+  // As Lightning's Trainer: fast_dev_run=n runs n batches of every loop, one
+  // epoch and n steps at most, with no sanity validation, validation after
+  // the epoch, and no logging or checkpointing; overfit_batches replaces
+  // the training and validation limits (and, in make_loader, turns the
+  // shuffle off), also under fast_dev_run.
+  const bool overfit = o.overfit_batches.value > 0;
+  if (o.fast_dev_run > 0) {
+    const int64_t n = o.fast_dev_run;
+    if (!overfit) {
+      o.limit_train_batches = n;
+      o.limit_val_batches = n;
+    }
+    o.limit_test_batches = n;
+    o.limit_predict_batches = n;
+    o.max_steps = n;
+    o.max_epochs = 1;
+    o.num_sanity_val_steps = 0;
+    o.val_check_interval = 1.0;
+    o.check_val_every_n_epoch = 1;
+  }
+  if (overfit) {
+    o.limit_train_batches = o.overfit_batches;
+    o.limit_val_batches = o.overfit_batches;
+  }
+  if (o.fast_dev_run == 0) loggers_ = o.loggers;
   // Lightning's defaults: 1000 epochs unless a step limit is given.
   if (o.max_epochs) max_epochs_ = *o.max_epochs;
   else max_epochs_ = o.max_steps == -1 ? 1000 : -1;
@@ -114,6 +147,14 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
 }
 
 Trainer::~Trainer() {
+  if (thread_ranks_) {
+    try {
+      thread_ranks_->job->teardown();  // on the ranks' threads, before their Trainers go
+    } catch (const std::exception& e) {
+      log::error("[trainer] teardown failed: ", e.what());
+    }
+    thread_ranks_.reset();
+  }
   if (module_) module_->trainer_ = nullptr;
   if (owns_environment_ && strategy_->launched()) {
     try {
@@ -137,13 +178,14 @@ void Trainer::fit(std::shared_ptr<TrainModule> module, const DataSource& train, 
                   const std::string& ckpt_path) {
   nlohmann::json remote;
   const bool here = launch(
-      [&] {
-        run_fit(module, train, val, ckpt_path);
-        return nlohmann::json{{"global_step", global_step_},
-                              {"current_epoch", epoch_},
-                              {"callback_metrics", metrics_json(callback_metrics_)},
-                              {"logged_metrics", metrics_json(logged_metrics_)},
-                              {"progress_bar_metrics", metrics_json(progress_bar_metrics_)}};
+      module,
+      [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
+        rank.run_fit(m, train, val, ckpt_path);
+        return nlohmann::json{{"global_step", rank.global_step_},
+                              {"current_epoch", rank.current_epoch()},
+                              {"callback_metrics", metrics_json(rank.callback_metrics_)},
+                              {"logged_metrics", metrics_json(rank.logged_metrics_)},
+                              {"progress_bar_metrics", metrics_json(rank.progress_bar_metrics_)}};
       },
       remote);
   if (here || !remote.is_object()) return;
@@ -174,6 +216,11 @@ void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& tra
 
 bool Trainer::step_limit_reached() const { return options_.max_steps >= 0 && global_step_ >= options_.max_steps; }
 
+bool Trainer::validates_this_epoch() const {
+  const std::optional<int64_t>& every = options_.check_val_every_n_epoch;
+  return num_val_batches_ > 0 && (!every || (epoch_ + 1) % *every == 0);
+}
+
 void Trainer::run_training(const DataSource& train, const std::optional<DataSource>& val,
                            const std::string& ckpt_path) {
   std::shared_ptr<data::Loader> train_loader = make_loader(train, true, "training");
@@ -183,31 +230,49 @@ void Trainer::run_training(const DataSource& train, const std::optional<DataSour
   global_step_ = 0;
   resume_position_ = 0;
   resume_path_.clear();
+  stopped_inside_epoch_ = false;
+  validations_run_ = 0;
+  batch_stepped_ = false;
+  num_val_batches_ = val_loader ? options_.limit_val_batches.of(static_cast<int64_t>(val_loader->size())) : 0;
   if (!ckpt_path.empty()) {
     std::string path = resolve_ckpt_path(ckpt_path);
     if (!path.empty()) restore(path, /*training=*/true);
   }
   if (is_global_zero()) {
-    for (const auto& logger : options_.loggers) logger->log_hyperparams(module_->hparams());
+    for (const auto& logger : loggers_) logger->log_hyperparams(module_->hparams());
   }
   each_callback([&](trainer::Callback& c) { c.on_fit_start(*this, *module_); });
   module_->on_fit_start();
-  each_callback([&](trainer::Callback& c) { c.on_train_start(*this, *module_); });
-  module_->on_train_start();
-  module_->train();
-  while (!should_stop) {
-    if (max_epochs_ >= 0 && epoch_ >= max_epochs_) break;
-    if (step_limit_reached()) break;
-    const bool finished = train_one_epoch(*train_loader, val_loader.get());
-    if (!finished) break;
-    // The next epoch has not begun: a checkpoint from here on (on_train_end)
-    // resumes at its first batch.
-    ++epoch_;
-    batch_in_epoch_ = 0;
-    epoch_done_ = false;
+  const int64_t sanity_batches =
+      options_.num_sanity_val_steps == -1 ? num_val_batches_ : std::min(options_.num_sanity_val_steps, num_val_batches_);
+  if (sanity_batches > 0) run_validation(*val_loader, sanity_batches, /*sanity=*/true);
+  // limit_train_batches=0 turns training off (Lightning skips the fit loop
+  // and its hooks); data that yields no batch is an error (train_one_epoch).
+  if (options_.limit_train_batches.value != 0) {
+    each_callback([&](trainer::Callback& c) { c.on_train_start(*this, *module_); });
+    module_->on_train_start();
+    module_->train();
+    while (!should_stop) {
+      if (max_epochs_ >= 0 && epoch_ >= max_epochs_) break;
+      if (step_limit_reached()) break;
+      const bool finished = train_one_epoch(*train_loader, val_loader.get());
+      if (!finished) {
+        // Note [Epochs stopped inside]: Lightning ends a stopped epoch as
+        // any other and counts it, so current_epoch() says the next one;
+        // epoch_ keeps the loop position, which a checkpoint saved from
+        // here on (on_train_end) resumes from.
+        stopped_inside_epoch_ = true;
+        break;
+      }
+      // The next epoch has not begun: a checkpoint from here on (on_train_end)
+      // resumes at its first batch.
+      ++epoch_;
+      batch_in_epoch_ = 0;
+      epoch_done_ = false;
+    }
+    module_->on_train_end();
+    each_callback([&](trainer::Callback& c) { c.on_train_end(*this, *module_); });
   }
-  module_->on_train_end();
-  each_callback([&](trainer::Callback& c) { c.on_train_end(*this, *module_); });
   module_->on_fit_end();
   each_callback([&](trainer::Callback& c) { c.on_fit_end(*this, *module_); });
 }
@@ -218,16 +283,23 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
                loader.size(), " batches, limit_train_batches ", options_.limit_train_batches.value,
                "); give more data or a smaller batch_size");
   num_training_batches_ = n;
+  // Note [When validation runs]
+  // As Lightning's _should_check_val_fx: after every val_every-th batch of
+  // the epoch (of the run with check_val_every_n_epoch=None), and only
+  // then: the epoch's last batch validates only when the interval divides
+  // it (a fraction f validates after each floor(f * n) batches, so 1/3 of
+  // 64 runs after batches 21, 42 and 63). And after the batch in whose
+  // hooks something set should_stop (a Timer, a callback), so a run that
+  // stops has a validation of its last state.
   const BatchLimit& vci = options_.val_check_interval;
   int64_t val_every = vci.fraction ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(vci.value * n)))
                                    : static_cast<int64_t>(vci.value);
-  const bool by_epoch = options_.check_val_every_n_epoch > 0;
-  STRATA_CHECK(!by_epoch || vci.fraction || val_every <= n || !val_loader, ConfigError,
+  const bool across_epochs = !options_.check_val_every_n_epoch;
+  STRATA_CHECK(across_epochs || vci.fraction || val_every <= n || !val_loader, ConfigError,
                "[trainer] val_check_interval (", val_every, ") is more than the training batches per epoch (", n,
-               "); lower it, pass a fraction of the epoch, or set check_val_every_n_epoch=0 to count steps "
-               "across epochs");
-  const bool validate_this_epoch =
-      val_loader && (!by_epoch || (epoch_ + 1) % options_.check_val_every_n_epoch == 0);
+               "); lower it, pass a fraction of the epoch, or set check_val_every_n_epoch to std::nullopt "
+               "(Lightning's None) to count batches across epochs");
+  const bool validate_this_epoch = val_loader && validates_this_epoch();
 
   // Position: a resumed epoch continues after the batches it had done.
   const int64_t position = checked_resume_position(n);
@@ -260,16 +332,25 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
     module_->on_train_batch_start(*batch, idx);
     training_batch(*batch, idx, last_of_step);
     batch_in_epoch_ = idx + 1;
-    update_step_metrics(last_of_step);
+    batch_stepped_ = last_of_step;
+    // Note [Values logged in on_train_batch_end]: what the module logs in
+    // its on_train_batch_end belongs to this batch, as in Lightning: the
+    // callbacks after it see it in callback_metrics, and it reaches the
+    // loggers in this step's row.
+    collect_step_metrics();
     module_->on_train_batch_end(last_batch_loss_, *batch, idx);
+    collect_step_metrics();
     each_callback([&](trainer::Callback& c) { c.on_train_batch_end(*this, *module_, last_batch_loss_, *batch, idx); });
-    const bool due = by_epoch ? batch_in_epoch_ % val_every == 0 || batch_in_epoch_ == n
-                              : last_of_step && global_step_ % val_every == 0;
-    if (validate_this_epoch && due) {
-      run_validation(*val_loader, options_.limit_val_batches.of(static_cast<int64_t>(val_loader->size())));
+    collect_step_metrics();
+    log_step_metrics(last_of_step);
+    // Note [When validation runs].
+    const int64_t batches_counted = across_epochs ? epoch_ * n + batch_in_epoch_ : batch_in_epoch_;
+    if (validate_this_epoch && (should_stop || batches_counted % val_every == 0)) {
+      run_validation(*val_loader, num_val_batches_);
     }
+    batch_stepped_ = false;
     if (should_stop || step_limit_reached()) {
-      stopped = batch_in_epoch_ < n || should_stop;
+      stopped = batch_in_epoch_ < n;
       break;
     }
   }
@@ -292,9 +373,9 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
   each_callback([&](trainer::Callback& c) { c.on_train_epoch_end(*this, *module_); });
   module_->on_train_epoch_end();
   if (is_global_zero()) {
-    for (const auto& logger : options_.loggers) logger->save();
+    for (const auto& logger : loggers_) logger->save();
   }
-  return !stopped && !should_stop;
+  return !stopped;
 }
 
 void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step) {
@@ -394,7 +475,8 @@ void Trainer::warn_about_recompiles() {
   // programs in its first two steps; a compile later means the step
   // changed (a shape, an op, a constant) and each such step pays a compile.
   const xla::Metrics m = xla::metrics();
-  if (global_step_ > 2 && m.compiles > compiles_seen_ && !m.compile_reasons.empty()) {
+  // With ranks as threads the counts are the process's: rank 0 speaks.
+  if (global_step_ > 2 && m.compiles > compiles_seen_ && !m.compile_reasons.empty() && is_global_zero()) {
     log::warning("[trainer] the xla device compiled a new program at step ", global_step_,
               ", after the warm-up steps (", m.compiles - compiles_seen_, " new; ", m.compiles,
               " in all): ", m.compile_reasons.back(),
@@ -429,24 +511,31 @@ void Trainer::optimizer_step() {
   }
 }
 
-void Trainer::update_step_metrics(bool stepped) {
+void Trainer::collect_step_metrics() {
   trainer::Metrics log, bar, all;
   results_->take_step(*strategy_, log, bar, all);
   for (const auto& [k, v] : all) callback_metrics_[k] = v;
   for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
-  for (const auto& [k, v] : log) pending_step_metrics_[k] = v;
+  // logged_metrics has every batch's values, whether or not this step's
+  // row reaches the loggers (Lightning's on_batch_end).
+  for (const auto& [k, v] : log) pending_step_metrics_[k] = logged_metrics_[k] = v;
+}
+
+void Trainer::log_step_metrics(bool stepped) {
   if (stepped && global_step_ % options_.log_every_n_steps == 0 && !pending_step_metrics_.empty()) {
-    log_to_loggers(pending_step_metrics_, global_step_ - 1);
+    log_to_loggers(pending_step_metrics_, log_step());
     pending_step_metrics_.clear();
   }
 }
 
 void Trainer::log_to_loggers(const trainer::Metrics& metrics, int64_t step) {
+  // "epoch" goes to the loggers' rows only (Lightning adds it there, not
+  // to logged_metrics).
+  for (const auto& [k, v] : metrics) logged_metrics_[k] = v;
   trainer::Metrics row = metrics;
   row["epoch"] = static_cast<double>(epoch_);
-  for (const auto& [k, v] : row) logged_metrics_[k] = v;
   if (!is_global_zero()) return;
-  for (const auto& logger : options_.loggers) {
+  for (const auto& logger : loggers_) {
     logger->log_metrics(row, step);
     logger->save();
   }

@@ -2,13 +2,22 @@
 // protocol] in strategies/placement.h), attaching a module and preparing
 // it through the strategy (Strategy::setup(trainer)), the optimizers of
 // configure_optimizers, and the loaders it builds from a DataSource.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
+#include <mutex>
+#include <typeinfo>
+
+#include "results.h"
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 #include "strata/data/distributed_sampler.h"
 #include "strata/strategies/placement.h"
 #include "strata/trainer/callbacks.h"
+#include "strata/trainer/model_summary.h"
 #include "strata/trainer/trainer.h"
 #include "trainer_impl.h"
 
@@ -16,7 +25,68 @@ namespace strata {
 
 using trainer::detail::warn;
 
-bool Trainer::launch(const std::function<nlohmann::json()>& call, nlohmann::json& remote) {
+namespace {
+
+constexpr const char* kOneModule =
+    "[trainer] this Trainer already runs another module; one Trainer trains one module (its strategy set that "
+    "module up): create a new Trainer for this one";
+
+// Rank r's module: `module.replica()` with `module`'s weights and
+// hyperparameters (Note [The Trainer's ranks as threads]).
+std::shared_ptr<TrainModule> module_for_rank(const TrainModule& module, const strategies::ResolvedPlacement& p) {
+  std::shared_ptr<TrainModule> copy = module.replica();
+  STRATA_CHECK(copy != nullptr, ConfigError, "[trainer] accelerator '", p.accelerator->name(), "' with devices=",
+               p.devices, " runs the ranks as threads of this process, each with a module of its own, and this "
+               "module has no replica(): override TrainModule::replica() to return a new module built as this one "
+               "was (e.g. std::make_shared<MyModule>(config)); the Trainer copies this one's weights into it");
+  STRATA_CHECK(typeid(*copy) == typeid(module), ConfigError, "[trainer] replica() returned a module of another "
+               "class (", typeid(*copy).name(), ", not ", typeid(module).name(), "); return a new module of this "
+               "one's class");
+  const auto copy_all = [&](const torch::OrderedDict<std::string, at::Tensor>& from,
+                            const torch::OrderedDict<std::string, at::Tensor>& to, const char* what) {
+    STRATA_CHECK(from.size() == to.size(), ConfigError, "[trainer] replica() returned a module with ", to.size(),
+                 " ", what, "s where this one has ", from.size(), "; build it as this one was");
+    for (const auto& item : from) {
+      const at::Tensor* target = to.find(item.key());
+      STRATA_CHECK(target != nullptr && target->sizes() == item.value().sizes() &&
+                       target->scalar_type() == item.value().scalar_type(),
+                   ConfigError, "[trainer] replica() returned a module whose ", what, " '", item.key(),
+                   "' is missing or of another shape or type; build it as this one was");
+      at::Tensor(*target).detach().copy_(item.value().detach());
+    }
+  };
+  {
+    torch::NoGradGuard no_grad;
+    copy_all(module.named_parameters(), copy->named_parameters(), "parameter");
+    copy_all(module.named_buffers(), copy->named_buffers(), "buffer");
+  }
+  copy->save_hyperparameters(module.hparams());
+  return copy;
+}
+
+}  // namespace
+
+Trainer::Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> strategy)
+    : options_(primary.options_), placement_(primary.placement_), strategy_(std::move(strategy)) {
+  placement_.strategy = strategy_;
+  max_epochs_ = primary.max_epochs_;
+  loggers_ = primary.loggers_;  // written by rank 0 only
+  for (const auto& c : primary.callbacks_) {
+    trainer::CallbackPtr copy = c->replica();
+    STRATA_CHECK(copy != nullptr, ConfigError, "[trainer] accelerator '", placement_.accelerator->name(),
+                 "' with devices=", placement_.devices, " runs the ranks as threads of this process, each with "
+                 "its own callbacks, and the callback '", c->state_key(), "' has no replica(): override "
+                 "Callback::replica() to return a copy (e.g. std::make_shared<MyCallback>(*this))");
+    callbacks_.push_back(std::move(copy));
+  }
+  results_ = std::make_unique<trainer::detail::Results>();
+}
+
+bool Trainer::launch(const std::shared_ptr<TrainModule>& module, const RankCall& call, nlohmann::json& remote) {
+  if (placement_.thread_ranks() && strategies::detail::current_thread_rank() == nullptr) {
+    remote = run_on_thread_ranks(module, call);
+    return true;
+  }
   const bool set_up_before = strategy_->launched();
   bool ran_here = false;
   remote = strategies::launch(placement_, "trainer", strategies::WorkerExit::kContinue, [&] {
@@ -24,10 +94,47 @@ bool Trainer::launch(const std::function<nlohmann::json()>& call, nlohmann::json
     // The call that set the environment up tears it down with the Trainer,
     // also when the call fails.
     if (!set_up_before) owns_environment_ = true;
-    return call();
+    return call(*this, module);
   });
   spawned_ = !ran_here;
   return ran_here;
+}
+
+nlohmann::json Trainer::run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call) {
+  STRATA_CHECK(module != nullptr, ConfigError, "[trainer] got a null module");
+  STRATA_CHECK(!module_ || module_ == module, ConfigError, kOneModule);
+  if (!thread_ranks_) {
+    auto ranks = std::make_unique<ThreadRanks>();
+    ranks->job = std::make_unique<strategies::ThreadRankJob>(placement_, "trainer");
+    for (int r = 1; r < ranks->job->size(); ++r) {
+      ranks->trainers.push_back(std::unique_ptr<Trainer>(new Trainer(*this, ranks->job->strategy(r))));
+    }
+    thread_ranks_ = std::move(ranks);
+  }
+  ThreadRanks& ranks = *thread_ranks_;
+  if (ranks.module != module) {
+    // Made before any rank starts; a module's initialisation draws from the
+    // CPU generator, which the ranks then find as a one-process run leaves it.
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      state = generator.get_state();
+    }
+    std::vector<std::shared_ptr<TrainModule>> modules;
+    for (size_t r = 0; r < ranks.trainers.size(); ++r) modules.push_back(module_for_rank(*module, placement_));
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+    ranks.modules = std::move(modules);
+    ranks.module = module;
+  }
+  return ranks.job->run([&](int r) {
+    if (r == 0) return call(*this, module);
+    const size_t i = static_cast<size_t>(r - 1);
+    return call(*ranks.trainers[i], ranks.modules[i]);
+  });
 }
 
 void Trainer::setup_strategy() {
@@ -48,9 +155,7 @@ void Trainer::setup_strategy() {
 
 void Trainer::attach(std::shared_ptr<TrainModule> module, const std::string& stage) {
   STRATA_CHECK(module != nullptr, ConfigError, "[trainer] ", stage, " got a null module");
-  STRATA_CHECK(!module_ || module_ == module, ConfigError,
-               "[trainer] this Trainer already runs another module; one Trainer trains one module (its strategy "
-               "set that module up): create a new Trainer for this one");
+  STRATA_CHECK(!module_ || module_ == module, ConfigError, kOneModule);
   STRATA_CHECK(stage_.empty(), ConfigError, "[trainer] ", stage, " was called while ", stage_,
                " is running; the loops do not nest");
   module_ = module;
@@ -58,13 +163,24 @@ void Trainer::attach(std::shared_ptr<TrainModule> module, const std::string& sta
   stage_ = stage;
   should_stop = false;
   strategy_->connect(module_);
+  // Lightning's ModelSummary at the start of fit; counted before the
+  // strategy sets the module up (FSDP leaves each rank a slice).
+  if (stage == "fit" && options_.enable_model_summary && !module_set_up_ && is_global_zero()) {
+    const std::string table = trainer::summarize(*module_, options_.precision.value_or("32-true")).table();
+    size_t begin = 0;
+    while (begin <= table.size()) {
+      const size_t end = std::min(table.find('\n', begin), table.size());
+      log::info(table.substr(begin, end - begin));
+      begin = end + 1;
+    }
+  }
   setup_strategy();
   each_callback([&](trainer::Callback& c) { c.setup(*this, *module_, stage); });
 }
 
 void Trainer::detach(const std::string& stage, const std::string& status) {
   if (is_global_zero()) {
-    for (const auto& logger : options_.loggers) {
+    for (const auto& logger : loggers_) {
       try {
         logger->finalize(status);
       } catch (const std::exception& e) {
@@ -109,6 +225,10 @@ void Trainer::configure_optimizers_from_module() {
 
 std::shared_ptr<data::Loader> Trainer::make_loader(const DataSource& source, bool train, const std::string& what) {
   std::shared_ptr<data::Loader> loader = source.loader();
+  STRATA_CHECK(!loader || !placement_.thread_ranks(), ConfigError, "[trainer] the ", what, " data is a loader, "
+               "but the ranks are threads of this process (accelerator '", placement_.accelerator->name(),
+               "', devices=", placement_.devices, ") and would share it: pass a dataset, which the Trainer "
+               "splits among the ranks");
   if (!loader) {
     STRATA_CHECK(source.dataset() != nullptr, ConfigError, "[trainer] the ", what,
                  " data has neither a dataset nor a loader");
@@ -120,7 +240,9 @@ std::shared_ptr<data::Loader> Trainer::make_loader(const DataSource& source, boo
     // Note [Unequal shares]: no example is repeated to even out the ranks,
     // so every global batch is the one a single process takes. predict()
     // keeps PyTorch's padding, which Note [Prediction order] drops.
-    data::DistributedSampler sampler(source.dataset()->size(), world, global_rank(), train && o.shuffle, o.seed,
+    // overfit_batches trains on the same first batches every epoch (Note [Debug runs]).
+    const bool shuffle = train && o.shuffle && !(options_.overfit_batches.value > 0);
+    data::DistributedSampler sampler(source.dataset()->size(), world, global_rank(), shuffle, o.seed,
                                      o.drop_last, /*repeat_to_even=*/what == "predict");
     loader = std::make_shared<data::DataLoader>(source.dataset(), sampler, static_cast<size_t>(o.batch_size / world),
                                                 o.drop_last);

@@ -187,10 +187,12 @@ void check_model_checkpoint(const json& state, const Ctx& ctx) {
 
 void check_early_stopping(const json& state, const Ctx& ctx) {
   if (!state.is_object()) ctx.wrong("", state, "an object (an EarlyStopping's state)");
-  only_fields(state, ctx, {"wait_count", "best_score", "stopped_step"});
+  only_fields(state, ctx, {"wait_count", "best_score", "stopped_step", "stopped_epoch"});
   integer_field(state, "wait_count", ctx, 0, kMaxTrainerCount);
   score_in(field(state, "best_score", ctx, "a number, or null for none"), "best_score", ctx);
   integer_field(state, "stopped_step", ctx, -1, kMaxTrainerCount);
+  // stopped_epoch is absent from checkpoints written before it existed.
+  if (state.contains("stopped_epoch")) integer_field(state, "stopped_epoch", ctx, 0, kMaxTrainerCount);
 }
 
 void check_timer(const json& state, const Ctx& ctx) {
@@ -308,10 +310,9 @@ void validate_trainer_state(const json& value, const std::string& path) {
   }
 
   object_field(value, "module_extra", ctx, "an object (what the module's on_save_checkpoint added)");
-  const json& hparams = object_field(value, "hparams", ctx, "an object of strings (the module's hyperparameters)");
-  for (auto it = hparams.begin(); it != hparams.end(); ++it) {
-    if (!it.value().is_string()) ctx.wrong("hparams" + key_field(it.key()), it.value(), "a string");
-  }
+  // Any JSON under the names (numbers, strings, lists, maps: what
+  // save_hyperparameters took); the metadata reader bounds its depth.
+  object_field(value, "hparams", ctx, "an object (the module's hyperparameters by name)");
 }
 
 void validate_trainer_entry(const json& entries, const std::string& path) {

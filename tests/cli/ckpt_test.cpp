@@ -18,6 +18,7 @@
 
 #include "checkpoint/sharded_util.h"
 #include "checkpoint/test_util.h"
+#include "strata/checkpoint/convert.h"
 #include "strata/checkpoint/safetensors.h"
 #include "strata/checkpoint/sharded.h"
 
@@ -27,6 +28,7 @@ namespace strata::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Outcome {
   int status = -1;  // exit code, or 128+signal
@@ -130,6 +132,65 @@ TEST_F(CkptCommandTest, InspectPrintsLayoutEntriesAndEveryTensor) {
     EXPECT_THAT(o.out, HasSubstr(line));
 }
 
+TEST_F(CkptCommandTest, InspectStartsWithASummaryByEntryAndModule) {
+  // A model whose module wraps its GPT as "model" (as a Trainer's does),
+  // with a structured value entry that has a long list, a newline in a
+  // string and an escape character in a key.
+  NamedTensors tensors = {{"model/model.wte.weight", at::zeros({10, 4})},
+                          {"model/model.h.0.w", at::zeros({4, 4})},
+                          {"model/model.h.1.w", at::zeros({4, 4}).to(at::kBFloat16)},
+                          {"model/model.ln_f.weight", at::zeros({4})},
+                          {"rng", at::zeros({5}, at::kByte)}};
+  nlohmann::json lrs = nlohmann::json::array();
+  for (int i = 0; i < 1000; ++i) lrs.push_back(i);
+  const nlohmann::json entries = {
+      {"model", {{"kind", "module"}}},
+      {"rng", {{"kind", "tensor"}}},
+      {"epoch", {{"kind", "value"}, {"value", 3}}},
+      {"step", {{"kind", "value"}, {"value", 120}}},
+      {"history", {{"kind", "value"}, {"value", {{"lrs", lrs}, {"note", "a\nb"}, {"odd\x1bkey", 1}, {"inner", {{"k", {1, 2}}}}}}}}};
+  testing::write_sharded_by_rank(path("gpt"), 2, tensors, {"rng"}, {{"strategy", "ddp"}, {"entries", entries}});
+  Outcome o = strata({"ckpt", "inspect", path("gpt")});
+  ASSERT_EQ(o.status, 0) << o.err;
+  // Parameters: wte 40, h 16 + 16, ln_f 4: 76 in the model, 5 bytes of rng.
+  const std::string summary = "summary:\n"
+                              "  kind        sharded, strategy ddp\n"
+                              "  step        120\n"
+                              "  epoch       3\n"
+                              "  world size  2\n"
+                              "  by entry and module:\n"
+                              "                  tensors  parameters  bytes\n"
+                              "    model               4          76  272 B\n"
+                              "      model.wte         1          40  160 B\n"
+                              "      model.h           2          32   96 B\n"
+                              "      model.ln_f        1           4   16 B\n"
+                              "    rng                 1           5    5 B\n";
+  EXPECT_THAT(o.out, HasSubstr(summary));
+  // The summary comes before the tensor list.
+  EXPECT_LT(o.out.find("summary:"), o.out.find("tensors:\n"));
+  // The structured value key by key, the long list elided with its count,
+  // control characters escaped or replaced.
+  EXPECT_THAT(o.out, HasSubstr("  history  value:\n"
+                               "    inner:\n"
+                               "      k: [1, 2]\n"
+                               "    lrs:\n"
+                               "      [0, 1, 2, 3, 4, 5, 6, 7, ... (1000 items)]\n"
+                               "    note: \"a\\nb\"\n"
+                               "    odd?key: 1\n"));
+  EXPECT_THAT(o.out, Not(HasSubstr("999")));
+  EXPECT_LT(o.out.size(), 4000u);
+
+  Outcome json = strata({"ckpt", "inspect", path("gpt"), "--json"});
+  ASSERT_EQ(json.status, 0) << json.err;
+  const nlohmann::json info = nlohmann::json::parse(json.out);
+  EXPECT_EQ(info["summary"]["step"], 120);
+  EXPECT_EQ(info["summary"]["epoch"], 3);
+  EXPECT_EQ(info["summary"]["kind"], "sharded");
+  EXPECT_EQ(info["summary"]["groups"][0]["elements"], 76);
+  EXPECT_EQ(info["summary"]["groups"][0]["modules"][1],
+            nlohmann::json({{"name", "model.h"}, {"tensors", 2}, {"elements", 32}, {"bytes", 96}}));
+}
+
 TEST_F(CkptCommandTest, InspectJsonIsOneObject) {
   Outcome o = strata({"ckpt", "inspect", path("ckpt"), "--json"});
   ASSERT_EQ(o.status, 0) << o.err;
@@ -197,6 +258,35 @@ TEST_F(CkptCommandTest, ReshardTwoToThreeToOneKeepsEveryTensor) {
   ASSERT_EQ(strata({"ckpt", "consolidate", path("r1"), path("full")}).status, 0);
   ASSERT_EQ(strata({"ckpt", "reshard", path("full"), path("r2"), "--world-size", "2"}).status, 0);
   expect_original(path("r2"));
+}
+
+// The conversions behind the progress lines report after each tensor
+// record, counting up to totals that are the records and bytes written.
+TEST_F(CkptCommandTest, ConversionsReportEachTensorUpToTheirTotals) {
+  const StateReader source = StateReader::open(path("ckpt"));
+  auto recorder = [](std::vector<ConvertProgress>& seen) {
+    return [&seen](const ConvertProgress& p) { seen.push_back(p); };
+  };
+  auto expect_counts = [](const std::vector<ConvertProgress>& seen, size_t tensors, uint64_t bytes,
+                          const std::string& what) {
+    ASSERT_EQ(seen.size(), tensors) << what;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      EXPECT_EQ(seen[i].tensors_done, i + 1) << what;
+      EXPECT_EQ(seen[i].tensors_total, tensors) << what;
+      EXPECT_EQ(seen[i].bytes_total, bytes) << what;
+      if (i > 0) EXPECT_GT(seen[i].bytes_done, seen[i - 1].bytes_done) << what;
+    }
+    EXPECT_EQ(seen.back().bytes_done, bytes) << what;
+  };
+  std::vector<ConvertProgress> full, three, exported;
+  consolidate_checkpoint(source, path("full"), {}, recorder(full));
+  expect_counts(full, 5, 123, "consolidate");
+  // 3 sharded tensors in each of 3 rank files, 2 whole ones in rank 0's.
+  reshard_checkpoint(source, path("r3"), 3, {}, recorder(three));
+  expect_counts(three, 3 * 3 + 2, 123, "reshard");
+  expect_original(path("r3"));
+  export_module(source, "model", path("model.safetensors"), {}, "", recorder(exported));
+  expect_counts(exported, 3, 48 + 6 + 16, "export");
 }
 
 TEST_F(CkptCommandTest, BadPathsAndValuesGiveClearErrors) {

@@ -2,11 +2,14 @@
 """Reads the picture `strata plot` wrote, with the Python standard library only.
 
   read_plot.py FILE.svg  ->  {"width", "height", "series": {name: point count},
-                              "texts": [...], "dots": N}
+                              "values": {name: [data-values]}, "points": {name: [[x, y]...]},
+                              "strokes": {name: "#rrggbb"}, "texts": [...],
+                              "text_at": [[text, x, y]...], "dots": N}
       (the SVG parsed as XML by xml.etree)
-  read_plot.py FILE.png  ->  {"width", "height", "bit_depth", "color_type",
+  read_plot.py FILE.png [R,G,B...]  ->  {"width", "height", "bit_depth", "color_type",
                               "pixels": {"r,g,b": count} for the 8 most used colours,
-                              "series_pixels": {"r,g,b": count} for the series colours}
+                              "series_pixels": {"r,g,b": count} for the series colours
+                              and the colours named after the file}
       (every chunk's CRC checked, IDAT inflated with zlib, every row unfiltered)
 Exit status 1 with a message on stderr when the file is malformed.
 """
@@ -25,15 +28,23 @@ def read_svg(path):
     root = ET.parse(path).getroot()
     if root.tag != SVG + "svg":
         raise ValueError("root element is %s, not svg" % root.tag)
-    series = {}
+    series, values, coords, strokes = {}, {}, {}, {}
     for line in root.iter(SVG + "polyline"):
-        points = line.get("points").split()
-        for p in points:
-            x, y = p.split(",")
-            float(x), float(y)
-        series[line.get("data-series")] = len(points)
+        name = line.get("data-series")
+        if name in series:
+            raise ValueError("two polylines named %r" % name)
+        points = [tuple(float(v) for v in p.split(",")) for p in line.get("points").split()]
+        values[name] = [float(v) for v in line.get("data-values").split()]
+        if len(values[name]) != len(points):
+            raise ValueError("%r: %d values for %d points" % (name, len(values[name]), len(points)))
+        series[name] = len(points)
+        coords[name] = points
+        strokes[name] = line.get("stroke")
+    texts = list(root.iter(SVG + "text"))
     return {"width": int(root.get("width")), "height": int(root.get("height")), "series": series,
-            "texts": [t.text for t in root.iter(SVG + "text")],
+            "values": values, "points": coords, "strokes": strokes,
+            "texts": [t.text for t in texts],
+            "text_at": [[t.text, float(t.get("x")), float(t.get("y"))] for t in texts],
             "dots": sum(1 for _ in root.iter(SVG + "circle"))}
 
 
@@ -43,7 +54,7 @@ def paeth(a, b, c):
     return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
 
 
-def read_png(path):
+def read_png(path, extra_colours=()):
     data = open(path, "rb").read()
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         raise ValueError("no PNG signature")
@@ -79,13 +90,15 @@ def read_png(path):
     key = lambda rgb: "%d,%d,%d" % tuple(rgb)
     return {"width": width, "height": height, "bit_depth": depth, "color_type": ctype,
             "pixels": {key(rgb): n for rgb, n in counts.most_common(8)},
-            "series_pixels": {key(rgb): counts.get(bytes(rgb), 0) for rgb in SERIES_COLOURS}}
+            "series_pixels": {key(rgb): counts.get(bytes(rgb), 0)
+                              for rgb in SERIES_COLOURS + list(extra_colours)}}
 
 
 def main():
     path = sys.argv[1]
     try:
-        out = read_svg(path) if path.endswith(".svg") else read_png(path)
+        extra = [tuple(int(v) for v in arg.split(",")) for arg in sys.argv[2:]]
+        out = read_svg(path) if path.endswith(".svg") else read_png(path, extra)
     except Exception as e:  # noqa: BLE001 - any failure is a malformed file
         print("%s: %s" % (path, e), file=sys.stderr)
         sys.exit(1)

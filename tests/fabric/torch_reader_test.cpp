@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "support/commands.h"
 #include "strata/checkpoint/safetensors.h"
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/state_dict.h"
@@ -20,25 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int exit_code;
-  std::string output;
-};
-
-CommandResult run(const std::string& command) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
-}
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value && *value ? value : fallback;
-}
+using strata::testing::CommandResult;
+using strata::testing::env_or;
+using strata::testing::run_command;
 
 TEST(TorchReader, PyTorchLoadsAStrataCheckpointStrictlyAndComputesTheSameLogits) {
   const std::string python = env_or("STRATA_PYTHON", "");
@@ -49,7 +34,7 @@ TEST(TorchReader, PyTorchLoadsAStrataCheckpointStrictlyAndComputesTheSameLogits)
   fs::create_directories(dir);
 
   const CommandResult trained =
-      run(env_or("STRATA_BINARY_DIR", ".") + "/strata train --devices 2 --strategy fsdp --state-dict-type full "
+      run_command(env_or("STRATA_BINARY_DIR", ".") + "/strata train --devices 2 --strategy fsdp --state-dict-type full "
           "--model-size tiny --max-steps 3 --batch-size 4 --sample-tokens 0 --ckpt-dir " + (dir / "ckpt").string());
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const std::string checkpoint = (dir / "ckpt" / "step-00000003").string();
@@ -74,7 +59,7 @@ TEST(TorchReader, PyTorchLoadsAStrataCheckpointStrictlyAndComputesTheSameLogits)
   strata::checkpoint::write_safetensors(logits_file, {{"idx", idx}, {"logits", logits}});
 
   const std::string script = env_or("STRATA_SOURCE_DIR", ".") + "/tests/fabric/torch_reader.py";
-  const CommandResult read = run(python + " " + script + " " + checkpoint + " " + logits_file);
+  const CommandResult read = run_command(python + " " + script + " " + checkpoint + " " + logits_file);
   EXPECT_EQ(read.exit_code, 0) << read.output;
   EXPECT_NE(read.output.find("tensors loaded: " + std::to_string(state.size())), std::string::npos) << read.output;
   EXPECT_NE(read.output.find("max_abs_diff "), std::string::npos) << read.output;
@@ -95,11 +80,11 @@ TEST(TorchReader, TheExportedModelLoadsIntoPyTorchThroughTheDocumentedExample) {
   fs::create_directories(dir);
   const std::string strata = env_or("STRATA_BINARY_DIR", ".") + "/strata";
   const CommandResult trained =
-      run(strata + " train --devices 2 --strategy fsdp --model-size tiny --seq-len 32 --max-steps 2 --batch-size 4 "
+      run_command(strata + " train --devices 2 --strategy fsdp --model-size tiny --seq-len 32 --max-steps 2 --batch-size 4 "
           "--sample-tokens 0 --ckpt-dir " + (dir / "ckpt").string());
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const std::string checkpoint = (dir / "ckpt" / "step-00000002").string();
-  const CommandResult exported = run(strata + " ckpt export " + checkpoint + " " + (dir / "export").string());
+  const CommandResult exported = run_command(strata + " ckpt export " + checkpoint + " " + (dir / "export").string());
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   EXPECT_NE(exported.output.find("entry 'module'"), std::string::npos) << exported.output;
 
@@ -125,7 +110,7 @@ TEST(TorchReader, TheExportedModelLoadsIntoPyTorchThroughTheDocumentedExample) {
   strata::checkpoint::write_safetensors(logits_file, {{"idx", idx}, {"logits", logits}});
 
   const std::string script = env_or("STRATA_SOURCE_DIR", ".") + "/tests/fabric/check_export.py";
-  const CommandResult read = run(python + " " + script + " " + (dir / "export").string() + " " + logits_file);
+  const CommandResult read = run_command(python + " " + script + " " + (dir / "export").string() + " " + logits_file);
   EXPECT_EQ(read.exit_code, 0) << read.output;
   // PyTorch's state_dict lists the tied head too: one more than strata's.
   EXPECT_NE(read.output.find("tensors loaded: " + std::to_string(state.size() + 1)), std::string::npos) << read.output;

@@ -239,8 +239,10 @@ std::vector<Case> cases() {
                 "]: ModelCheckpoint state monitor is \"loss\"; expected \"score\", the monitor its state_key names";
        },
        false},
-      {"HparamsNotStrings", [](json& v, const Paths&) { v["hparams"] = {{"lr", 5}}; },
-       [](const Paths& p) { return head(p) + "hparams[\"lr\"] is 5; expected a string"; }},
+      {"HparamsNotAnObject", [](json& v, const Paths&) { v["hparams"] = json::array({"lr", 5}); },
+       [](const Paths& p) {
+         return head(p) + "hparams is [\"lr\",5]; expected an object (the module's hyperparameters by name)";
+       }},
       {"ModuleExtraAnArray", [](json& v, const Paths&) { v["module_extra"] = json::array(); },
        [](const Paths& p) {
          return head(p) + "module_extra is []; expected an object (what the module's on_save_checkpoint added)";

@@ -8,7 +8,14 @@ Prints one JSON object to stdout:
    "scalars": {tag: [[step, value], ...]},     (EventAccumulator)
    "hparams": the hparams.yaml mapping or null,
    "hparams_plugin": {name: value} from the last session_start_info the
-                     hparams plugin finds, or null}
+                     hparams plugin finds, or null,
+   "hparams_experiment": {"hparams": {name: DataType name},
+                          "metrics": [metric tags]} from its experiment, or null,
+   "hparams_session_end": the session_end_info's Status name, or null,
+   "hparams_tab": what the HPARAMS tab lists: the session groups that
+                  TensorBoard's hparams plugin backend returns for its
+                  /session_groups route, each {"hparams": {name: value},
+                  "metrics": {tag: value}}}
 Values that JSON cannot hold are the strings "nan", "inf", "-inf".
 
 Usage: read_tensorboard.py RUN_DIR
@@ -47,6 +54,28 @@ def count_records(path):
         count += 1
 
 
+def hparams_tab(run_dir):
+    """The session groups of TensorBoard's HPARAMS tab, from the plugin's own handler."""
+    from google.protobuf import json_format
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(run_dir)
+    mux.Reload()
+    tb = base_plugin.TBContext(logdir=run_dir, multiplexer=mux,
+                               data_provider=data_provider.MultiplexerDataProvider(mux, run_dir))
+    request = api_pb2.ListSessionGroupsRequest(
+        start_index=0, slice_size=100,
+        allowed_statuses=[api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS, api_pb2.STATUS_FAILURE,
+                          api_pb2.STATUS_RUNNING])
+    response = list_session_groups.Handler(context.RequestContext(), backend_context.Context(tb), "", request).run()
+    return [{"hparams": {k: jsonable(json_format.MessageToDict(v)) for k, v in g.hparams.items()},
+             "metrics": {m.name.tag: jsonable(m.value) for m in g.metric_values}}
+            for g in response.session_groups]
+
+
 def main():
     run_dir = sys.argv[1]
     files = sorted(f for f in os.listdir(run_dir) if "tfevents" in f)
@@ -63,6 +92,8 @@ def main():
     for tag in acc.Tags()["scalars"]:
         out["scalars"][tag] = [[e.step, jsonable(e.value)] for e in acc.Scalars(tag)]
     out["hparams_plugin"] = None
+    out["hparams_experiment"] = None
+    out["hparams_session_end"] = None
     try:
         content = acc.PluginTagToContent("hparams")
     except KeyError:  # no summary of the hparams plugin in the run
@@ -72,6 +103,17 @@ def main():
         data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
         out["hparams_plugin"] = {k: jsonable(getattr(v, v.WhichOneof("kind")))
                                  for k, v in data.session_start_info.hparams.items()}
+    if "_hparams_/experiment" in content:
+        from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+        exp = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+        out["hparams_experiment"] = {
+            "hparams": {h.name: api_pb2.DataType.Name(h.type) for h in exp.hparam_infos},
+            "metrics": [m.name.tag for m in exp.metric_infos]}
+    if "_hparams_/session_end_info" in content:
+        from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+        end = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_end_info"]).session_end_info
+        out["hparams_session_end"] = api_pb2.Status.Name(end.status)
+    out["hparams_tab"] = hparams_tab(run_dir)
     hparams = os.path.join(run_dir, "hparams.yaml")
     if os.path.exists(hparams):
         import yaml

@@ -111,7 +111,7 @@ nlohmann::json run_case(const std::string& spec, const Case& c, const std::strin
   for (const auto& [path, v] : mc->best_k_models()) best_k[file_name(path)] = score_json(v);
   return {{"best_k_models", best_k},
           {"best_model_path", file_name(mc->best_model_path())},
-          {"best_model_score", score_json(mc->best_model_score())},
+          {"best_model_score", mc->best_model_score() ? score_json(*mc->best_model_score()) : nlohmann::json(nullptr)},
           {"last_model_path", file_name(mc->last_model_path())},
           {"global_step", trainer.global_step()},
           {"start_step", start->step}};

@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -204,50 +207,241 @@ TEST_F(TensorBoardLoggerTest, LoggingAfterFinalizeOpensASecondFileThatReadsOn) {
   EXPECT_EQ(out["scalars"]["loss"], nlohmann::json::parse("[[10, 1.0], [20, 0.5]]"));
 }
 
+// Typed values and hostile strings: PyYAML reads hparams.yaml back as the
+// same values (strings stay strings, "0.003" and "no" included).
 TEST_F(TensorBoardLoggerTest, HparamsYamlReadsBackWithPyYaml) {
   TensorBoardLogger logger(root_);
-  logger.log_hyperparams({{"lr", "0.003"},
+  logger.log_hyperparams({{"lr", 0.003},
                           {"optimizer", "AdamW"},
-                          {"strategy", "fsdp"},
-                          {"max_steps", "300"},
+                          {"max_steps", 300},
+                          {"compile", false},
+                          {"model", {{"n_layer", 2}, {"bias", true}, {"dims", {64, 128}}}},
+                          {"none", nullptr},
+                          {"text_lr", "0.003"},
                           {"note", "a: b # c"},
                           {"empty", ""},
                           {"answer", "no"},
                           {"date", "2024-01-02"},
-                          {"quoted", "say \"hi\"\\\n\tbye"},
+                          {"quoted", "say \"hi\"\\\n\tbye it's"},
+                          {"spaces", " lead and trail "},
+                          {"lines", "a\n b \nc\n"},
+                          {"unicode", "h\xc3\xa9llo \xe2\x80\xa8 \xf0\x9f\x98\x80"},
                           {"bad utf8", "x\xff"},
-                          {"lead-dash", "-x"}});
-  logger.log_hyperparams({{"lr", "0.001"}});  // merged: a later value wins
+                          {"lead-dash", "-x"},
+                          {"long", std::string(300, 'a') + " " + std::string(100, 'b')},
+                          {"digits", std::string(100000, '7')}});
+  logger.log_hyperparams({{"lr", 0.001}});  // merged: a later value wins
   logger.finalize("success");
   READ_BACK_OR_SKIP(out, logger.log_dir());
   EXPECT_EQ(out["hparams"], nlohmann::json({{"lr", 0.001},
                                             {"optimizer", "AdamW"},
-                                            {"strategy", "fsdp"},
                                             {"max_steps", 300},
+                                            {"compile", false},
+                                            {"model", {{"n_layer", 2}, {"bias", true}, {"dims", {64, 128}}}},
+                                            {"none", nullptr},
+                                            {"text_lr", "0.003"},
                                             {"note", "a: b # c"},
                                             {"empty", ""},
                                             {"answer", "no"},
                                             {"date", "2024-01-02"},
-                                            {"quoted", "say \"hi\"\\\n\tbye"},
+                                            {"quoted", "say \"hi\"\\\n\tbye it's"},
+                                            {"spaces", " lead and trail "},
+                                            {"lines", "a\n b \nc\n"},
+                                            {"unicode", "h\xc3\xa9llo \xe2\x80\xa8 \xf0\x9f\x98\x80"},
                                             {"bad utf8", "x\xef\xbf\xbd"},
-                                            {"lead-dash", "-x"}}));
-  EXPECT_EQ(out["files"].size(), 1u);  // log_hyperparams opened the event file, as Lightning's does
+                                            {"lead-dash", "-x"},
+                                            {"long", std::string(300, 'a') + " " + std::string(100, 'b')},
+                                            {"digits", std::string(100000, '7')}}));
+  // log_hyperparams opened the event file, as Lightning's does.
+  EXPECT_EQ(out["files"].size(), 1u);
 }
 
-TEST_F(TensorBoardLoggerTest, HparamsReachTensorBoardsHparamsPlugin) {
+// What Lightning 2.6.6's TensorBoardLogger writes for save_hyperparameters
+// (lr=0.003, optimizer="AdamW", compile=False, model={"n_layer": 2},
+// betas=[0.9, 0.95], none=None), read with TensorBoard's own reader:
+// session_start_info lr 0.003, optimizer "AdamW", compile 0 (a bool is a
+// number), model/n_layer 2, betas "[0.9, 0.95]", none "None"; an
+// experiment typing them FLOAT64 or STRING with the metric hp_metric; a
+// session_end_info STATUS_SUCCESS; and the scalar hp_metric = -1 at step 0.
+TEST_F(TensorBoardLoggerTest, HparamsReachTensorBoardsHparamsPluginAsLightningsDo) {
   TensorBoardLogger logger(root_);
-  logger.log_hyperparams({{"lr", "0.003"}, {"optimizer", "AdamW"}, {"compile", "false"}, {"odd", "x\xff"}});
-  logger.log_hyperparams({{"max_steps", "300"}});  // the latest record holds them all
+  logger.log_hyperparams({{"lr", 0.003},
+                          {"optimizer", "AdamW"},
+                          {"compile", false},
+                          {"model", {{"n_layer", 2}}},
+                          {"betas", {0.9, 0.95}},
+                          {"none", nullptr},
+                          {"odd", "x\xff"}});
+  logger.log_hyperparams({{"max_steps", 300}});  // the latest record holds them all
   logger.log_metrics({{"train_loss", 1.0}}, 1);
   logger.finalize("success");
   READ_BACK_OR_SKIP(out, logger.log_dir());
   EXPECT_EQ(out["hparams_plugin"], nlohmann::json({{"lr", 0.003},
                                                    {"optimizer", "AdamW"},
-                                                   {"compile", false},
+                                                   {"compile", 0.0},
+                                                   {"model/n_layer", 2.0},
+                                                   {"betas", "[0.9, 0.95]"},
+                                                   {"none", "None"},
                                                    {"odd", "x\xef\xbf\xbd"},
                                                    {"max_steps", 300}}));
+  EXPECT_EQ(out["hparams_experiment"]["hparams"], nlohmann::json({{"lr", "DATA_TYPE_FLOAT64"},
+                                                                  {"optimizer", "DATA_TYPE_STRING"},
+                                                                  {"compile", "DATA_TYPE_FLOAT64"},
+                                                                  {"model/n_layer", "DATA_TYPE_FLOAT64"},
+                                                                  {"betas", "DATA_TYPE_STRING"},
+                                                                  {"none", "DATA_TYPE_STRING"},
+                                                                  {"odd", "DATA_TYPE_STRING"},
+                                                                  {"max_steps", "DATA_TYPE_FLOAT64"}}));
+  EXPECT_EQ(out["hparams_experiment"]["metrics"], nlohmann::json({"hp_metric"}));
+  EXPECT_EQ(out["hparams_session_end"], "STATUS_SUCCESS");
+  // The HPARAMS tab (the plugin's /session_groups handler) lists the run
+  // with these values and hp_metric.
+  ASSERT_EQ(out["hparams_tab"].size(), 1u) << out.dump();
+  EXPECT_EQ(out["hparams_tab"][0]["hparams"], out["hparams_plugin"]);
+  EXPECT_EQ(out["hparams_tab"][0]["metrics"], nlohmann::json({{"hp_metric", -1.0}}));
+  EXPECT_EQ(out["scalars"]["hp_metric"], nlohmann::json::parse("[[0, -1.0]]"));
   EXPECT_EQ(out["scalars"]["train_loss"], nlohmann::json::parse("[[1, 1.0]]"));
-  EXPECT_EQ(out["scalars"].size(), 1u);  // the hparams records add no scalar
+  EXPECT_EQ(out["scalars"].size(), 2u);
+}
+
+// default_hp_metric=False (and no metrics): Lightning writes hparams.yaml
+// and nothing for the HPARAMS tab.
+TEST_F(TensorBoardLoggerTest, WithoutTheDefaultHpMetricOnlyTheYamlHoldsThem) {
+  TensorBoardLogger logger(root_, "lightning_logs", std::nullopt, /*default_hp_metric=*/false);
+  logger.log_hyperparams({{"lr", 0.003}});
+  logger.log_metrics({{"train_loss", 1.0}}, 1);
+  logger.finalize("success");
+  READ_BACK_OR_SKIP(out, logger.log_dir());
+  EXPECT_TRUE(out["hparams_plugin"].is_null());
+  EXPECT_EQ(out["hparams_tab"], nlohmann::json::array());
+  EXPECT_EQ(out["scalars"].size(), 1u);
+  EXPECT_EQ(out["hparams"], nlohmann::json({{"lr", 0.003}}));
+}
+
+// `strata train --logger tensorboard` records its configuration as
+// hyperparameters: TensorBoard's reader finds them in the HPARAMS tab's
+// records, and hparams.yaml holds them typed.
+TEST_F(TensorBoardLoggerTest, StrataTrainRecordsItsConfigurationAsHyperparameters) {
+  const char* binary_dir = std::getenv("STRATA_BINARY_DIR");
+  ASSERT_TRUE(binary_dir && *binary_dir) << "STRATA_BINARY_DIR is not set: run the suite through ctest";
+  const std::string command = std::string(binary_dir) +
+                              "/strata train --devices 1 --strategy single_device --model-size tiny --max-steps 2 "
+                              "--batch-size 4 --lr 0.003 --sample-tokens 0 --val-every 0 --logger tensorboard "
+                              "--log-dir " + root_ + "/runs > " + root_ + "/train.log 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  READ_BACK_OR_SKIP(out, root_ + "/runs/train/version_0");
+  // What the HPARAMS tab lists (TensorBoard's own /session_groups handler).
+  ASSERT_EQ(out["hparams_tab"].size(), 1u) << out.dump();
+  const nlohmann::json& tab = out["hparams_tab"][0]["hparams"];
+  EXPECT_EQ(tab, out["hparams_plugin"]);
+  EXPECT_EQ(tab["lr"], 0.003);
+  EXPECT_EQ(tab["batch_size"], 4.0);
+  EXPECT_EQ(tab["max_steps"], 2.0);
+  EXPECT_EQ(tab["strategy"], "single_device");
+  EXPECT_EQ(tab["devices"], 1.0);
+  EXPECT_EQ(tab["model_size"], "tiny");
+  EXPECT_EQ(tab["model_config/n_layer"], 2.0);
+  EXPECT_EQ(tab["model_config/n_embd"], 64.0);
+  EXPECT_EQ(tab["model_config/tie_weights"], 1.0);
+  EXPECT_EQ(out["hparams"]["lr"], 0.003);
+  EXPECT_EQ(out["hparams"]["model_config"]["n_head"], 2);
+  EXPECT_EQ(out["hparams"]["precision"], "32-true");
+}
+
+// A CSV file's numeric columns by step: {column: {step: value}}; empty
+// cells left out (the learning rate and the step's row are separate rows).
+std::map<std::string, std::map<int64_t, double>> read_csv_columns(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> header;
+  std::map<std::string, std::map<int64_t, double>> out;
+  auto split = [](const std::string& text) {
+    std::vector<std::string> cells;
+    std::string cell;
+    std::istringstream s(text);
+    while (std::getline(s, cell, ',')) cells.push_back(cell);
+    if (!text.empty() && text.back() == ',') cells.emplace_back();
+    return cells;
+  };
+  if (!std::getline(in, line)) return out;
+  header = split(line);
+  const auto step_col = std::find(header.begin(), header.end(), "step") - header.begin();
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells = split(line);
+    if (cells.size() < header.size()) cells.resize(header.size());  // trailing empty cells
+    if (cells.size() != header.size()) {
+      ADD_FAILURE() << path << ": row '" << line << "' has " << cells.size() << " cells, the header " << header.size();
+      continue;
+    }
+    const int64_t step = std::stoll(cells[step_col]);
+    for (size_t i = 0; i < cells.size(); ++i)
+      if (!cells[i].empty() && header[i] != "step") out[header[i]][step] = std::stod(cells[i]);
+  }
+  return out;
+}
+
+// `strata train --logger csv,tensorboard` logs the learning rate
+// (LearningRateMonitor, on by default), each step's throughput and MFU
+// through the Trainer, so TensorBoard's reader, the CSV and the metrics
+// file hold the same values at the same steps.
+TEST_F(TensorBoardLoggerTest, StrataTrainLogsLearningRateThroughputAndMfu) {
+  const char* binary_dir = std::getenv("STRATA_BINARY_DIR");
+  ASSERT_TRUE(binary_dir && *binary_dir) << "STRATA_BINARY_DIR is not set: run the suite through ctest";
+  constexpr int64_t kSteps = 4, kBatch = 4, kSeqLen = 32;
+  const std::string command = std::string(binary_dir) +
+                              "/strata train --devices 1 --strategy single_device --model-size tiny --max-steps 4 "
+                              "--batch-size 4 --seq-len 32 --lr 0.003 --sample-tokens 0 --val-every 0 --log-every 1 "
+                              "--logger csv,tensorboard --log-dir " + root_ + "/runs --metrics-file " + root_ +
+                              "/metrics.jsonl > " + root_ + "/train.log 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const std::string run = root_ + "/runs/train/version_0";
+
+  // The metrics file: one line per step, the values the loggers got.
+  std::map<int64_t, nlohmann::json> lines;
+  std::ifstream jsonl(root_ + "/metrics.jsonl");
+  for (std::string line; std::getline(jsonl, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    lines[j["step"].get<int64_t>() - 1] = j;  // the loggers' step index is the step before
+  }
+  ASSERT_EQ(lines.size(), size_t(kSteps));
+
+  // The CSV: every step has lr-AdamW, tokens_per_s, samples_per_s, mfu,
+  // equal to the metrics file's (both are shortest round-trip decimals).
+  const auto csv = read_csv_columns(run + "/metrics.csv");
+  for (const char* column : {"lr-AdamW", "tokens_per_s", "samples_per_s", "mfu", "train_loss"}) {
+    ASSERT_TRUE(csv.count(column)) << column;
+    EXPECT_EQ(csv.at(column).size(), size_t(kSteps)) << column;
+  }
+  for (int64_t step = 0; step < kSteps; ++step) {
+    ASSERT_TRUE(csv.at("tokens_per_s").count(step)) << step;
+    EXPECT_EQ(csv.at("lr-AdamW").at(step), 0.003);
+    EXPECT_EQ(csv.at("tokens_per_s").at(step), lines[step]["tokens_per_s"].get<double>()) << step;
+    EXPECT_EQ(csv.at("samples_per_s").at(step), lines[step]["samples_per_s"].get<double>()) << step;
+    EXPECT_EQ(csv.at("mfu").at(step), lines[step]["mfu"].get<double>()) << step;
+    EXPECT_GT(csv.at("tokens_per_s").at(step), 0.0);
+    EXPECT_GT(csv.at("mfu").at(step), 0.0);
+    // Tokens are samples times the sequence length, from the same step time.
+    EXPECT_NEAR(csv.at("tokens_per_s").at(step) / csv.at("samples_per_s").at(step), double(kSeqLen), 1e-9);
+    // MFU is the model's FLOP/s over a rate fixed at start-up: in proportion
+    // to tokens/s, with the same factor at every step.
+    EXPECT_NEAR(csv.at("mfu").at(step) / csv.at("tokens_per_s").at(step),
+                csv.at("mfu").at(0) / csv.at("tokens_per_s").at(0),
+                1e-9 * csv.at("mfu").at(0) / csv.at("tokens_per_s").at(0));
+  }
+
+  // TensorBoard's own reader: the same scalars at the same steps (as float32).
+  READ_BACK_OR_SKIP(out, run);
+  const nlohmann::json& scalars = out["scalars"];
+  for (const char* tag : {"lr-AdamW", "tokens_per_s", "samples_per_s", "mfu"}) {
+    ASSERT_TRUE(scalars.contains(tag)) << tag << " in " << out.dump();
+    ASSERT_EQ(scalars[tag].size(), size_t(kSteps)) << tag;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(scalars[tag][step][0].get<int64_t>(), step) << tag;
+      EXPECT_EQ(scalars[tag][step][1].get<double>(), double(float(csv.at(tag).at(step)))) << tag << " step " << step;
+    }
+  }
+  EXPECT_EQ(out["hparams"]["batch_size"], kBatch);
+  EXPECT_EQ(out["hparams"]["seq_len"], kSeqLen);
 }
 
 // ---- folders and bad arguments -----------------------------------------------

@@ -41,15 +41,17 @@ TEST(TrainCliOptionsTest, TheDefaultFlagsMapToTheirFields) {
   EXPECT_FALSE(o.enable_checkpointing) << "strata train names its own checkpoints";
   ASSERT_TRUE(o.gradient_clip_val.has_value());
   EXPECT_EQ(*o.gradient_clip_val, 1.0);
-  // --val-every's default: every 50 optimizer steps, counted across epochs.
+  // --val-every's default: every 50 optimizer steps, counted across epochs
+  // (Lightning's check_val_every_n_epoch=None counts batches: 50 x 1).
   EXPECT_FALSE(o.val_check_interval.fraction);
   EXPECT_EQ(o.val_check_interval.value, 50);
-  EXPECT_EQ(o.check_val_every_n_epoch, 0);
+  EXPECT_FALSE(o.check_val_every_n_epoch.has_value());
   EXPECT_EQ(o.limit_val_batches.value, 10);
   EXPECT_EQ(callbacks_of<strata::cli::MetricsFile>(o).size(), 1u);
   EXPECT_EQ(callbacks_of<strata::cli::FinalSave>(o).size(), 1u);
   EXPECT_TRUE(callbacks_of<strata::trainer::ModelCheckpoint>(o).empty());
   EXPECT_TRUE(callbacks_of<strata::trainer::EarlyStopping>(o).empty());
+  EXPECT_TRUE(callbacks_of<strata::trainer::LearningRateMonitor>(o).empty()) << "no logger to log to";
   EXPECT_TRUE(o.loggers.empty());
 }
 
@@ -77,12 +79,13 @@ TEST(TrainCliOptionsTest, EachFlagLandsInItsField) {
   EXPECT_FALSE(o.gradient_clip_val.has_value());
   // Lightning's defaults stay: validation at each epoch's end, were any data given.
   EXPECT_TRUE(o.val_check_interval.fraction);
-  EXPECT_EQ(o.check_val_every_n_epoch, 1);
+  EXPECT_EQ(o.check_val_every_n_epoch, std::optional<int64_t>(1));
 
   config.val_every = 25;
   config.val_batches = 3;
   const strata::TrainerOptions v = trainer_options(config, true);
-  EXPECT_EQ(v.val_check_interval.value, 25);
+  EXPECT_EQ(v.val_check_interval.value, 50) << "25 steps of 2 accumulated batches";
+  EXPECT_FALSE(v.check_val_every_n_epoch.has_value());
   EXPECT_EQ(v.limit_val_batches.value, 3);
 }
 
@@ -130,6 +133,10 @@ TEST(TrainCliOptionsTest, OnlyRankZeroGetsTheLogger) {
   config.log_dir = dir.path;
   EXPECT_EQ(trainer_options(config, true).loggers.size(), 1u);
   EXPECT_TRUE(trainer_options(config, false).loggers.empty());
+  // The learning rate is logged with any logger, and every rank has the
+  // callback (only rank 0 logs), so the ranks' callback lists match.
+  EXPECT_EQ(callbacks_of<strata::trainer::LearningRateMonitor>(trainer_options(config, true)).size(), 1u);
+  EXPECT_EQ(callbacks_of<strata::trainer::LearningRateMonitor>(trainer_options(config, false)).size(), 1u);
 }
 
 TEST(TrainCliOptionsTest, TheWorldSizeCheckNamesTheWorld) {

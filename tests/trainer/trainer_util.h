@@ -16,6 +16,7 @@
 #include "strata/checkpoint/atomic.h"
 #include "strata/checkpoint/safetensors.h"
 #include "strata/checkpoint/state_dict.h"
+#include "strata/core/error.h"
 #include "strata/data/dataset.h"
 #include "strata/models/gpt.h"
 #include "strata/strategies/ddp.h"
@@ -23,6 +24,7 @@
 #include "strata/strategies/single_device.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
+#include "strata/xla/device.h"
 
 namespace strata::testing {
 
@@ -66,6 +68,11 @@ class LitGPT : public TrainModule {
                                             .with_interval("step"));
     return config;
   }
+  std::shared_ptr<TrainModule> replica() const override {
+    auto copy = std::make_shared<LitGPT>(lr_);
+    copy->step_lr_ = step_lr_;
+    return copy;
+  }
   models::GPT gpt{nullptr};
   bool step_lr_ = true;
 
@@ -78,6 +85,8 @@ class LitGPT : public TrainModule {
 class LossRecorder : public trainer::Callback {
  public:
   std::string state_key() const override { return "LossRecorder"; }
+  /// Another rank's records stay there; this one's are rank 0's.
+  trainer::CallbackPtr replica() const override { return std::make_shared<LossRecorder>(); }
   void on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor& loss, const data::Batch&,
                           int64_t) override {
     losses.push_back(trainer.strategy().all_reduce(loss.detach()).item<double>());
@@ -112,6 +121,19 @@ inline checkpoint::NamedTensors full_state(torch::nn::Module& module, strategies
     out.emplace_back(name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name, value);
   }
   return out;
+}
+
+/// Starts the xla device, false without a PJRT plugin. Call it before the
+/// process's first backward (docs/xla.md): autograd counts each device's
+/// threads once, at its first backward.
+inline bool start_xla() {
+  try {
+    xla::find_plugin();
+  } catch (const ConfigError&) {
+    return false;
+  }
+  xla::init();
+  return true;
 }
 
 /// A fresh folder under the temp folder, removed by the destructor.

@@ -49,6 +49,10 @@ class Callback {
   /// completed an accumulation.
   virtual void on_train_batch_end(Trainer&, TrainModule&, const at::Tensor& loss, const data::Batch&,
                                   int64_t batch_idx) {}
+  /// Around the sanity validation before training (num_sanity_val_steps);
+  /// the validation hooks run between them with trainer.sanity_checking().
+  virtual void on_sanity_check_start(Trainer&, TrainModule&) {}
+  virtual void on_sanity_check_end(Trainer&, TrainModule&) {}
   virtual void on_validation_start(Trainer&, TrainModule&) {}
   /// After validation's metrics are reduced.
   virtual void on_validation_end(Trainer&, TrainModule&) {}
@@ -57,6 +61,12 @@ class Callback {
   virtual void on_before_optimizer_step(Trainer&, TrainModule&, torch::optim::Optimizer&) {}
   /// A loop failed with `error` (the Trainer rethrows it afterwards).
   virtual void on_exception(Trainer&, TrainModule&, const std::exception& error) {}
+
+  /// A new callback with this one's settings and state, for another rank
+  /// of a job whose ranks are threads of one process (Note [The Trainer's
+  /// ranks as threads] in trainer/trainer.h). Null, the default: this
+  /// callback cannot be copied, and such a job refuses it.
+  virtual std::shared_ptr<Callback> replica() const { return nullptr; }
 
   /// What a checkpoint keeps of this callback (null: nothing).
   virtual nlohmann::json state_dict() const { return nullptr; }

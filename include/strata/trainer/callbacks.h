@@ -17,7 +17,9 @@ namespace strata::trainer {
 
 /// ModelCheckpoint's settings (Lightning's arguments and defaults).
 struct ModelCheckpointOptions {
-  /// Folder of the checkpoints; "": <default_root_dir>/checkpoints.
+  /// Folder of the checkpoints; "": the first logger's
+  /// <log_dir>/checkpoints (e.g. runs/lightning_logs/version_0/checkpoints),
+  /// or <default_root_dir>/checkpoints without a logger (Lightning's).
   std::string dirpath;
   /// Name template: "{epoch}-{val_loss:.2f}" makes "epoch=3-val_loss=0.52";
   /// "": "{epoch}-{step}". Formats: .Nf, .Ne, .Ng for reals, 0Nd for
@@ -63,11 +65,14 @@ class ModelCheckpoint : public Callback {
   /// intervals, or save_top_k > 1 without a monitor.
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
   std::string state_key() const override;
+  CallbackPtr replica() const override { return std::make_shared<ModelCheckpoint>(*this); }
   const ModelCheckpointOptions& options() const { return options_; }
 
   /// Path of the best checkpoint so far ("" none).
   const std::string& best_model_path() const { return best_model_path_; }
-  double best_model_score() const { return best_model_score_; }
+  /// The monitored value of best_model_path(); empty before a checkpoint
+  /// was ranked (Lightning's None), and without a monitor.
+  const std::optional<double>& best_model_score() const { return best_model_score_; }
   /// Path of the newest "last" checkpoint ("" none).
   const std::string& last_model_path() const { return last_model_path_; }
   /// The top-k kept, by path: their monitored values.
@@ -91,7 +96,13 @@ class ModelCheckpoint : public Callback {
   void load_state_dict(const nlohmann::json& state) override;
 
  private:
-  void save(Trainer& trainer);
+  // Note [When ModelCheckpoint saves] in model_checkpoint.cpp.
+  bool skip_saving(Trainer& trainer) const;
+  bool save_on_train_epoch_end(const Trainer& trainer) const;
+  Metrics candidates(const Trainer& trainer) const;
+  void save_top_k_checkpoint(Trainer& trainer, const Metrics& metrics);
+  void save_last_checkpoint(Trainer& trainer, const Metrics& metrics);
+  void write(Trainer& trainer, const std::string& path);
   bool better(double a, double b) const;
   void check_restored_path(const std::string& path, const std::string& field) const;
 
@@ -99,10 +110,11 @@ class ModelCheckpoint : public Callback {
   std::string dirpath_;
   std::map<std::string, double> best_k_;
   std::string best_model_path_;
-  double best_model_score_ = 0.0;
+  std::optional<double> best_model_score_;
   std::string last_model_path_;
   int64_t last_saved_step_ = -1;
-  bool has_validation_ = false;
+  bool defer_save_until_validation_ = false;
+  bool warned_missing_ = false;
 };
 
 /// EarlyStopping's settings.
@@ -128,11 +140,15 @@ class EarlyStopping : public Callback {
   /// Throws ConfigError for an empty monitor, a bad mode, patience < 0.
   explicit EarlyStopping(EarlyStoppingOptions options);
   std::string state_key() const override;
+  CallbackPtr replica() const override { return std::make_shared<EarlyStopping>(*this); }
   const EarlyStoppingOptions& options() const { return options_; }
   int64_t wait_count() const { return wait_; }
   double best_score() const { return best_; }
   /// The global step at which it stopped the run (-1: it did not).
   int64_t stopped_step() const { return stopped_step_; }
+  /// The epoch in which it stopped the run (current_epoch when it decided);
+  /// 0 when it did not, as Lightning's stopped_epoch.
+  int64_t stopped_epoch() const { return stopped_epoch_; }
 
   void on_validation_end(Trainer& trainer, TrainModule& module) override;
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
@@ -145,6 +161,7 @@ class EarlyStopping : public Callback {
   int64_t wait_ = 0;
   double best_;
   int64_t stopped_step_ = -1;
+  int64_t stopped_epoch_ = 0;
   bool validated_ = false;  // a validation ended since the last epoch end
 };
 
@@ -156,6 +173,7 @@ class LearningRateMonitor : public Callback {
   /// Throws ConfigError unless interval is "step" or "epoch".
   explicit LearningRateMonitor(std::string logging_interval = "step");
   std::string state_key() const override { return "LearningRateMonitor"; }
+  CallbackPtr replica() const override { return std::make_shared<LearningRateMonitor>(*this); }
   /// The names and values it would log now.
   static Metrics learning_rates(const Trainer& trainer);
   void on_train_batch_end(Trainer& trainer, TrainModule& module, const at::Tensor& loss, const data::Batch& batch,
@@ -177,6 +195,7 @@ class Timer : public Callback {
  public:
   explicit Timer(std::chrono::milliseconds duration);
   std::string state_key() const override { return "Timer"; }
+  CallbackPtr replica() const override { return std::make_shared<Timer>(*this); }
   /// Training time so far, seconds.
   double time_elapsed() const;
   void on_train_start(Trainer& trainer, TrainModule& module) override;
@@ -194,12 +213,15 @@ class Timer : public Callback {
 
 /// Progress on global rank 0: on a terminal one line redrawn in place
 /// (epoch, step, loss, prog_bar metrics, rate, ETA); otherwise a plain
-/// line every log_every_n_steps steps and at each epoch end.
+/// line every log_every_n_steps steps and at each epoch end. The loss is
+/// the prog_bar value "train_loss" when the module logs one (the value
+/// the loggers get), else the rank's Trainer::last_loss().
 class ProgressBar : public Callback {
  public:
   /// `out_is_terminal`: nullopt asks isatty(stdout).
   explicit ProgressBar(std::optional<bool> out_is_terminal = std::nullopt);
   std::string state_key() const override { return "ProgressBar"; }
+  CallbackPtr replica() const override { return std::make_shared<ProgressBar>(*this); }
   /// The text of the progress line for the trainer's current state.
   static std::string line(const Trainer& trainer, double steps_per_s, double eta_s);
   void on_train_start(Trainer& trainer, TrainModule& module) override;

@@ -49,14 +49,19 @@ class FileLogger : public Logger {
 /// Lightning's CSVLogger.
 class CSVLogger : public FileLogger {
  public:
-  /// Throws ConfigError for an empty root_dir or a name with '/'.
+  /// flush_logs_every_n_steps: log_metrics writes the buffered rows to disk
+  /// when (step + 1) is a multiple of it (Lightning's option and default).
+  /// Throws ConfigError for an empty root_dir, a name with '/', or
+  /// flush_logs_every_n_steps < 1.
   CSVLogger(std::string root_dir, std::string name = "lightning_logs",
-            std::optional<int64_t> version = std::nullopt);
+            std::optional<int64_t> version = std::nullopt, int64_t flush_logs_every_n_steps = 100);
   std::string name() const override { return "csv"; }
-  /// Buffers a row; save() writes. Non-finite values are written as
+  /// Buffers a row; save() writes, and so does this call at every
+  /// flush_logs_every_n_steps-th step. Non-finite values are written as
   /// "nan", "inf", "-inf" (Python's float() reads them).
   void log_metrics(const Metrics& metrics, std::int64_t step) override;
-  /// Writes hparams.yaml (keys and values as YAML scalars, quoted).
+  /// Merges `params` into the run's hyperparameters and writes them to
+  /// hparams.yaml as Lightning does (hparams_yaml in hparams.h).
   void log_hyperparams(const Hyperparams& params) override;
   /// Appends the buffered rows to metrics.csv (or rewrites it when the
   /// columns grew). Throws Error when the file cannot be written.
@@ -69,6 +74,8 @@ class CSVLogger : public FileLogger {
   std::vector<std::map<std::string, std::string>> rows_;  // every row, as text
   size_t written_ = 0;                            // rows already in the file
   bool header_changed_ = false;
+  int64_t flush_every_ = 100;
+  Hyperparams hparams_;
 };
 
 /// One JSON object per line.
@@ -79,12 +86,15 @@ class JSONLinesLogger : public FileLogger {
   std::string name() const override { return "jsonl"; }
   /// Non-finite values are written as null.
   void log_metrics(const Metrics& metrics, std::int64_t step) override;
+  /// Merges `params` into the run's hyperparameters and writes them to
+  /// hparams.json.
   void log_hyperparams(const Hyperparams& params) override;
   void save() override;
   std::string metrics_file() const;
 
  private:
   std::vector<std::string> pending_;
+  Hyperparams hparams_;
 };
 
 /// Builds a logger by format name: "csv" or "jsonl" ("tensorboard" when

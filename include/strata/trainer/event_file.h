@@ -45,12 +45,15 @@ struct HparamValue {
   std::string text;
 };
 
-/// A serialized Event holding the hparams plugin's session_start_info
-/// (tag "_hparams_/session_start_info", plugin "hparams", content a
-/// HParamsPluginData), as Lightning's TensorBoardLogger writes through
-/// torch's SummaryWriter. Names and texts that are not valid UTF-8 have
-/// the bad bytes replaced by U+FFFD.
-std::string encode_hparams_event(double wall_time, const std::vector<HparamValue>& hparams);
+/// The three serialized Events (at step 0) that torch's
+/// SummaryWriter writes for Lightning's TensorBoardLogger.log_hyperparams:
+/// the hparams plugin's experiment (tag "_hparams_/experiment": each
+/// hyperparameter's name and type, each of `metric_tags` as a metric),
+/// session_start_info (the values) and session_end_info (STATUS_SUCCESS).
+/// Names and texts that are not valid UTF-8 have the bad bytes replaced by
+/// U+FFFD.
+std::vector<std::string> encode_hparams_events(double wall_time, const std::vector<HparamValue>& hparams,
+                                               const std::vector<std::string>& metric_tags);
 
 /// Checks that `tag` can name a scalar: 1 to kMaxTagBytes bytes of valid
 /// UTF-8 with no control character. Throws ConfigError "[tensorboard]

@@ -8,13 +8,17 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace strata::trainer {
 
 /// Metric values by name, as the Trainer hands them to a logger:
 /// "train_loss", "val_loss", "lr-AdamW", "epoch", ...
 using Metrics = std::map<std::string, double>;
-/// Hyperparameters by name, already rendered as text.
-using Hyperparams = std::map<std::string, std::string>;
+/// Hyperparameters by name, typed as Lightning's save_hyperparameters keeps
+/// them: numbers, booleans, strings, null, lists and nested maps
+/// ({{"lr", 0.01}, {"model", {{"n_layer", 2}}}}).
+using Hyperparams = std::map<std::string, nlohmann::json>;
 
 /// Base of every logger. Methods are called from one thread.
 class Logger {

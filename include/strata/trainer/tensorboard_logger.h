@@ -16,6 +16,7 @@
 #include <string>
 
 #include "strata/trainer/event_file.h"
+#include "strata/trainer/hparams.h"
 #include "strata/trainer/logger.h"
 
 namespace strata::trainer {
@@ -28,8 +29,12 @@ class TensorBoardLogger : public Logger {
   /// Throws ConfigError when `name` is not a plain folder name (".", "..",
   /// '/', NUL, over 255 bytes), `root_dir` is empty, `version` is
   /// negative, or the versions already there cannot be listed.
+  /// default_hp_metric (Lightning's option and default): log_hyperparams
+  /// also logs the scalar "hp_metric" = -1 at step 0 and names it as the
+  /// HPARAMS tab's metric; false writes the hyperparameters to hparams.yaml
+  /// only, as Lightning does without metrics.
   explicit TensorBoardLogger(std::string root_dir, std::string name = "lightning_logs",
-                             std::optional<int> version = std::nullopt);
+                             std::optional<int> version = std::nullopt, bool default_hp_metric = true);
   ~TensorBoardLogger() override;
 
   std::string name() const override { return "tensorboard"; }
@@ -43,11 +48,12 @@ class TensorBoardLogger : public Logger {
   /// when the file cannot be written. Non-finite values are written as
   /// they are (TensorBoard shows NaN and inf).
   void log_metrics(const Metrics& metrics, std::int64_t step) override;
-  /// Merges `params` into the run's hyperparameters and rewrites
-  /// hparams.yaml (atomically: a reader sees the old file or the new one).
-  /// They reach TensorBoard's HPARAMS tab (encode_hparams_event) with the
-  /// next scalars, save() or finalize(); TensorBoard shows the first such
-  /// record of a run, so call this before logging metrics.
+  /// Merges `params` into the run's hyperparameters (a key given again is
+  /// replaced) and rewrites hparams.yaml (hparams_yaml; atomically: a reader
+  /// sees the old file or the new one). They reach TensorBoard's HPARAMS
+  /// tab (encode_hparams_events of tensorboard_hparams, with hp_metric) with
+  /// the next scalars, save() or finalize(); TensorBoard shows the first
+  /// such record of a run, so call this before logging metrics.
   void log_hyperparams(const Hyperparams& params) override;
   /// Writes buffered records to the event file.
   void save() override;
@@ -69,13 +75,8 @@ class TensorBoardLogger : public Logger {
   std::string log_dir_;
   Hyperparams hparams_;
   bool hparams_pending_ = false;
+  bool default_hp_metric_ = true;
   std::unique_ptr<EventFileWriter> writer_;
 };
-
-/// `params` as a YAML mapping, one "key: value" line each, in key order.
-/// A key or value that YAML would read as something else (or that holds
-/// special characters) is double-quoted and escaped; the others, numbers
-/// and words such as 0.003 or AdamW, stay plain, as Lightning writes them.
-std::string hparams_yaml(const Hyperparams& params);
 
 }  // namespace strata::trainer

@@ -130,6 +130,14 @@ class TrainModule : public torch::nn::Module {
   /// Receives what on_save_checkpoint added, when a checkpoint is loaded.
   virtual void on_load_checkpoint(const nlohmann::json& extra) {}
 
+  /// A new module built as this one was (the same class and layers), for
+  /// another rank of a job whose ranks are threads of one process (Note
+  /// [The Trainer's ranks as threads] in trainer/trainer.h); the Trainer
+  /// copies this module's weights and hyperparameters into it. Null, the
+  /// default: such a job refuses the module, with a message saying to
+  /// override this.
+  virtual std::shared_ptr<TrainModule> replica() const { return nullptr; }
+
   // ---- inside a step -------------------------------------------------------------
   /// Records a metric (see LogOptions). `value` is a scalar tensor or a
   /// number. Throws ConfigError outside a step or hook of a running loop,
@@ -139,7 +147,10 @@ class TrainModule : public torch::nn::Module {
   void log(const std::string& name, double value, const LogOptions& options = {});
   /// log() for each entry of `values`.
   void log_dict(const std::map<std::string, at::Tensor>& values, const LogOptions& options = {});
-  /// Records hyperparameters for the loggers (hparams.yaml, ...).
+  /// Records the module's hyperparameters, typed (numbers, booleans,
+  /// strings, null, lists, nested maps), as Lightning's
+  /// save_hyperparameters: the loggers get them at the start of fit
+  /// (hparams.yaml, TensorBoard's HPARAMS tab) and checkpoints keep them.
   void save_hyperparameters(const trainer::Hyperparams& params) { hparams_ = params; }
   const trainer::Hyperparams& hparams() const { return hparams_; }
 

@@ -1,7 +1,7 @@
 // strata::Trainer: runs the training, validation, test and prediction
 // loops over a TrainModule (the Lightning Trainer's role), on the same
-// strategies Fabric uses (ddp, fsdp, single_device), with callbacks,
-// loggers and checkpoints.
+// strategies Fabric uses (ddp, fsdp, single_device, and xla and xla_fsdp on
+// several xla devices), with callbacks, loggers and checkpoints.
 //
 //   strata::Trainer trainer(strata::TrainerOptions()
 //                               .with_devices(2).with_strategy("ddp").with_max_epochs(3)
@@ -21,11 +21,27 @@
 // (fit: global_step, current_epoch and the metrics; validate and test: the
 // metrics they return; predict: an undefined tensor, as on other ranks).
 // A worker's failure stops the others and throws LaunchError there.
+//
+// Note [The Trainer's ranks as threads]
+// An accelerator that drives its devices from one process (xla with
+// devices=N: Note [Ranks as threads] in strategies/xla.h) runs the job's
+// ranks as threads of the calling process, and every Trainer call runs on
+// all of them, in place. Rank 0 is this Trainer and the module the caller
+// passed; rank r gets a Trainer of its own (the same options, its rank's
+// strategy, a copy of each callback by Callback::replica(), the loggers
+// shared, since only rank 0 writes to them) and a module of its own made
+// by TrainModule::replica() with the first module's weights copied in,
+// built before any rank starts and without drawing from the CPU
+// generator, so the run draws the numbers a one-process run would. The
+// ranks keep their set-up modules and collectives from one call to the
+// next, as worker processes do, until the Trainer is destroyed. After a
+// call, this Trainer and its module hold rank 0's state.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <cstdint>
@@ -103,12 +119,31 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   int64_t max_steps = -1;  ///< optimizer steps; -1: no limit
   /// Wall time to train for (a Timer callback stops the run after it).
   std::optional<std::chrono::milliseconds> max_time;
-  /// Validate every this many training batches (integer) or fraction of
-  /// the epoch (real); 1.0: at the end of each epoch.
+  /// Validate every this many training batches of the epoch (integer,
+  /// at most the epoch's batches) or every max(1, floor(fraction * batches))
+  /// batches (real); 1.0: at the end of each epoch. Only at those batches:
+  /// an epoch whose batch count the interval does not divide ends without
+  /// a validation of its own, as in Lightning.
   BatchLimit val_check_interval = 1.0;
-  /// Validate on every n-th epoch. 0 (Lightning's None): an integer
-  /// val_check_interval counts optimizer steps across epochs instead.
-  int64_t check_val_every_n_epoch = 1;
+  /// Validate on every n-th epoch (n >= 1). std::nullopt (Lightning's
+  /// None, also kValidateAcrossEpochs): an integer val_check_interval
+  /// counts training batches across epochs (every k-th batch of the run,
+  /// whatever its epoch) instead of within each epoch.
+  std::optional<int64_t> check_val_every_n_epoch = 1;
+  /// Validation batches run before training starts, to catch a broken
+  /// validation_step early (-1: all, 0: none). Their metrics are neither
+  /// logged nor seen by callbacks that rank or stop (sanity_checking()).
+  int64_t num_sanity_val_steps = 2;
+  /// A quick run to find bugs (Lightning's fast_dev_run): n > 0 runs n
+  /// training batches (one epoch, n steps at most), n validation, test
+  /// and predict batches, no sanity validation, and suppresses logging and
+  /// checkpointing (loggers get nothing, ModelCheckpoint and EarlyStopping
+  /// do nothing). 0: off.
+  int64_t fast_dev_run = 0;
+  /// Trains and validates on the first batches only, unshuffled (a number
+  /// or a fraction of each loader, as limit_*_batches): overrides
+  /// limit_train_batches and limit_val_batches. 0.0: off.
+  BatchLimit overfit_batches = 0.0;
   BatchLimit limit_train_batches = 1.0;
   BatchLimit limit_val_batches = 1.0;
   BatchLimit limit_test_batches = 1.0;
@@ -120,6 +155,9 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   std::string default_root_dir = ".";  ///< checkpoints go to <dir>/checkpoints
   bool enable_checkpointing = true;    ///< adds a ModelCheckpoint (save_last) when none is given
   bool enable_progress_bar = true;     ///< adds a ProgressBar when none is given
+  /// Prints Lightning's model summary table (trainer/model_summary.h) at
+  /// the start of fit, on global rank 0.
+  bool enable_model_summary = true;
   std::vector<trainer::CallbackPtr> callbacks;
   std::vector<trainer::LoggerPtr> loggers;
 
@@ -127,7 +165,10 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   TrainerOptions& with_max_steps(int64_t s) { max_steps = s; return *this; }
   TrainerOptions& with_max_time(std::chrono::milliseconds t) { max_time = t; return *this; }
   TrainerOptions& with_val_check_interval(BatchLimit v) { val_check_interval = v; return *this; }
-  TrainerOptions& with_check_val_every_n_epoch(int64_t n) { check_val_every_n_epoch = n; return *this; }
+  TrainerOptions& with_check_val_every_n_epoch(std::optional<int64_t> n) { check_val_every_n_epoch = n; return *this; }
+  TrainerOptions& with_num_sanity_val_steps(int64_t n) { num_sanity_val_steps = n; return *this; }
+  TrainerOptions& with_fast_dev_run(int64_t n = 1) { fast_dev_run = n; return *this; }
+  TrainerOptions& with_overfit_batches(BatchLimit b) { overfit_batches = b; return *this; }
   TrainerOptions& with_limit_train_batches(BatchLimit l) { limit_train_batches = l; return *this; }
   TrainerOptions& with_limit_val_batches(BatchLimit l) { limit_val_batches = l; return *this; }
   TrainerOptions& with_limit_test_batches(BatchLimit l) { limit_test_batches = l; return *this; }
@@ -139,11 +180,16 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   TrainerOptions& with_default_root_dir(std::string d) { default_root_dir = std::move(d); return *this; }
   TrainerOptions& with_enable_checkpointing(bool e) { enable_checkpointing = e; return *this; }
   TrainerOptions& with_enable_progress_bar(bool e) { enable_progress_bar = e; return *this; }
+  TrainerOptions& with_enable_model_summary(bool e) { enable_model_summary = e; return *this; }
   TrainerOptions& with_callback(trainer::CallbackPtr c) { callbacks.push_back(std::move(c)); return *this; }
   TrainerOptions& with_callbacks(std::vector<trainer::CallbackPtr> c) { callbacks = std::move(c); return *this; }
   TrainerOptions& with_logger(trainer::LoggerPtr l) { loggers.push_back(std::move(l)); return *this; }
   TrainerOptions& with_loggers(std::vector<trainer::LoggerPtr> l) { loggers = std::move(l); return *this; }
 };
+
+/// check_val_every_n_epoch's Lightning None: an integer val_check_interval
+/// counts training batches across epochs.
+inline constexpr std::nullopt_t kValidateAcrossEpochs = std::nullopt;
 
 namespace trainer {
 class ModelCheckpoint;
@@ -186,7 +232,10 @@ class Trainer {
                      const std::string& ckpt_path = "");
 
   // ---- state, for callbacks and modules ------------------------------------
-  int64_t current_epoch() const { return epoch_; }
+  /// The epoch running, or after fit the epochs begun: as Lightning, an
+  /// epoch that was stopped inside (max_steps, should_stop) counts as ended,
+  /// so a run stopped in its third epoch reports 3.
+  int64_t current_epoch() const { return epoch_ + (stopped_inside_epoch_ ? 1 : 0); }
   /// Optimizer steps taken.
   int64_t global_step() const { return global_step_; }
   /// Set to stop fit after the current batch (every rank must set it).
@@ -195,6 +244,21 @@ class Trainer {
   const std::string& state_fn() const { return stage_; }
   /// True inside the validation loop of fit (or validate()).
   bool validating() const { return validating_; }
+  /// True during the sanity validation before training
+  /// (num_sanity_val_steps); validating() is true then too.
+  bool sanity_checking() const { return sanity_checking_; }
+  /// Whether a validation (not a sanity one) has run in this fit.
+  bool validation_has_run() const { return validations_run_ > 0; }
+  /// Validation batches each validation of fit runs (after limits; 0:
+  /// no validation data, or limited to none).
+  int64_t num_val_batches() const { return num_val_batches_; }
+  /// The batches fast_dev_run runs (0: off).
+  int64_t fast_dev_run() const { return options_.fast_dev_run; }
+  /// Whether the current training batch is the epoch's last.
+  bool is_last_batch() const { return batch_in_epoch_ >= num_training_batches_ && num_training_batches_ > 0; }
+  /// Whether this epoch validates at all (validation data, and the epoch
+  /// is a check_val_every_n_epoch-th one).
+  bool validates_this_epoch() const;
   /// Latest metric values: step values during an epoch, epoch values after.
   const trainer::Metrics& callback_metrics() const { return callback_metrics_; }
   /// What was last handed to the loggers.
@@ -220,9 +284,10 @@ class Trainer {
   bool is_global_zero() const { return strategy_->is_global_zero(); }
   TrainModule* lightning_module() const { return module_.get(); }
   const std::vector<trainer::CallbackPtr>& callbacks() const { return callbacks_; }
-  const std::vector<trainer::LoggerPtr>& loggers() const { return options_.loggers; }
+  /// The loggers; none under fast_dev_run (Lightning's DummyLogger).
+  const std::vector<trainer::LoggerPtr>& loggers() const { return loggers_; }
   /// The first logger, or null.
-  trainer::LoggerPtr logger() const { return options_.loggers.empty() ? nullptr : options_.loggers.front(); }
+  trainer::LoggerPtr logger() const { return loggers_.empty() ? nullptr : loggers_.front(); }
   /// The optimizers and schedulers of configure_optimizers (after setup).
   const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const { return optimizers_; }
   const std::vector<trainer::SchedulerConfig>& lr_scheduler_configs() const { return schedulers_; }
@@ -255,11 +320,23 @@ class Trainer {
   void setup_strategy();
 
  private:
-  /// Runs `call` here when this process is a worker (or the only one) and
-  /// returns true; in the launching process, starts the workers at the
-  /// first call and returns false with `remote` holding rank 0's result of
-  /// the same call (Note [One launch protocol]).
-  bool launch(const std::function<nlohmann::json()>& call, nlohmann::json& remote);
+  /// A call of one rank: its Trainer and its module.
+  using RankCall = std::function<nlohmann::json(Trainer&, const std::shared_ptr<TrainModule>&)>;
+  struct ThreadRanks;
+
+  /// A Trainer for another rank of a job whose ranks are threads (Note
+  /// [The Trainer's ranks as threads]): `primary`'s options and copies of
+  /// its callbacks, on `strategy`.
+  Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> strategy);
+  /// Runs `call` with `module` here when this process is a worker (or the
+  /// only one) and returns true; in the launching process, starts the
+  /// workers at the first call and returns false with `remote` holding rank
+  /// 0's result of the same call (Note [One launch protocol]). With ranks
+  /// as threads, runs it on every rank and returns true.
+  bool launch(const std::shared_ptr<TrainModule>& module, const RankCall& call, nlohmann::json& remote);
+  /// launch() for ranks as threads: rank r's Trainer and module made at
+  /// the first call.
+  nlohmann::json run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call);
   void run_fit(std::shared_ptr<TrainModule> module, const DataSource& train, const std::optional<DataSource>& val,
                const std::string& ckpt_path);
   trainer::Metrics evaluate_here(std::shared_ptr<TrainModule> module, const DataSource& data,
@@ -284,12 +361,22 @@ class Trainer {
   void read_step_loss();
   /// Warns when the xla device compiled a program after the warm-up steps.
   void warn_about_recompiles();
-  void run_validation(data::Loader& loader, int64_t limit);
+  void run_validation(data::Loader& loader, int64_t limit, bool sanity = false);
+  /// The step loggers get now (Lightning's _batches_that_stepped): the
+  /// optimizer steps before the running batch's, so a value logged after a
+  /// batch that stepped goes to global_step - 1, one logged inside an
+  /// accumulation window to global_step.
+  int64_t log_step() const { return std::max<int64_t>(global_step_ - (batch_stepped_ ? 1 : 0), 0); }
   trainer::Metrics evaluation_loop(data::Loader& loader, int64_t limit, const std::string& stage);
   trainer::Metrics run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
                                   const std::string& stage, const std::string& ckpt_path);
   void log_to_loggers(const trainer::Metrics& metrics, int64_t step);
-  void update_step_metrics(bool stepped);
+  /// The values logged since the last call into callback_metrics, the
+  /// progress bar's and the loggers' pending row.
+  void collect_step_metrics();
+  /// Hands the pending row to the loggers after a step at the
+  /// log_every_n_steps cadence.
+  void log_step_metrics(bool stepped);
   std::string resolve_ckpt_path(const std::string& ckpt_path);
   void restore(const std::string& path, bool training);
   /// The first epoch's resume position checked against its `batches`
@@ -303,6 +390,7 @@ class Trainer {
 
   TrainerOptions options_;
   strategies::ResolvedPlacement placement_;
+  std::unique_ptr<ThreadRanks> thread_ranks_;  // the other ranks, when ranks are threads
   std::shared_ptr<strategies::Strategy> strategy_;
   std::vector<trainer::CallbackPtr> callbacks_;
   std::shared_ptr<TrainModule> module_;
@@ -315,6 +403,12 @@ class Trainer {
   trainer::detail::Results* active_results_ = nullptr;    // an evaluation loop's, while it runs
   std::string stage_;
   bool validating_ = false;
+  bool sanity_checking_ = false;
+  int64_t validations_run_ = 0;     // validations of this fit, not counting the sanity one
+  int64_t num_val_batches_ = 0;
+  bool batch_stepped_ = false;      // the running batch ended an accumulation (until its end)
+  bool stopped_inside_epoch_ = false;  // fit stopped before its epoch's last batch
+  std::vector<trainer::LoggerPtr> loggers_;  // options_.loggers, or none under fast_dev_run
   bool in_training_step_ = false;
   bool train_is_dataset_ = false;
   int64_t epoch_ = 0;

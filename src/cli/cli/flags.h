@@ -14,12 +14,13 @@
 namespace strata::cli {
 
 /// A flag's accepted values: integers lo..hi, or reals in [lo, hi]
-/// ((lo, hi] when lo_open).
+/// ((lo, hi] when lo_open, [lo, hi) when hi_open).
 struct Range {
   bool integer = true;
   double lo = 0, hi = 0;
   bool lo_open = false;
-  /// "an integer in 1..4096", "a number in (0, 10]".
+  bool hi_open = false;
+  /// "an integer in 1..4096", "a number in (0, 10]", "a number in [0, 1)".
   std::string text() const;
 };
 

@@ -22,7 +22,10 @@ class GPTJob : public TrainModule {
   GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay);
   at::Tensor training_step(const data::Batch& batch, int64_t batch_idx) override;
   at::Tensor validation_step(const data::Batch& batch, int64_t batch_idx) override;
+  /// Logs the step's train_loss once the step ended (Note [One train_loss]).
+  void on_train_batch_end(const at::Tensor& loss, const data::Batch& batch, int64_t batch_idx) override;
   OptimizerConfig configure_optimizers() override;
+  std::shared_ptr<TrainModule> replica() const override;
   /// Records the model preset; a checkpoint of another preset is refused.
   void on_save_checkpoint(nlohmann::json& extra) override;
   void on_load_checkpoint(const nlohmann::json& extra) override;
@@ -31,6 +34,7 @@ class GPTJob : public TrainModule {
 
  private:
   std::string model_size_;
+  int64_t last_logged_step_ = -1;
   double lr_;
   double weight_decay_;
 };
@@ -48,27 +52,46 @@ class WindowRange : public data::Dataset {
   size_t begin_, end_;
 };
 
-/// Appends one JSON line per optimizer step to --metrics-file (rank 0):
-/// step, loss (the step's loss averaged over ranks), lr, epoch,
-/// tokens_per_s, elapsed_s, and val_loss (the latest validation's, once one ran:
-/// a validation at step K shows from step K + 1 on).
+/// Measures each optimizer step's throughput and logs it through the
+/// Trainer (module log(), so every logger, callback_metrics and the
+/// metrics file get the same values): tokens_per_s, samples_per_s and, when
+/// the machine's matmul rate was measured, mfu (a fraction; Note [MFU of
+/// strata train]). On rank 0 it also appends one JSON line per optimizer
+/// step to --metrics-file ("" none): step (the global step after it), loss
+/// (the train_loss the loggers get for it: the global batch's loss), lr,
+/// epoch, tokens_per_s, samples_per_s, elapsed_s, mfu, and val_loss on the
+/// line of the step a validation is filed under (Note [Validation in the
+/// metrics file]), only there.
 class MetricsFile : public trainer::Callback {
  public:
-  MetricsFile(std::string path, int64_t tokens_per_step);
+  /// `tokens_per_step` and `samples_per_step`: the global batch's tokens
+  /// and windows.
+  MetricsFile(std::string path, int64_t tokens_per_step, int64_t samples_per_step);
   std::string state_key() const override { return "MetricsFile"; }
+  trainer::CallbackPtr replica() const override {
+    return std::make_shared<MetricsFile>(path_, tokens_per_step_, samples_per_step_);
+  }
   /// Also measures the machine's matmul rate (Note [MFU of strata train]).
   void on_train_start(Trainer& trainer, TrainModule& module) override;
+  void on_train_batch_start(Trainer& trainer, TrainModule& module, const data::Batch& batch,
+                            int64_t batch_idx) override;
   void on_train_batch_end(Trainer& trainer, TrainModule& module, const at::Tensor& loss, const data::Batch& batch,
                           int64_t batch_idx) override;
+  void on_validation_end(Trainer& trainer, TrainModule& module) override;
   /// Prints throughput and MFU on global rank 0.
   void on_train_end(Trainer& trainer, TrainModule& module) override;
-  /// The last step's loss averaged over ranks (NaN before a step).
+  /// The last step's train_loss (NaN before a step).
   double last_loss() const { return last_loss_; }
 
  private:
+  void write_pending();
+  nlohmann::json pending_;   // the last step's line, until its validation could run
+  nlohmann::json next_val_;  // a validation inside an accumulation window: the next line's
+  bool line_from_this_batch_ = false;
   std::string path_;
   std::ofstream out_;
   int64_t tokens_per_step_;
+  int64_t samples_per_step_;
   int64_t last_step_ = -1;
   double last_loss_;
   double flops_per_token_ = 0.0;  ///< 0: not a GPTJob
@@ -93,6 +116,7 @@ class FinalSave : public trainer::Callback {
  public:
   FinalSave(std::string dir, int64_t every);
   std::string state_key() const override { return "FinalSave"; }
+  trainer::CallbackPtr replica() const override { return std::make_shared<FinalSave>(*this); }
   void on_train_start(Trainer& trainer, TrainModule& module) override;
   void on_train_end(Trainer& trainer, TrainModule& module) override;
 

@@ -1,7 +1,9 @@
-// `strata plot`: a metrics file (Lightning's CSVLogger metrics.csv, or the
+// `strata plot`: metrics files (Lightning's CSVLogger metrics.csv, or the
 // JSON lines `strata train --metrics-file` and the JSONL logger write) read
 // into series, and drawn as a chart of loss and learning rate against step,
-// to SVG (text) or PNG (a small rasteriser and zlib).
+// one or several runs on one chart, optionally smoothed as TensorBoard
+// smooths and on a log-scale y axis, to SVG (text) or PNG (a small
+// rasteriser and zlib).
 #pragma once
 
 #include <cstdint>
@@ -51,8 +53,41 @@ MetricsTable read_metrics(const std::string& file, const MetricsLimits& limits =
 struct PlotOptions {
   int width = 1000;
   int height = 720;
-  std::string title;  ///< the top line (the file name, say)
+  std::string title;   ///< the top line (the run's name, say)
+  double smooth = 0;   ///< TensorBoard's smoothing weight in [0, 1); 0 draws the values as logged
+  bool log_y = false;  ///< log-scale y axes; values <= 0 are left out (see LogSkip)
 };
+
+/// One run on the chart: the name its legend entries carry and its metrics.
+struct PlotRun {
+  std::string name;
+  MetricsTable table;
+};
+
+/// The name of the run whose metrics file is `metrics_file`, given on the
+/// command line as `input`: the folder holding the file; for Lightning's
+/// `version_N` folders, "PARENT/version_N" (a bare version number says
+/// little). The path itself when it has no folder name.
+std::string run_name(const std::string& input, const std::string& metrics_file);
+
+/// TensorBoard's scalar smoothing (its line chart's resmoothDataset): an
+/// exponential moving average started at 0 and debiased, in file order,
+///   last = last * weight + (1 - weight) * value;  smoothed = last / (1 - weight^n)
+/// with n the count of finite values so far. Non-finite values pass through
+/// unchanged and do not move the average; a series whose values are all
+/// equal is returned as it is. `weight` must be in [0, 1).
+std::vector<double> smooth_values(const std::vector<double>& values, double weight);
+
+/// Values a log-scale axis could not show: for one metric of one run, how
+/// many were <= 0, and the first of them.
+struct LogSkip {
+  std::string run;
+  std::string metric;
+  std::int64_t count = 0;
+  double first_step = 0, first_value = 0;
+};
+/// What `--log-y` leaves out of the series the chart of `runs` shows.
+std::vector<LogSkip> log_skips(const std::vector<PlotRun>& runs);
 
 /// The series a chart shows: every column whose name holds "loss" on the
 /// first panel (train first, then validation, then the rest), every column
@@ -64,9 +99,10 @@ struct ChartSeries {
 };
 ChartSeries choose_series(const MetricsTable& table);
 
-/// The chart as an SVG document.
-std::string render_svg(const MetricsTable& table, const PlotOptions& options);
+/// The chart of `runs` (one or more) as an SVG document. Throws ConfigError
+/// when, with log_y, no series keeps a value above 0.
+std::string render_svg(const std::vector<PlotRun>& runs, const PlotOptions& options);
 /// The chart as a PNG file (8-bit RGB).
-std::string render_png(const MetricsTable& table, const PlotOptions& options);
+std::string render_png(const std::vector<PlotRun>& runs, const PlotOptions& options);
 
 }  // namespace strata::cli

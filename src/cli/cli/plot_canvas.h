@@ -28,9 +28,12 @@ class Canvas {
   virtual void rect(double x, double y, double w, double h, Color fill) = 0;
   /// A straight line `width` pixels wide.
   virtual void line(double x0, double y0, double x1, double y1, Color color, double width) = 0;
-  /// A data series: its points joined by a line; `name` labels it (SVG keeps
-  /// it as data-series="name").
-  virtual void polyline(const Points& points, Color color, double width, const std::string& name) = 0;
+  /// A data series: its points joined by a line; `name` labels it and
+  /// `values` are the data values of the points (SVG keeps them as
+  /// data-series="name" and data-values="v0 v1 ...", so a reader can check
+  /// what was drawn without inverting the axes).
+  virtual void polyline(const Points& points, Color color, double width, const std::string& name,
+                        const std::vector<double>& values) = 0;
   /// A filled dot of radius `r` (marks the points of short series).
   virtual void dot(double x, double y, double r, Color color) = 0;
   /// Printable-ASCII `text` whose vertical middle is at `y` (or, when
@@ -48,9 +51,9 @@ inline double text_width(const std::string& text, int scale) {
 /// top first, bit 4 the leftmost pixel.
 const std::uint8_t* glyph(char c);
 
-/// Lays the chart of `table` out on `canvas` (plot_chart.cpp).
-struct MetricsTable;
+/// Lays the chart of `runs` out on `canvas` (plot_chart.cpp).
+struct PlotRun;
 struct PlotOptions;
-void draw_chart(const MetricsTable& table, const PlotOptions& options, Canvas& canvas);
+void draw_chart(const std::vector<PlotRun>& runs, const PlotOptions& options, Canvas& canvas);
 
 }  // namespace strata::cli

@@ -58,7 +58,7 @@ struct TrainConfig {
   int64_t val_batches = 10;    ///< batches per validation
   int64_t early_stopping = 0;  ///< patience in validations (0: off)
   int64_t save_top_k = 0;      ///< keep the k best by val_loss in <ckpt-dir>/best (0: off)
-  std::string logger;          ///< "", "csv", "jsonl" ("tensorboard" once built in)
+  std::string logger;          ///< "", or "csv", "jsonl", "tensorboard" (a comma-separated list: several)
   std::string log_dir = "runs";  ///< where --logger writes (<log-dir>/train/version_N)
 
   /// Throws ConfigError naming the first bad value (an FSDP-only flag
