@@ -10,6 +10,7 @@
 #include "strata/comm/backend.h"
 #include "strata/comm/group.h"
 #include "strata/core/error.h"
+#include "strata/core/interrupted.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
 #include "strata/core/strings.h"

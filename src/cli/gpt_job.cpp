@@ -259,7 +259,9 @@ void FinalSave::on_train_start(Trainer& trainer, TrainModule&) {
 
 void FinalSave::on_train_end(Trainer& trainer, TrainModule&) {
   if (dir_.empty()) return;
-  if (every_ > 0 && trainer.global_step() % every_ == 0) return;  // saved by the periodic checkpoint
+  // Saved by the periodic checkpoint, which also saves the step a stop on a
+  // signal ended at (Note [Stopping on a signal]).
+  if (every_ > 0 && (trainer.global_step() % every_ == 0 || trainer.stop_signal() != 0)) return;
   const std::string path = (std::filesystem::path(dir_) / step_name(trainer.global_step())).string();
   trainer.save_checkpoint(path);
   if (trainer.is_global_zero()) std::cout << "saved checkpoint " << path << std::endl;

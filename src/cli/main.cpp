@@ -8,6 +8,8 @@
 
 #include "cli/commands.h"
 #include "strata/core/error.h"
+#include "strata/core/interrupted.h"
+#include "strata/runtime/torchelastic.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"strata: data-parallel and fully-sharded training for LibTorch in C++"};
@@ -24,10 +26,16 @@ int main(int argc, char** argv) {
     for (strata::cli::Command& command : commands) {
       if (command.parsed()) return command.run();
     }
+  } catch (const strata::Interrupted& e) {
+    // Note [Stopping on a signal]: the run saved and stopped as asked.
+    std::cerr << "strata: " << e.what() << "\n";
+    return e.exit_code();
   } catch (const strata::Error& e) {
+    strata::runtime::record_error_file(e);  // torchrun's failure summary (Note [Workers of torchrun])
     std::cerr << "strata: error: " << e.what() << "\n";
     return 1;
   } catch (const std::exception& e) {
+    strata::runtime::record_error_file(e);
     std::cerr << "strata: internal error: " << e.what() << "\n";
     return 2;
   }

@@ -47,6 +47,7 @@
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
 #include "strata/runtime/env.h"
+#include "strata/runtime/torchelastic.h"
 #include "strata/strategies/placement.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/csv_logger.h"
@@ -161,15 +162,27 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   const int64_t num_parameters = job->gpt->num_parameters();  // before FSDP leaves each rank a shard
 
   const bool rank_zero = runtime::Environment::from_env().rank == 0;
+  // Note [Workers of torchrun]: after an elastic restart the group resumes
+  // from the newest complete checkpoint without being told, as a run given
+  // --resume latest does.
+  std::string resume = config.resume;
+  const runtime::ElasticRun elastic = runtime::ElasticRun::from_env();
+  if (resume.empty() && elastic.restart_count > 0 && !config.ckpt_dir.empty()) {
+    resume = "latest";
+    if (rank_zero) {
+      std::cout << "torchrun restart " << elastic.restart_count << " of " << elastic.max_restarts
+                << ": resuming from the newest complete checkpoint in --ckpt-dir" << std::endl;
+    }
+  }
   std::string resume_path;
-  if (config.resume == "latest" || config.resume == "last") {
+  if (resume == "latest" || resume == "last") {
     resume_path = latest_checkpoint(config.ckpt_dir);
     if (resume_path.empty() && rank_zero) {
-      std::cout << "--resume " << config.resume << ": no complete checkpoint in --ckpt-dir '" << config.ckpt_dir
+      std::cout << "--resume " << resume << ": no complete checkpoint in --ckpt-dir '" << config.ckpt_dir
                 << "'; starting from scratch" << std::endl;
     }
   } else {
-    resume_path = config.resume;
+    resume_path = resume;
   }
   if (rank_zero) {
     std::cout << "training a " << config.model_size << " GPT (" << num_parameters << " parameters) on "

@@ -34,6 +34,7 @@
 #include "strata/core/log.h"
 #include "strata/core/strings.h"
 #include "strata/runtime/env.h"
+#include "strata/runtime/torchelastic.h"
 
 namespace strata::runtime {
 namespace {
@@ -516,6 +517,10 @@ std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options) {
 }
 
 std::shared_ptr<Store> make_store(const Environment& env, std::chrono::milliseconds timeout) {
+  // Note [Workers of torchrun] (torchelastic.cpp): its agent hosts the store.
+  if (const ElasticRun elastic = ElasticRun::from_env(); elastic.active() && elastic.agent_store) {
+    return make_agent_store(env, elastic, timeout);
+  }
   STRATA_CHECK(env.world_size == 1 || env.master_port != 0, ConfigError, "[store] ", env.describe(),
                " has no rendezvous port: MASTER_PORT is not set; set MASTER_PORT (strata launch sets it) to a port "
                "that is free on ", env.master_addr);

@@ -243,6 +243,17 @@ void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule&) {
   if (last_saved_step_ == trainer.global_step()) save_last_checkpoint(trainer, metrics);
 }
 
+// Note [Stopping on a signal] (runtime/stop_signal.cpp): the step the ranks
+// stopped after is saved as a periodic save of this callback would save it
+// (an unmonitored checkpoint under its name), and as `last`; a monitored
+// ranking gets nothing (no validation ran for that step), but `last` does.
+void ModelCheckpoint::on_train_end(Trainer& trainer, TrainModule&) {
+  if (trainer.stop_signal() == 0 || skip_saving(trainer)) return;
+  const Metrics metrics = candidates(trainer);
+  if (options_.monitor.empty()) save_top_k_checkpoint(trainer, metrics);
+  save_last_checkpoint(trainer, metrics);
+}
+
 void ModelCheckpoint::write(Trainer& trainer, const std::string& path) {
   trainer.save_checkpoint(path);
   last_saved_step_ = trainer.global_step();

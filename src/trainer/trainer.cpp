@@ -16,15 +16,19 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <csignal>
 #include <cmath>
 #include <limits>
 #include <iostream>
+#include <optional>
 
 #include "results.h"
 #include "strata/core/error.h"
+#include "strata/core/interrupted.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
 #include "strata/runtime/progress.h"
+#include "strata/runtime/stop_signal.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/precision.h"
 #include "strata/trainer/callbacks.h"
@@ -204,6 +208,13 @@ void Trainer::fit(std::shared_ptr<TrainModule> module, const DataSource& train, 
 void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& train,
                       const std::optional<DataSource>& val, const std::string& ckpt_path) {
   attach(std::move(module), "fit");
+  // Note [Stopping on a signal] (runtime/stop_signal.cpp).
+  std::optional<runtime::StopSignalScope> signals;
+  stop_signal_ = 0;
+  if (options_.stop_on_signals) {
+    runtime::clear_stop_signal();
+    signals.emplace();
+  }
   try {
     run_training(train, val, ckpt_path);
   } catch (const std::exception& e) {
@@ -211,7 +222,26 @@ void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& tra
     detach("fit", "failed");
     throw;
   }
+  if (stop_signal_ != 0) {
+    detach("fit", "interrupted");
+    throw Interrupted(detail::cat("[trainer] stopped by ", runtime::stop_signal_name(stop_signal_), " after step ",
+                                  global_step_, " (epoch ", epoch_, "); the callbacks saved what they save at the "
+                                  "end of training (ModelCheckpoint: this step)"),
+                      stop_signal_);
+  }
   detach("fit", "success");
+}
+
+void Trainer::agree_on_stop_signal() {
+  const int mine = runtime::pending_stop_signal();
+  // Every rank votes after the same step, so all stop after it together.
+  if (!strategy_->reduce_boolean_decision(mine != 0, /*all=*/false)) return;
+  stop_signal_ = mine != 0 ? mine : SIGTERM;  // a rank the signal has not reached yet
+  should_stop = true;
+  if (is_global_zero()) {
+    log::warning("[trainer] ", runtime::stop_signal_name(stop_signal_), ": stopping after step ", global_step_,
+                 " and saving; a second SIGINT or SIGTERM stops at once without saving");
+  }
 }
 
 bool Trainer::step_limit_reached() const { return options_.max_steps >= 0 && global_step_ >= options_.max_steps; }
@@ -343,9 +373,11 @@ bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
     each_callback([&](trainer::Callback& c) { c.on_train_batch_end(*this, *module_, last_batch_loss_, *batch, idx); });
     collect_step_metrics();
     log_step_metrics(last_of_step);
-    // Note [When validation runs].
+    if (last_of_step && options_.stop_on_signals && stop_signal_ == 0) agree_on_stop_signal();
+    // Note [When validation runs]; a run stopping on a signal saves
+    // without validating first (its time may be short).
     const int64_t batches_counted = across_epochs ? epoch_ * n + batch_in_epoch_ : batch_in_epoch_;
-    if (validate_this_epoch && (should_stop || batches_counted % val_every == 0)) {
+    if (validate_this_epoch && stop_signal_ == 0 && (should_stop || batches_counted % val_every == 0)) {
       run_validation(*val_loader, num_val_batches_);
     }
     batch_stepped_ = false;

@@ -87,6 +87,8 @@ class ModelCheckpoint : public Callback {
                           int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
   void on_validation_end(Trainer& trainer, TrainModule& module) override;
+  /// After a stop on a signal (Trainer::stop_signal()), saves that step.
+  void on_train_end(Trainer& trainer, TrainModule& module) override;
   nlohmann::json state_dict() const override;
   /// Restores state_dict()'s value when its dirpath is this callback's
   /// folder (another folder's ranking is ignored). Throws CheckpointError

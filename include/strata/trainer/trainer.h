@@ -158,6 +158,13 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   /// Prints Lightning's model summary table (trainer/model_summary.h) at
   /// the start of fit, on global rank 0.
   bool enable_model_summary = true;
+  /// Note [Stopping on a signal] (runtime/stop_signal.h): during fit,
+  /// SIGINT, SIGTERM and SIGUSR1 stop every rank after the step it is in;
+  /// the callbacks' on_train_end hooks run (ModelCheckpoint saves that
+  /// step), the loggers close as "interrupted", and fit throws
+  /// strata::Interrupted, whose exit_code() is 128 + the signal. false
+  /// leaves the signals to the program.
+  bool stop_on_signals = true;
   std::vector<trainer::CallbackPtr> callbacks;
   std::vector<trainer::LoggerPtr> loggers;
 
@@ -181,6 +188,7 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   TrainerOptions& with_enable_checkpointing(bool e) { enable_checkpointing = e; return *this; }
   TrainerOptions& with_enable_progress_bar(bool e) { enable_progress_bar = e; return *this; }
   TrainerOptions& with_enable_model_summary(bool e) { enable_model_summary = e; return *this; }
+  TrainerOptions& with_stop_on_signals(bool s) { stop_on_signals = s; return *this; }
   TrainerOptions& with_callback(trainer::CallbackPtr c) { callbacks.push_back(std::move(c)); return *this; }
   TrainerOptions& with_callbacks(std::vector<trainer::CallbackPtr> c) { callbacks = std::move(c); return *this; }
   TrainerOptions& with_logger(trainer::LoggerPtr l) { loggers.push_back(std::move(l)); return *this; }
@@ -240,6 +248,11 @@ class Trainer {
   int64_t global_step() const { return global_step_; }
   /// Set to stop fit after the current batch (every rank must set it).
   bool should_stop = false;
+  /// The signal that stopped fit (Note [Stopping on a signal]: SIGINT,
+  /// SIGTERM or SIGUSR1, on every rank once they agreed), 0 when none did.
+  /// Set from the step the ranks agreed to stop after, so on_train_end
+  /// hooks see it.
+  int stop_signal() const { return stop_signal_; }
   /// "fit", "validate", "test", "predict" while running; "" otherwise.
   const std::string& state_fn() const { return stage_; }
   /// True inside the validation loop of fit (or validate()).
@@ -355,6 +368,8 @@ class Trainer {
   /// Note [NaN loss]: every rank votes on `value`, the loss of the next
   /// step; strata::Error when any is non-finite.
   void check_loss(double value, int64_t batch_idx);
+  // Note [Stopping on a signal]: the ranks vote after an optimizer step.
+  void agree_on_stop_signal();
   /// The error of a non-finite loss on a lazy device, read after its step.
   std::string lazy_loss_message(int64_t batch_idx) const;
   /// last_loss_ and last_loss_weighted_ from the finished step's sums.
@@ -408,6 +423,7 @@ class Trainer {
   int64_t num_val_batches_ = 0;
   bool batch_stepped_ = false;      // the running batch ended an accumulation (until its end)
   bool stopped_inside_epoch_ = false;  // fit stopped before its epoch's last batch
+  int stop_signal_ = 0;                // Note [Stopping on a signal]
   std::vector<trainer::LoggerPtr> loggers_;  // options_.loggers, or none under fast_dev_run
   bool in_training_step_ = false;
   bool train_is_dataset_ = false;
