@@ -471,13 +471,18 @@ struct Piece {
   bool operator==(const Piece&) const = default;
 };
 
-std::vector<Piece> run_sh(const std::string& script, bool terminal) {
+// Runs `script` under sh as one worker. The sink records each piece and
+// touches `dir`/seen.N when it has N pieces, so a script can wait for the
+// launcher to have taken its output before it writes to its other stream
+// (two pipes keep no order between them).
+std::vector<Piece> run_sh(const std::string& script, bool terminal, const std::string& dir = "") {
   std::vector<Piece> pieces;
   LaunchOptions options = LaunchOptions().with_terminal(terminal).with_on_output(
-      [&pieces](int, strata::runtime::OutputStream stream, const std::string& text) {
+      [&pieces, dir](int, strata::runtime::OutputStream stream, const std::string& text) {
         pieces.push_back({stream, text});
+        if (!dir.empty()) std::ofstream(dir + "/seen." + std::to_string(pieces.size())) << "\n";
       });
-  auto result = strata::runtime::launch_workers({"/bin/sh", "-c", script}, options);
+  auto result = strata::runtime::launch_workers({"/bin/sh", "-c", script, "sh", dir}, options);
   EXPECT_EQ(result.exit_code, 0) << result.summary;
   return pieces;
 }
@@ -496,9 +501,12 @@ TEST(LauncherRedrawTest, OnATerminalRedrawsPassInPlaceAndOtherLinesEndThemFirst)
   // As trainer::ProgressBar writes on a terminal: "\r" + text + clear, no
   // newline; a line on stderr in between; a final draw with "\n"; tqdm's
   // "text\r"; "\r\n" as a plain line end.
+  std::string dir = make_temp_dir();
   std::string script =
-      "printf '\\rstep 1\\033[K'; printf '\\rstep 2\\033[K'; echo warn >&2; printf '\\rstep 3\\033[K';"
-      " printf '\\rstep 4\\033[K\\n'; echo plain; printf 'tq 1\\r'; printf 'tq 2\\r'; printf 'dos\\r\\n'";
+      "seen() { while [ ! -e \"$1/seen.$2\" ]; do sleep 0.01; done; }; "
+      "printf '\\rstep 1\\033[K'; printf '\\rstep 2\\033[K'; seen \"$1\" 2; echo warn >&2; seen \"$1\" 4; "
+      "printf '\\rstep 3\\033[K'; printf '\\rstep 4\\033[K\\n'; echo plain; printf 'tq 1\\r'; printf 'tq 2\\r'; "
+      "printf 'dos\\r\\n'";
   std::vector<Piece> expected{
       {kOut, "\r[rank 0] step 1\x1b[K"},   {kOut, "\r[rank 0] step 2\x1b[K"},
       {kOut, "\n"},                          {kErr, "[rank 0] warn\n"},
@@ -506,7 +514,7 @@ TEST(LauncherRedrawTest, OnATerminalRedrawsPassInPlaceAndOtherLinesEndThemFirst)
       {kOut, "[rank 0] plain\n"},            {kOut, "\r[rank 0] tq 1\x1b[K"},
       {kOut, "\r[rank 0] tq 2\x1b[K"},     {kOut, "\r[rank 0] dos\x1b[K\n"},
   };
-  std::vector<Piece> got = run_sh(script, true);
+  std::vector<Piece> got = run_sh(script, true, dir);
   EXPECT_EQ(got, expected) << shown(got);
 }
 
