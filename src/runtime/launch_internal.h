@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 // ---- signals (spawn.cpp) ---------------------------------------------------
 
-constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM};
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGUSR1};
 
 // Installs the handlers for the lifetime of one launch and restores the
 // previous ones afterwards; the handlers feed a self-pipe (spawn.cpp,
@@ -55,6 +55,10 @@ struct Stream {
   int fd = -1;
   OutputStream kind = OutputStream::kStdout;
   std::string partial;
+  // On a terminal (Note [Redraws through the launcher] in supervisor.cpp):
+  bool redraw = false;      // `partial` began after a '\r': a line redrawn in place
+  size_t shown = 0;         // how much of `partial` was last drawn (0: not yet)
+  bool pending_cr = false;  // the last byte read was '\r' (a "\r\n" may be split)
 };
 
 // What the launcher last heard from a worker's heartbeats.
@@ -76,6 +80,9 @@ struct Worker {
   Stream out, err;
   std::string last_error;
   Liveness live;
+  // Still running when the launcher escalated a stop (SIGTERM after the
+  // stop timeout, SIGKILL): its end was forced, not its own.
+  bool forced = false;
 };
 
 // The fd a worker finds its heartbeat pipe on (Note [Heartbeats]).
@@ -115,9 +122,10 @@ void signal_worker(const Worker& w, int sig);
 /// 50 ms .. 10 s.
 std::chrono::milliseconds heartbeat_interval(const LaunchOptions& options);
 
-/// Relays the started workers' output and watches them until every one has
-/// ended (stopping the rest when one fails, hangs, or the launcher is
-/// signalled on `signal_fd`), then reports.
-LaunchResult supervise(const LaunchOptions& options, std::vector<Worker>& workers, int signal_fd);
+/// Relays the started workers' output (redrawing lines in place when
+/// `terminal`) and watches them until every one has ended (stopping the
+/// rest when one fails, hangs, or the launcher is signalled on
+/// `signal_fd`), then reports.
+LaunchResult supervise(const LaunchOptions& options, std::vector<Worker>& workers, int signal_fd, bool terminal);
 
 }  // namespace strata::runtime::launch

@@ -1,9 +1,11 @@
 // The launcher: starts N local workers with fork+exec, gives each its
 // place through environment variables, relays their output line by line
 // with a "[rank R] " prefix, and supervises them with poll() on the output
-// pipes and a self-pipe fed by SIGCHLD/SIGINT/SIGTERM. When one worker
-// fails, or the launcher is interrupted, it stops the others (SIGTERM, then
-// SIGKILL after the grace period), reaps every one of them and reports.
+// pipes and a self-pipe fed by SIGCHLD/SIGINT/SIGTERM/SIGUSR1. When one
+// worker fails it stops the others (SIGTERM, then SIGKILL after the grace
+// period); when the launcher is signalled it forwards the signal and lets
+// them finish their step (Note [Stopping on a signal] in supervisor.cpp).
+// It reaps every one of them and reports.
 #include "strata/runtime/launcher.h"
 
 #include <fcntl.h>
@@ -12,6 +14,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -59,6 +62,23 @@ std::string job_token(const LaunchOptions& options, int port) {
   return token;
 }
 
+// Note [MASTER_PORT from the environment]
+// A user who pins the job's port often does it the torchrun way, with
+// MASTER_PORT in the environment. The launcher honours it when no port was
+// given (--master-port wins), and checks it: a value that is not a port is
+// an error naming it, never a silent free port.
+int port_from_environment() {
+  const char* text = std::getenv("MASTER_PORT");
+  if (text == nullptr || *text == '\0') return 0;
+  const std::string value(text, ::strnlen(text, 64));
+  bool digits = !value.empty() && value.size() <= 5 && value.find_first_not_of("0123456789") == std::string::npos;
+  int port = digits ? std::stoi(value) : 0;
+  STRATA_CHECK(digits && port >= 1 && port <= 65535, ConfigError, "[launcher] MASTER_PORT='", value,
+               value.size() == 64 ? "..." : "", "' in the environment is not a TCP port (1..65535); set it to "
+               "one, unset it for a free port, or give --master-port");
+  return port;
+}
+
 }  // namespace
 
 void LaunchOptions::validate() const {
@@ -70,14 +90,17 @@ void LaunchOptions::validate() const {
   STRATA_CHECK(!master_addr.empty(), ConfigError, "[launcher] master_addr (--master-addr) is empty");
   STRATA_CHECK(master_port >= 0 && master_port <= 65535, ConfigError,
                "[launcher] master_port (--master-port) must be a TCP port (1..65535), got ", master_port);
-  STRATA_CHECK(nnodes == 1 || master_port != 0, ConfigError, "[launcher] master_port (--master-port) is required when ",
-               "the job spans ", nnodes, " nodes: every node must use the same port on ", master_addr);
+  STRATA_CHECK(nnodes == 1 || master_port != 0 || port_from_environment() != 0, ConfigError,
+               "[launcher] master_port (--master-port or MASTER_PORT) is required when the job spans ", nnodes,
+               " nodes: every node must use the same port on ", master_addr);
   STRATA_CHECK(timeout_s >= 1, ConfigError, "[launcher] timeout_s (--timeout) must be at least 1 second, got ",
                timeout_s);
   STRATA_CHECK(grace_period.count() >= 0, ConfigError,
                "[launcher] grace_period (--grace-period) must not be negative, got ", grace_period.count(), " ms");
   STRATA_CHECK(max_time.count() >= 0, ConfigError, "[launcher] max_time (--max-time) must not be negative, got ",
                max_time.count(), " ms");
+  STRATA_CHECK(stop_timeout.count() >= 0, ConfigError,
+               "[launcher] stop_timeout (--stop-timeout) must not be negative, got ", stop_timeout.count(), " ms");
   STRATA_CHECK(hang_timeout.count() >= 0, ConfigError,
                "[launcher] hang_timeout (--hang-timeout) must not be negative, got ", hang_timeout.count(), " ms");
 }
@@ -94,7 +117,10 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
   base.num_nodes = options.nnodes;
   base.node_rank = options.node_rank;
   base.master_addr = options.master_addr;
-  base.master_port = options.master_port != 0 ? options.master_port : find_free_port(options.master_addr);
+  base.master_port = options.master_port != 0 ? options.master_port : port_from_environment();
+  if (base.master_port == 0) base.master_port = find_free_port(options.master_addr);
+  // Output to a sink goes where the caller takes it: a terminal only when said.
+  const bool terminal = options.terminal.value_or(!options.on_output && ::isatty(STDOUT_FILENO) != 0);
   base.timeout_s = options.timeout_s;
   base.job_token = job_token(options, base.master_port);
 
@@ -124,6 +150,8 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
       }
       for (const auto& [name, value] : options.extra_env) vars[name] = value;
       if (omp_threads) vars["OMP_NUM_THREADS"] = *omp_threads;
+      // Note [Redraws through the launcher] (supervisor.cpp)
+      vars[kEnvLauncherTty] = terminal ? "1" : "0";
       ExecArgs envp(worker_environment(vars));
       int out[2], err[2];
       STRATA_CHECK_SYSCALL(::pipe2(out, O_CLOEXEC), LaunchError, "[launcher] cannot create a pipe");
@@ -176,7 +204,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
     throw;
   }
   ::close(devnull);
-  LaunchResult result = supervise(options, workers, signals.read_fd());
+  LaunchResult result = supervise(options, workers, signals.read_fd(), terminal);
   for (Worker& w : workers)
     if (w.live.fd >= 0) ::close(w.live.fd);
   return result;

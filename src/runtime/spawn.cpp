@@ -22,8 +22,8 @@ namespace {
 // Note [Self-pipe]
 // Signal handlers only write the signal number into a non-blocking pipe;
 // the supervision loop polls that pipe together with the workers' output,
-// so SIGCHLD, SIGINT and SIGTERM wake it without races and without a busy
-// loop. One launch runs at a time per process (the handlers are global).
+// so SIGCHLD, SIGINT, SIGTERM and SIGUSR1 wake it without races and
+// without a busy loop. One launch runs at a time per process (the handlers are global).
 volatile sig_atomic_t g_signal_fd = -1;
 
 extern "C" void on_launcher_signal(int sig) {
@@ -150,7 +150,7 @@ pid_t spawn_worker(const std::string& path, ExecArgs& argv, ExecArgs& envp, int 
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
-    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGUSR1, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

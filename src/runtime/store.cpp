@@ -339,6 +339,24 @@ class TcpStore final : public Store {
                        "port (MASTER_PORT or --master-port) or stop that program");
   }
 
+  // The store refused this process's job token. With a token, the store
+  // on the port belongs to another job: two jobs were given one port
+  // (--master-port, MASTER_PORT), and this one must move. Without one, the
+  // process was started by hand next to a launched job.
+  CommError refused() const {
+    if (options_.token.empty()) {
+      return CommError(detail::cat("[store] the rendezvous store at ", where(), " refused this process: it carries "
+                                   "no job token (STRATA_JOB_TOKEN) and the store belongs to a job whose launcher "
+                                   "handed its workers one. Start every worker with strata launch, or give each "
+                                   "the job's STRATA_JOB_TOKEN"));
+    }
+    return CommError(detail::cat("[store] the rendezvous store at ", where(), " belongs to another job (its job "
+                                 "token is not this process's STRATA_JOB_TOKEN): the port is in use by another "
+                                 "strata job; give this job another port (--master-port or MASTER_PORT), or leave "
+                                 "both unset for a free port on one host; a job on several nodes needs the same "
+                                 "STRATA_JOB_TOKEN on every node"));
+  }
+
   // Note [A store that is gone]
   // Connection refused means nothing listens on the port. Before the first
   // connection that is a slow start (rank 0 has not bound the port yet),
@@ -406,12 +424,7 @@ class TcpStore final : public Store {
       if (kind == Reply::kError) {
         std::string why = r.str();
         connection_.close();
-        if (why.rfind("refused:", 0) == 0) {
-          throw CommError(detail::cat("[store] the rendezvous store at ", where(),
-                                      " refused this process: it does not carry the job's token (STRATA_JOB_TOKEN). "
-                                      "Start workers with strata launch, which hands them the token; on several "
-                                      "nodes give every node the same STRATA_JOB_TOKEN"));
-        }
+        if (why.rfind("refused:", 0) == 0) throw refused();
         throw CommError(detail::cat("[store] rendezvous at ", where(), " failed: ", why));
       }
     } catch (const ProtocolError&) {

@@ -414,6 +414,63 @@ class TcpServer final : public Server {
   std::map<int64_t, int> connected_ranks_;
 };
 
+// Note [Who holds a busy port]
+// When rank 0 cannot bind the store's port, the user needs to know whether
+// another strata job holds it (two jobs given one --master-port or
+// MASTER_PORT) or another program. One short look tells: connect, send a
+// hello without a token and rank -1 (which no store counts as a rank), and
+// see whether the answer is strata's (accepted, or refused for the token).
+// At most about a second; anything else, silence included, is "another
+// program".
+bool strata_store_answers(const addrinfo& ai) {
+  int fd = ::socket(ai.ai_family, ai.ai_socktype | SOCK_CLOEXEC, ai.ai_protocol);
+  if (fd < 0) return false;
+  timeval limit{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));  // bounds connect() too
+  sockaddr_storage target{};
+  std::memcpy(&target, ai.ai_addr, std::min<size_t>(ai.ai_addrlen, sizeof(target)));
+  // A wildcard bind address is reached on loopback.
+  if (target.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&target);
+    if (in->sin_addr.s_addr == htonl(INADDR_ANY)) in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  } else if (target.ss_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&target);
+    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr)) in6->sin6_addr = in6addr_loopback;
+  }
+  bool strata = false;
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&target), ai.ai_addrlen) == 0) {
+    const std::string hello =
+        Writer().u8(uint8_t(Op::kHello)).str(kMagic).str("").i64(-1).i64(0).str("port check").frame();
+    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hello.size())) {
+      std::string got;
+      char buffer[512];
+      // Enough for the answer's kind and magic; a refusal is a longer frame.
+      while (got.size() < 4 + 1 + 8 + std::strlen(kMagic) && Clock::now() < deadline) {
+        ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got.append(buffer, static_cast<size_t>(n));
+      }
+      // A refusal (kError, for the missing token) is strata's too; only its
+      // kind is read, its text may not all be in.
+      if (got.size() > 4) {
+        try {
+          frame_length(got.data());
+          std::string payload = got.substr(4);
+          Reader r(payload);
+          Reply kind = static_cast<Reply>(r.u8());
+          strata = kind == Reply::kError || (kind == Reply::kOk && r.str() == kMagic);
+        } catch (const ProtocolError&) {
+        }
+      }
+    }
+  }
+  ::close(fd);
+  return strata;
+}
+
 }  // namespace
 
 std::unique_ptr<Server> start_server(const ServerOptions& options) {
@@ -428,6 +485,7 @@ std::unique_ptr<Server> start_server(const ServerOptions& options) {
                options.host, "': ", ::gai_strerror(rc), "; set MASTER_ADDR (--master-addr) to an address of this host");
   int fd = -1;
   int last_errno = 0;
+  bool held_by_strata = false;  // Note [Who holds a busy port]
   for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) {
@@ -439,17 +497,26 @@ std::unique_ptr<Server> start_server(const ServerOptions& options) {
     if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
       // A port in use on one of the names' addresses is the error to report,
       // not what a later address (an absent IPv6 ::1, say) said.
-      if (last_errno != EADDRINUSE) last_errno = errno;
+      const int bind_errno = errno;
+      if (bind_errno == EADDRINUSE && last_errno != EADDRINUSE) held_by_strata = strata_store_answers(*ai);
+      if (last_errno != EADDRINUSE) last_errno = bind_errno;
       ::close(fd);
       fd = -1;
     }
   }
   ::freeaddrinfo(found);
   if (fd < 0) {
+    if (last_errno == EADDRINUSE && held_by_strata) {
+      throw CommError(detail::cat("[store] cannot host the rendezvous store on ", where,
+                                  ": the port is in use by another strata job (its rendezvous store answers "
+                                  "there); give this job another port (--master-port or MASTER_PORT), or leave "
+                                  "both unset for a free port on one host"));
+    }
     if (last_errno == EADDRINUSE) {
       throw CommError(detail::cat("[store] cannot host the rendezvous store on ", where,
-                                  ": the port is already in use; choose another port (MASTER_PORT or "
-                                  "--master-port) or stop the process that holds it"));
+                                  ": the port is in use by another program; give this job another port "
+                                  "(--master-port or MASTER_PORT), or leave both unset for a free port on one "
+                                  "host, or stop the program that holds it"));
     }
     if (last_errno == EADDRNOTAVAIL) {
       throw CommError(detail::cat("[store] cannot host the rendezvous store on ", where, ": ", options.host,

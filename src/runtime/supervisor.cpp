@@ -1,8 +1,9 @@
 // Supervising started workers: one poll() loop over their output pipes,
 // heartbeat pipes and the launch's self-pipe, which relays output line by
-// line, notices exits, hangs and signals, stops the others when one fails
-// (SIGTERM, then SIGKILL after the grace period), reaps every worker and
-// writes the report.
+// line (and lines redrawn in place, on a terminal), notices exits, hangs
+// and signals, stops the others when one fails (SIGTERM, then SIGKILL after
+// the grace period), lets them finish their step when the launcher is
+// signalled, reaps every worker and writes the report.
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,15 +15,38 @@
 
 #include "launch_internal.h"
 #include "strata/core/error.h"
+#include "strata/core/strings.h"
 #include "strata/runtime/env.h"
 
 namespace strata::runtime::launch {
 namespace {
 
+// Note [Stopping on a signal]
+// The first SIGINT, SIGTERM or SIGUSR1 the launcher gets is forwarded, as
+// that same signal, to every worker's process group. A strata Trainer takes
+// it as a request: the ranks agree to stop after the step they are in, save
+// a checkpoint and exit with 128+signal. So the launcher waits for them up
+// to stop_timeout (long enough for a large model's checkpoint; 0: no
+// limit), and only then stops what is left as after a failure: SIGTERM,
+// grace_period, SIGKILL. A second SIGINT or SIGTERM kills every worker at
+// once (the user means it); a repeated SIGUSR1 changes nothing. The exit
+// status is 128+signal. A worker that ends with 128+signal, dies of the
+// signal or exits 0 stopped as asked and is no failure; one that exits
+// with another code failed while stopping (its checkpoint may be missing),
+// and the report names it.
+//
+// A worker can be signalled without the launcher (a user's kill): a
+// Trainer then exits with 128+signal after the ranks agreed to stop and
+// saved. The launcher takes such an exit as the start of the same stop,
+// not as a failure: it does not signal the others (they may be saving, and
+// may have been sent the signal too: a second one would kill them) but
+// gives them stop_timeout to end.
+constexpr bool is_stop_signal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGUSR1; }
+
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& options, std::vector<Worker>& workers, int signal_fd)
-      : options_(options), workers_(workers), signal_fd_(signal_fd) {}
+  Supervisor(const LaunchOptions& options, std::vector<Worker>& workers, int signal_fd, bool terminal)
+      : options_(options), workers_(workers), signal_fd_(signal_fd), terminal_(terminal) {}
 
   LaunchResult run() {
     start_ = Clock::now();
@@ -33,6 +57,7 @@ class Supervisor {
       poll_once();
       check_deadlines();
     }
+    end_redraw();
     return result();
   }
 
@@ -60,11 +85,33 @@ class Supervisor {
       // orphan outlives the job (Note [Worker process groups]).
       ::kill(-w.pid, SIGKILL);
       bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !stopping_) {
+      if (!failed) continue;
+      if (!stopping_) {
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+        if (code > 128 && is_stop_signal(code - 128)) {
+          // Note [Stopping on a signal]: a worker signalled on its own.
+          worker_signal_ = code - 128;
+          first_stopped_ = &w;
+          begin_graceful_stop(/*forward=*/false);
+          say(detail::cat("rank ", w.rank, " stopped on ", signal_name(worker_signal_), " (exit code ", code, "); ",
+                          waiting_text("the others")));
+          continue;
+        }
         failed_ = &w;
         begin_stop(SIGTERM);
+      } else if (graceful_ && failed_while_stopping_ == nullptr && !stopped_as_asked(w)) {
+        failed_while_stopping_ = &w;
       }
     }
+  }
+
+  // How a worker ended once a stop on a signal had begun: as asked (Note
+  // [Stopping on a signal]), or forced by the launcher (w.forced).
+  bool stopped_as_asked(const Worker& w) const {
+    if (w.forced) return true;  // reported apart
+    if (WIFSIGNALED(w.status)) return is_stop_signal(WTERMSIG(w.status));
+    const int code = WEXITSTATUS(w.status);
+    return code == 0 || (code > 128 && is_stop_signal(code - 128));
   }
 
   void begin_stop(int sig) {
@@ -74,10 +121,57 @@ class Supervisor {
       if (w.running) signal_worker(w, sig);
   }
 
+  // The stop of Note [Stopping on a signal]: the workers get stop_timeout.
+  void begin_graceful_stop(bool forward) {
+    stopping_ = true;
+    graceful_ = true;
+    if (options_.stop_timeout.count() > 0) kill_deadline_ = Clock::now() + options_.stop_timeout;
+    else kill_deadline_.reset();
+    if (!forward) return;
+    for (const Worker& w : workers_)
+      if (w.running) signal_worker(w, stop_signal_);
+  }
+
+  // After stop_timeout: what is left is stopped as after a failure.
+  void escalate() {
+    escalated_ = true;
+    std::vector<std::string> left;
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      w.forced = true;
+      left.push_back(std::to_string(w.rank));
+      signal_worker(w, SIGTERM);
+      signal_worker(w, SIGCONT);  // a stopped worker must see its SIGTERM
+    }
+    say(detail::cat(left.size() == 1 ? "rank " : "ranks ", strata::join(left), " did not end within the stop timeout (",
+                    seconds_text(options_.stop_timeout), "); sent SIGTERM, SIGKILL follows in ",
+                    seconds_text(options_.grace_period)));
+    kill_deadline_ = Clock::now() + options_.grace_period;
+  }
+
   void kill_all() {
     killed_ = true;
-    for (const Worker& w : workers_)
-      if (w.running) signal_worker(w, SIGKILL);
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      w.forced = true;
+      signal_worker(w, SIGKILL);
+    }
+  }
+
+  // "waiting up to 300.0 s for <what> (...)": the line said when a stop on
+  // a signal begins.
+  std::string waiting_text(const std::string& what) const {
+    std::string limit = options_.stop_timeout.count() > 0
+                            ? detail::cat("up to ", seconds_text(options_.stop_timeout), " (stop timeout)")
+                            : std::string("with no time limit (stop timeout 0)");
+    return detail::cat("waiting ", limit, " for ", what,
+                       " to finish their step, save and exit; a second SIGINT (Ctrl-C) or SIGTERM stops them at once");
+  }
+
+  // One line from the launcher itself, on its stderr.
+  void say(const std::string& text) {
+    end_redraw();
+    write_all(STDERR_FILENO, "[launcher] " + text + "\n");
   }
 
   void poll_once() {
@@ -105,7 +199,7 @@ class Supervisor {
       int ms = static_cast<int>(std::max<long long>(0, std::min<long long>(left, 60 * 60 * 1000)));
       if (timeout_ms < 0 || ms < timeout_ms) timeout_ms = ms;
     };
-    if (stopping_ && !killed_) consider(kill_deadline_);
+    if (stopping_ && !killed_ && kill_deadline_) consider(*kill_deadline_);
     if (!stopping_ && options_.max_time.count() > 0) consider(start_ + options_.max_time);
     if (drain_deadline_) consider(*drain_deadline_);
     if (!stopping_ && options_.hang_timeout.count() > 0) consider(Clock::now() + heartbeat_interval(options_));
@@ -234,12 +328,26 @@ class Supervisor {
     while ((n = ::read(signal_fd_, buffer, sizeof(buffer))) > 0) {
       for (ssize_t i = 0; i < n; ++i) {
         int sig = buffer[i];
-        if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD: reap() runs next
+        if (!is_stop_signal(sig)) continue;  // SIGCHLD: reap() runs next
         if (!stopping_) {
+          // Note [Stopping on a signal]: forward it, let them save.
           stop_signal_ = sig;
-          begin_stop(sig);  // forward the launcher's signal to every worker
+          begin_graceful_stop(/*forward=*/true);
+          say(detail::cat("received ", signal_name(sig), "; forwarded it to the ", running_count(), " workers, ",
+                          waiting_text("them")));
+        } else if (sig == SIGUSR1) {
+          continue;  // a repeated SIGUSR1 asks for nothing new
+        } else if (graceful_ && stop_signal_ == 0) {
+          // A worker began the stop; this is the launcher's first signal.
+          stop_signal_ = sig;
+          say(detail::cat("received ", signal_name(sig), "; the workers are already stopping (rank ",
+                          first_stopped_->rank, " stopped on ", signal_name(worker_signal_),
+                          "); a second SIGINT or SIGTERM stops them at once"));
         } else if (!killed_) {
-          kill_all();  // asked again while stopping: do not wait for the grace period
+          // Asked again while stopping: do not wait any longer.
+          second_signal_ = graceful_;
+          if (graceful_) say(detail::cat("received ", signal_name(sig), " again; killing the workers at once"));
+          kill_all();
         }
       }
     }
@@ -261,6 +369,10 @@ class Supervisor {
       close_stream(s);
       return false;
     }
+    if (terminal_) {
+      take_terminal_output(owner(s), s, buffer, static_cast<size_t>(n));
+      return true;
+    }
     s.partial.append(buffer, static_cast<size_t>(n));
     size_t begin = 0;
     while (true) {
@@ -278,16 +390,28 @@ class Supervisor {
   }
 
   void close_stream(Stream& s) {
-    if (!s.partial.empty()) emit(owner(s), s.kind, s.partial);
+    if (terminal_) {
+      s.pending_cr = false;
+      if (!s.partial.empty() || open_ == &s) end_line(owner(s), s);
+    } else if (!s.partial.empty()) {
+      emit(owner(s), s.kind, s.partial);
+    }
     s.partial.clear();
     ::close(s.fd);
     s.fd = -1;
   }
 
-  void emit(Worker& w, OutputStream kind, std::string line) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (kind == OutputStream::kStderr && line.find_first_not_of(" \t") != std::string::npos) w.last_error = line;
-    std::string text = options_.prefix_output ? detail::cat("[rank ", w.rank, "] ", line, "\n") : line + "\n";
+  int running_count() const {
+    int n = 0;
+    for (const Worker& w : workers_) n += w.running ? 1 : 0;
+    return n;
+  }
+
+  std::string prefix(const Worker& w) const {
+    return options_.prefix_output ? detail::cat("[rank ", w.rank, "] ") : std::string();
+  }
+
+  void write(const Worker& w, OutputStream kind, const std::string& text) {
     if (options_.on_output) {
       options_.on_output(w.rank, kind, text);
     } else {
@@ -295,10 +419,101 @@ class Supervisor {
     }
   }
 
+  void emit(Worker& w, OutputStream kind, std::string line) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (kind == OutputStream::kStderr && line.find_first_not_of(" \t") != std::string::npos) w.last_error = line;
+    end_redraw();
+    write(w, kind, prefix(w) + line + "\n");
+  }
+
+  // Note [Redraws through the launcher]
+  // A progress bar on a terminal redraws one line in place: "\r" and the
+  // new text, no newline (trainer::ProgressBar; tqdm writes "text\r").
+  // Relayed line by line, a worker's redraws showed nothing until a
+  // newline, so a launched job printed a line every few steps instead. On a
+  // terminal the launcher keeps them: it splits a worker's output at '\r'
+  // as well as '\n'. Text after a '\r' is the line's new content; it is
+  // drawn as "\r[rank R] text\x1b[K" (clear to the end of the line) without
+  // a newline when another '\r' replaces it or a read ends inside it (the
+  // worker flushed), and once more with "\n" when a '\n' ends it. "\r\n"
+  // is a plain line end. One redraw is open on the terminal at a time: any
+  // other output (another line, another rank's redraw, the launcher's own
+  // words) first ends it with a newline, and the next redraw starts on a
+  // fresh line. Off a terminal nothing changes ('\r' is text, a trailing
+  // one is dropped): logs keep one line per line.
+  void take_terminal_output(Worker& w, Stream& s, const char* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const char c = data[i];
+      if (s.pending_cr) {
+        s.pending_cr = false;
+        if (c == '\n') {
+          end_line(w, s);
+          continue;
+        }
+        carriage_return(w, s);
+      }
+      if (c == '\n') {
+        end_line(w, s);
+      } else if (c == '\r') {
+        s.pending_cr = true;
+      } else {
+        s.partial += c;
+        if (s.partial.size() > kMaxLine) end_line(w, s);
+      }
+    }
+    // The worker flushed: show the line it is redrawing as it is now.
+    if ((s.redraw || s.pending_cr) && !s.partial.empty() && s.shown != s.partial.size()) draw(w, s, false);
+  }
+
+  // A '\r' not followed by '\n': what the line held is replaced.
+  void carriage_return(Worker& w, Stream& s) {
+    if (!s.partial.empty() && s.shown != s.partial.size()) draw(w, s, false);
+    s.partial.clear();
+    s.shown = 0;
+    s.redraw = true;
+  }
+
+  // A '\n' (or the end of the stream): the line is done.
+  void end_line(Worker& w, Stream& s) {
+    if (s.redraw || s.shown > 0) {
+      if (!s.partial.empty()) draw(w, s, true);
+      else if (open_ == &s) end_redraw();
+    } else {
+      emit(w, s.kind, s.partial);
+    }
+    s.partial.clear();
+    s.shown = 0;
+    s.redraw = false;
+  }
+
+  void draw(Worker& w, Stream& s, bool final_draw) {
+    std::string text = s.partial;
+    static const std::string kClear = "\x1b[K";
+    while (text.size() >= kClear.size() && text.compare(text.size() - kClear.size(), kClear.size(), kClear) == 0)
+      text.resize(text.size() - kClear.size());
+    if (open_ != nullptr && open_ != &s) end_redraw();
+    if (final_draw && s.kind == OutputStream::kStderr && text.find_first_not_of(" \t") != std::string::npos)
+      w.last_error = text;
+    write(w, s.kind, "\r" + prefix(w) + text + kClear + (final_draw ? "\n" : ""));
+    open_ = final_draw ? nullptr : &s;
+    s.shown = final_draw ? 0 : s.partial.size();
+  }
+
+  // Ends the open redraw, if any, with a newline.
+  void end_redraw() {
+    if (open_ == nullptr) return;
+    Stream* s = open_;
+    open_ = nullptr;
+    write(owner(*s), s->kind, "\n");
+  }
+
   void check_deadlines() {
     auto now = Clock::now();
     check_hang(now);
-    if (stopping_ && !killed_ && now >= kill_deadline_) kill_all();
+    if (stopping_ && !killed_ && kill_deadline_ && now >= *kill_deadline_) {
+      if (graceful_ && !escalated_) escalate();
+      else kill_all();
+    }
     if (!stopping_ && options_.max_time.count() > 0 && now >= start_ + options_.max_time) {
       timed_out_ = true;
       begin_stop(SIGTERM);
@@ -344,11 +559,35 @@ class Supervisor {
       r.exit_code = 124;
       r.summary = detail::cat("the workers were still running after ", options_.max_time.count(),
                               " ms (max_time); stopped them");
-    } else if (stop_signal_ != 0) {
-      r.interrupted_by = stop_signal_;
-      r.exit_code = 128 + stop_signal_;
-      r.summary = detail::cat("the launcher received ", signal_name(stop_signal_), "; stopped all ",
-                              workers_.size(), " workers");
+    } else if (graceful_) {
+      // Note [Stopping on a signal]
+      const int sig = stop_signal_ != 0 && first_stopped_ == nullptr ? stop_signal_ : worker_signal_;
+      r.interrupted_by = sig;
+      r.exit_code = 128 + sig;
+      r.summary = first_stopped_ == nullptr
+                      ? detail::cat("the launcher received ", signal_name(sig))
+                      : detail::cat("rank ", first_stopped_->rank, " stopped on ", signal_name(sig));
+      std::vector<std::string> forced;
+      for (const Worker& w : workers_)
+        if (w.forced) forced.push_back(std::to_string(w.rank));
+      const std::string ranks = detail::cat(forced.size() == 1 ? "rank " : "ranks ", strata::join(forced));
+      if (second_signal_) {
+        r.summary += detail::cat("; killed ", ranks, " at once on a second signal (a checkpoint may be incomplete)");
+      } else if (!forced.empty()) {
+        r.summary += detail::cat("; ", ranks, " did not end within the stop timeout (", seconds_text(options_.stop_timeout),
+                                 ") and ", forced.size() == 1 ? "was" : "were", " stopped (a checkpoint may be "
+                                 "incomplete)");
+      } else {
+        r.summary += detail::cat("; stopped all ", workers_.size(), " workers");
+      }
+      if (failed_while_stopping_ != nullptr) {
+        const Worker& w = *failed_while_stopping_;
+        r.summary += WIFSIGNALED(w.status)
+                         ? detail::cat("; rank ", w.rank, " was killed by signal ", WTERMSIG(w.status), " (",
+                                       signal_name(WTERMSIG(w.status)), ") while stopping")
+                         : detail::cat("; rank ", w.rank, " exited with code ", WEXITSTATUS(w.status), " while stopping");
+        if (!w.last_error.empty()) r.summary += "; last error: " + w.last_error;
+      }
     }
     return r;
   }
@@ -356,12 +595,21 @@ class Supervisor {
   const LaunchOptions& options_;
   std::vector<Worker>& workers_;
   int signal_fd_;
+  bool terminal_;
   Clock::time_point start_;
   bool stopping_ = false;
   bool killed_ = false;
   bool timed_out_ = false;
-  int stop_signal_ = 0;
-  Clock::time_point kill_deadline_;
+  int stop_signal_ = 0;      // the launcher's first SIGINT/SIGTERM/SIGUSR1
+  // Note [Stopping on a signal]
+  bool graceful_ = false;    // a stop on a signal is under way
+  bool escalated_ = false;   // its stop timeout passed
+  bool second_signal_ = false;
+  int worker_signal_ = 0;    // the signal a worker stopped on by itself
+  const Worker* first_stopped_ = nullptr;  // that worker
+  const Worker* failed_while_stopping_ = nullptr;
+  Stream* open_ = nullptr;   // the stream whose redraw is open (Note [Redraws through the launcher])
+  std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
   const Worker* failed_ = nullptr;
   const Worker* hung_ = nullptr;
@@ -376,8 +624,8 @@ std::chrono::milliseconds heartbeat_interval(const LaunchOptions& options) {
   return std::chrono::milliseconds(std::max<long long>(50, std::min<long long>(ms, 10000)));
 }
 
-LaunchResult supervise(const LaunchOptions& options, std::vector<Worker>& workers, int signal_fd) {
-  return Supervisor(options, workers, signal_fd).run();
+LaunchResult supervise(const LaunchOptions& options, std::vector<Worker>& workers, int signal_fd, bool terminal) {
+  return Supervisor(options, workers, signal_fd, terminal).run();
 }
 
 }  // namespace strata::runtime::launch

@@ -1,14 +1,18 @@
 // LearningRateMonitor, Timer and ProgressBar (trainer/callbacks.h).
+#include <sys/stat.h>
 #include <torch/optim/optimizer.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <typeinfo>
 
 #include "strata/core/error.h"
 #include "strata/core/log.h"
+#include "strata/runtime/launcher.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
 #include "strata/trainer/trainer_state.h"
@@ -130,8 +134,24 @@ void Timer::load_state_dict(const nlohmann::json& state) {
 
 // ---- ProgressBar ----------------------------------------------------------------------
 
+namespace {
+
+// Note [Redraws through the launcher] (runtime/supervisor.cpp): a worker
+// whose stdout is a pipe to a launcher on a terminal redraws as on one;
+// the launcher says so with STRATA_LAUNCHER_TTY=1. The pipe check keeps a
+// program that inherited the variable but writes to a file from drawing.
+bool stdout_is_terminal() {
+  if (::isatty(STDOUT_FILENO) != 0) return true;
+  const char* launcher_tty = std::getenv(runtime::kEnvLauncherTty);
+  if (launcher_tty == nullptr || std::strcmp(launcher_tty, "1") != 0) return false;
+  struct stat info {};
+  return ::fstat(STDOUT_FILENO, &info) == 0 && S_ISFIFO(info.st_mode);
+}
+
+}  // namespace
+
 ProgressBar::ProgressBar(std::optional<bool> out_is_terminal)
-    : tty_(out_is_terminal.value_or(::isatty(STDOUT_FILENO) != 0)) {}
+    : tty_(out_is_terminal.value_or(stdout_is_terminal())) {}
 
 std::string ProgressBar::line(const Trainer& trainer, double steps_per_s, double eta_s) {
   const TrainerOptions& o = trainer.options();

@@ -11,10 +11,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <thread>
 
+#include "strata/runtime/env.h"
+#include "strata/runtime/launcher.h"
+#include "strata/runtime/store.h"
 #include "support/processes.h"
 #include "support/tool.h"
+#include "support/worker.h"
 
 namespace {
 
@@ -112,7 +117,8 @@ TEST(LaunchCommandTest, HelpMentionsEveryOption) {
   Outcome o = strata({"launch", "--help"});
   EXPECT_EQ(o.status, 0);
   for (const char* option : {"-n", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-                             "--timeout", "--grace-period", "--max-time", "--hang-timeout", "--no-prefix", "PROGRAM",
+                             "--timeout", "--grace-period", "--stop-timeout", "--max-time", "--hang-timeout",
+                             "--no-prefix", "PROGRAM", "MASTER_PORT", "MASTER_ADDR",
                              "Examples:",
                              "strata launch -n 4 -- ./my_trainer"}) {
     EXPECT_TRUE(contains(o.out, option)) << option << " missing from:\n" << o.out;
@@ -128,8 +134,8 @@ TEST(LaunchCommandTest, BadValuesGiveClearErrors) {
   Outcome nodes = strata({"launch", "--nnodes", "2", "--", "true"});
   EXPECT_EQ(nodes.status, 1);
   EXPECT_EQ(nodes.err,
-            "strata: error: [launcher] master_port (--master-port) is required when the job spans 2 nodes: every node "
-            "must use the same port on 127.0.0.1\n");
+            "strata: error: [launcher] master_port (--master-port or MASTER_PORT) is required when the job spans 2 "
+            "nodes: every node must use the same port on 127.0.0.1\n");
 
   Outcome none = strata({"launch", "-n", "2"});
   EXPECT_EQ(none.status, 1);
@@ -147,6 +153,107 @@ TEST(LaunchCommandTest, BadValuesGiveClearErrors) {
   EXPECT_EQ(grace.status, 1);
   EXPECT_EQ(grace.err,
             "strata: error: [launcher] --grace-period '-1' is out of range: it must be a number in [0, 3600]\n");
+
+  Outcome stop = strata({"launch", "--stop-timeout", "nan", "--", "true"});
+  EXPECT_EQ(stop.status, 1);
+  EXPECT_EQ(stop.err,
+            "strata: error: [launcher] --stop-timeout 'nan' is not a decimal number: it must be a number in [0, "
+            "604800]\n");
+  Outcome week = strata({"launch", "--stop-timeout", "604801", "--", "true"});
+  EXPECT_EQ(week.status, 1);
+  EXPECT_EQ(week.err,
+            "strata: error: [launcher] --stop-timeout '604801' is out of range: it must be a number in [0, 604800]\n");
+}
+
+// Sets a variable for one scope, then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(LaunchCommandTest, MasterAddrAndPortFromTheEnvironmentAreUsedUnlessFlagsAreGiven) {
+  ScopedEnv addr("MASTER_ADDR", "127.0.0.3");
+  ScopedEnv port("MASTER_PORT", "23471");
+  Outcome from_env = strata({"launch", "--", "/bin/sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"});
+  EXPECT_EQ(from_env.status, 0) << from_env.err;
+  EXPECT_EQ(from_env.out, "[rank 0] 127.0.0.3:23471\n");
+  Outcome flags = strata({"launch", "--master-addr", "127.0.0.1", "--master-port", "23472", "--", "/bin/sh", "-c",
+                          "echo $MASTER_ADDR:$MASTER_PORT"});
+  EXPECT_EQ(flags.status, 0) << flags.err;
+  EXPECT_EQ(flags.out, "[rank 0] 127.0.0.1:23472\n");
+}
+
+TEST(LaunchCommandTest, MalformedMasterPortOrAddrInTheEnvironmentIsNamed) {
+  {
+    ScopedEnv port("MASTER_PORT", "29500x");
+    Outcome o = strata({"launch", "--", "true"});
+    EXPECT_EQ(o.status, 1);
+    EXPECT_EQ(o.err, "strata: error: [launcher] MASTER_PORT='29500x' in the environment is not a TCP port "
+                     "(1..65535); set it to one, unset it for a free port, or give --master-port\n");
+  }
+  {
+    ScopedEnv addr("MASTER_ADDR", "node 0");
+    Outcome o = strata({"launch", "--", "true"});
+    EXPECT_EQ(o.status, 1);
+    EXPECT_EQ(o.err, "strata: error: [launcher] MASTER_ADDR='node 0' in the environment is not a host name or "
+                     "address; set it to rank 0's host, unset it, or give --master-addr\n");
+  }
+}
+
+// args: folder. Joins the rendezvous (rank 0 hosts the store), writes
+// joined.RANK (its pid), and holds the store until the folder has a file "release".
+STRATA_WORKER(hold_store) {
+  strata::runtime::Environment env = strata::runtime::Environment::from_env();
+  auto store = strata::runtime::make_store(env, std::chrono::seconds(60));
+  std::ofstream(args.at(0) + "/joined." + std::to_string(env.rank)) << ::getpid() << "\n";
+  auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (!std::ifstream(args.at(0) + "/release").good() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  return 0;
+}
+
+TEST(LaunchCommandTest, ASecondJobOnABusyPortIsToldAnotherJobHoldsItAndHowToChooseOne) {
+  const std::string self = strata::runtime::current_command_line()[0];
+  const std::string port = std::to_string(strata::runtime::find_free_port());
+  std::string first_dir = make_temp_dir();
+  Child first = start_strata({"launch", "-n", "2", "--master-port", port, "--", self, "--strata-worker=hold_store",
+                              first_dir});
+  bool joined = wait_for_pid_file(first_dir + "/joined.0", 60s) > 0 && wait_for_pid_file(first_dir + "/joined.1", 60s) > 0;
+  // Both ways of giving the port: the flag, and MASTER_PORT.
+  std::vector<Outcome> seconds;
+  if (joined) {
+    std::string dir = make_temp_dir();
+    seconds.push_back(strata({"launch", "-n", "2", "--master-port", port, "--grace-period", "1", "--", self,
+                              "--strata-worker=hold_store", dir}));
+    ScopedEnv from_env("MASTER_PORT", port);
+    seconds.push_back(
+        strata({"launch", "-n", "2", "--grace-period", "1", "--", self, "--strata-worker=hold_store", dir}));
+  }
+  std::ofstream(first_dir + "/release") << "\n";
+  Outcome o = finish(first);
+  ASSERT_TRUE(joined) << o.out << o.err;
+  EXPECT_EQ(o.status, 0) << o.err;
+  for (const Outcome& second : seconds) {
+    EXPECT_NE(second.status, 0);
+    // Rank 0 cannot bind the port, rank 1 is refused by the first job's
+    // store; whichever the launcher reports first says the same.
+    EXPECT_TRUE(contains(second.err, "the port is in use by another strata job")) << second.err;
+    EXPECT_TRUE(contains(second.err, "(--master-port or MASTER_PORT), or leave both unset for a free port on one "
+                                     "host"))
+        << second.err;
+    EXPECT_FALSE(contains(second.err, "Start workers with strata launch")) << second.err;
+  }
 }
 
 }  // namespace

@@ -1,15 +1,20 @@
 // The launcher with real worker processes: ranks and environment, failure
 // reports (exit code, signal, last error line), stopping the others within
-// the grace period without leaving orphans, and arguments passed verbatim.
+// the grace period without leaving orphans, arguments passed verbatim, the
+// stop on a signal (workers finish and save; a second signal, the stop
+// timeout), lines redrawn in place on a terminal, and MASTER_PORT.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -86,6 +91,89 @@ STRATA_WORKER(hang_while_one_fails) {
 STRATA_WORKER(echo_args) {
   for (const std::string& a : args) std::cout << "arg<" << a << ">" << std::endl;
   return 0;
+}
+
+// ---- stopping on a signal (Note [Stopping on a signal]) ----------------------
+
+volatile sig_atomic_t g_stop_signal = 0;
+volatile sig_atomic_t g_signals = 0;
+
+// The Trainer's contract, in small: the first SIGINT/SIGTERM asks to stop;
+// a second one stops the process at once.
+extern "C" void on_stop_signal(int sig) {
+  g_signals = g_signals + 1;
+  if (g_stop_signal != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path + ".tmp") << text;
+  std::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+bool appears_within(const std::string& path, std::chrono::seconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::ifstream(path).good()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// args: folder, mode. Every rank writes ready.R, then waits for a stop
+// signal; on it, finishes its "step" (100 ms), writes saved.R with the
+// signal and exits with 128+signal. Modes: "save" as said; "slow": after
+// the signal writes stopping.R and never ends (a second signal ends it);
+// "ignore": ignores SIGINT and SIGTERM; "fail": rank 1 exits 1 instead of
+// saving; "peer": rank 0 gets no signal: it waits for saved.1 (the ranks
+// agreed to stop) and writes saved.0 with how many signals it got.
+STRATA_WORKER(stop_on_signal) {
+  Environment env = Environment::from_env();
+  const std::string dir = args.at(0);
+  const std::string mode = args.at(1);
+  const std::string r = std::to_string(env.rank);
+  if (mode == "ignore") {
+    ::signal(SIGINT, SIG_IGN);
+    ::signal(SIGTERM, SIG_IGN);
+  } else {
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, nullptr);
+    ::sigaction(SIGTERM, &action, nullptr);
+  }
+  write_file(dir + "/ready." + r, std::to_string(::getpid()));
+  if (mode == "peer" && env.rank == 0) {
+    if (!appears_within(dir + "/saved.1", 60s)) return 2;
+    // Ends after the launcher reaped rank 1, so rank 1 is the one it sees stop.
+    const pid_t peer = std::stoi(read_file(dir + "/ready.1"));
+    for (int i = 0; i < 60000 && !(::kill(peer, 0) != 0 && errno == ESRCH); ++i) ::usleep(1000);
+    write_file(dir + "/saved.0", "signals=" + std::to_string(g_signals));
+    return 128 + SIGTERM;
+  }
+  while (g_stop_signal == 0) ::usleep(1000);
+  if (mode == "slow") {
+    write_file(dir + "/stopping." + r, "");
+    while (true) ::pause();
+  }
+  ::usleep(100 * 1000);  // the step in flight
+  if (mode == "fail" && env.rank == 1) {
+    std::cerr << "error: cannot write the checkpoint" << std::endl;
+    return 1;
+  }
+  write_file(dir + "/saved." + r, "signal=" + std::to_string(g_stop_signal));
+  return 128 + g_stop_signal;
 }
 
 std::string make_temp_dir() {
@@ -220,8 +308,8 @@ TEST(LauncherTest, InvalidOptionsNameTheField) {
     FAIL() << "no error";
   } catch (const strata::ConfigError& e) {
     EXPECT_STREQ(e.what(),
-                 "[launcher] master_port (--master-port) is required when the job spans 2 nodes: every node must use "
-                 "the same port on 127.0.0.1");
+                 "[launcher] master_port (--master-port or MASTER_PORT) is required when the job spans 2 nodes: every "
+                 "node must use the same port on 127.0.0.1");
   }
   try {
     LaunchOptions().with_nnodes(2).with_node_rank(2).with_master_port(1234).validate();
@@ -259,6 +347,244 @@ TEST(LauncherTest, ProcessThatEscapesTheGroupDoesNotKeepTheLauncherWaiting) {
   ASSERT_TRUE(in >> escaped);
   ::kill(escaped, SIGKILL);  // it left the worker's group on purpose; clean up here
   EXPECT_TRUE(strata::testing::gone_within(escaped, 10s));
+}
+
+// Runs `nproc` stop_on_signal workers in `mode` while `act` (another
+// thread) signals them or the launcher. max_time keeps a broken stop from
+// hanging the test.
+strata::testing::WorkersResult run_stopping(int nproc, const std::string& dir, const std::string& mode,
+                                            LaunchOptions options, const std::function<void()>& act) {
+  options.with_max_time(120s);
+  std::thread actor(act);
+  auto result = run_workers(nproc, "stop_on_signal", {dir, mode}, options);
+  actor.join();
+  return result;
+}
+
+bool all_ready(const std::string& dir, int nproc) {
+  for (int r = 0; r < nproc; ++r)
+    if (!appears_within(dir + "/ready." + std::to_string(r), 60s)) return false;
+  return true;
+}
+
+TEST(LauncherStopTest, SigtermToTheLauncherLetsEveryWorkerSaveAndReturns143) {
+  std::string dir = make_temp_dir();
+  auto result = run_stopping(2, dir, "save", LaunchOptions().with_timeout_s(60), [&] {
+    if (all_ready(dir, 2)) ::kill(::getpid(), SIGTERM);
+  });
+  EXPECT_EQ(result.launch.exit_code, 143) << result.launch.summary;
+  EXPECT_EQ(result.launch.interrupted_by, SIGTERM);
+  EXPECT_EQ(result.launch.failed_rank, -1);
+  EXPECT_EQ(result.launch.summary, "the launcher received SIGTERM; stopped all 2 workers");
+  // Each got the launcher's SIGTERM (not another signal) and saved.
+  EXPECT_EQ(read_file(dir + "/saved.0"), "signal=15");
+  EXPECT_EQ(read_file(dir + "/saved.1"), "signal=15");
+}
+
+TEST(LauncherStopTest, SigintIsForwardedAsSigintAndTheExitStatusIs130) {
+  std::string dir = make_temp_dir();
+  auto result = run_stopping(2, dir, "save", LaunchOptions().with_timeout_s(60), [&] {
+    if (all_ready(dir, 2)) ::kill(::getpid(), SIGINT);
+  });
+  EXPECT_EQ(result.launch.exit_code, 130) << result.launch.summary;
+  EXPECT_EQ(result.launch.interrupted_by, SIGINT);
+  EXPECT_EQ(result.launch.summary, "the launcher received SIGINT; stopped all 2 workers");
+  EXPECT_EQ(read_file(dir + "/saved.0"), "signal=2");
+  EXPECT_EQ(read_file(dir + "/saved.1"), "signal=2");
+}
+
+TEST(LauncherStopTest, ASecondSignalKillsTheWorkersAtOnce) {
+  std::string dir = make_temp_dir();
+  // The stop timeout is far longer than any test: only the second signal
+  // can end these workers, which never finish their save.
+  LaunchOptions options = LaunchOptions().with_timeout_s(60).with_stop_timeout(std::chrono::hours(1));
+  auto result = run_stopping(2, dir, "slow", options, [&] {
+    if (!all_ready(dir, 2)) return;
+    ::kill(::getpid(), SIGTERM);
+    if (appears_within(dir + "/stopping.0", 60s) && appears_within(dir + "/stopping.1", 60s))
+      ::kill(::getpid(), SIGINT);
+  });
+  EXPECT_EQ(result.launch.exit_code, 143) << result.launch.summary;
+  EXPECT_EQ(result.launch.interrupted_by, SIGTERM);
+  EXPECT_EQ(result.launch.summary,
+            "the launcher received SIGTERM; killed ranks 0, 1 at once on a second signal (a checkpoint may be "
+            "incomplete)");
+  for (pid_t pid : result.launch.pids) EXPECT_TRUE(strata::testing::gone_within(pid, 10s));
+}
+
+TEST(LauncherStopTest, AWorkerIgnoringTheSignalIsStoppedAfterTheStopTimeout) {
+  std::string dir = make_temp_dir();
+  LaunchOptions options = LaunchOptions().with_timeout_s(60).with_stop_timeout(300ms).with_grace_period(200ms);
+  auto result = run_stopping(2, dir, "ignore", options, [&] {
+    if (all_ready(dir, 2)) ::kill(::getpid(), SIGTERM);
+  });
+  EXPECT_EQ(result.launch.exit_code, 143) << result.launch.summary;
+  EXPECT_EQ(result.launch.interrupted_by, SIGTERM);
+  EXPECT_EQ(result.launch.failed_rank, -1);
+  EXPECT_EQ(result.launch.summary,
+            "the launcher received SIGTERM; ranks 0, 1 did not end within the stop timeout (0.3 s) and were stopped "
+            "(a checkpoint may be incomplete)");
+  for (pid_t pid : result.launch.pids) EXPECT_TRUE(strata::testing::gone_within(pid, 10s));
+}
+
+TEST(LauncherStopTest, AWorkerThatFailsWhileStoppingIsNamed) {
+  std::string dir = make_temp_dir();
+  auto result = run_stopping(2, dir, "fail", LaunchOptions().with_timeout_s(60), [&] {
+    if (all_ready(dir, 2)) ::kill(::getpid(), SIGTERM);
+  });
+  EXPECT_EQ(result.launch.exit_code, 143) << result.launch.summary;
+  EXPECT_EQ(result.launch.summary,
+            "the launcher received SIGTERM; stopped all 2 workers; rank 1 exited with code 1 while stopping; last "
+            "error: error: cannot write the checkpoint");
+  EXPECT_EQ(read_file(dir + "/saved.0"), "signal=15");
+}
+
+TEST(LauncherStopTest, AWorkerSignalledDirectlyStopsTheJobWithoutASignalToTheOthers) {
+  std::string dir = make_temp_dir();
+  auto result = run_stopping(2, dir, "peer", LaunchOptions().with_timeout_s(60), [&] {
+    if (!all_ready(dir, 2)) return;
+    ::kill(std::stoi(read_file(dir + "/ready.1")), SIGTERM);
+  });
+  EXPECT_EQ(result.launch.exit_code, 143) << result.launch.summary;
+  EXPECT_EQ(result.launch.interrupted_by, SIGTERM);
+  EXPECT_EQ(result.launch.failed_rank, -1);
+  EXPECT_EQ(result.launch.summary, "rank 1 stopped on SIGTERM; stopped all 2 workers");
+  EXPECT_EQ(read_file(dir + "/saved.1"), "signal=15");
+  // Rank 0 ended on its own: the launcher did not signal it.
+  EXPECT_EQ(read_file(dir + "/saved.0"), "signals=0");
+}
+
+TEST(LauncherStopTest, NegativeStopTimeoutIsRefused) {
+  try {
+    LaunchOptions().with_stop_timeout(-1ms).validate();
+    FAIL() << "no error";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_STREQ(e.what(), "[launcher] stop_timeout (--stop-timeout) must not be negative, got -1 ms");
+  }
+}
+
+// ---- lines redrawn in place (Note [Redraws through the launcher]) ----------
+
+struct Piece {
+  strata::runtime::OutputStream stream;
+  std::string text;
+  bool operator==(const Piece&) const = default;
+};
+
+// Runs `script` under sh as one worker. The sink records each piece and
+// touches `dir`/seen.N when it has N pieces, so a script can wait for the
+// launcher to have taken its output before it writes to its other stream
+// (two pipes keep no order between them).
+std::vector<Piece> run_sh(const std::string& script, bool terminal, const std::string& dir = "") {
+  std::vector<Piece> pieces;
+  LaunchOptions options = LaunchOptions().with_terminal(terminal).with_on_output(
+      [&pieces, dir](int, strata::runtime::OutputStream stream, const std::string& text) {
+        pieces.push_back({stream, text});
+        if (!dir.empty()) std::ofstream(dir + "/seen." + std::to_string(pieces.size())) << "\n";
+      });
+  auto result = strata::runtime::launch_workers({"/bin/sh", "-c", script, "sh", dir}, options);
+  EXPECT_EQ(result.exit_code, 0) << result.summary;
+  return pieces;
+}
+
+std::string shown(const std::vector<Piece>& pieces) {
+  std::string out;
+  for (const Piece& p : pieces)
+    out += (p.stream == strata::runtime::OutputStream::kStdout ? "out:" : "err:") + p.text + "|";
+  return out;
+}
+
+constexpr auto kOut = strata::runtime::OutputStream::kStdout;
+constexpr auto kErr = strata::runtime::OutputStream::kStderr;
+
+TEST(LauncherRedrawTest, OnATerminalRedrawsPassInPlaceAndOtherLinesEndThemFirst) {
+  // As trainer::ProgressBar writes on a terminal: "\r" + text + clear, no
+  // newline; a line on stderr in between; a final draw with "\n"; tqdm's
+  // "text\r"; "\r\n" as a plain line end.
+  std::string dir = make_temp_dir();
+  std::string script =
+      "seen() { while [ ! -e \"$1/seen.$2\" ]; do sleep 0.01; done; }; "
+      "printf '\\rstep 1\\033[K'; printf '\\rstep 2\\033[K'; seen \"$1\" 2; echo warn >&2; seen \"$1\" 4; "
+      "printf '\\rstep 3\\033[K'; printf '\\rstep 4\\033[K\\n'; echo plain; printf 'tq 1\\r'; printf 'tq 2\\r'; "
+      "printf 'dos\\r\\n'";
+  std::vector<Piece> expected{
+      {kOut, "\r[rank 0] step 1\x1b[K"},   {kOut, "\r[rank 0] step 2\x1b[K"},
+      {kOut, "\n"},                          {kErr, "[rank 0] warn\n"},
+      {kOut, "\r[rank 0] step 3\x1b[K"},   {kOut, "\r[rank 0] step 4\x1b[K\n"},
+      {kOut, "[rank 0] plain\n"},            {kOut, "\r[rank 0] tq 1\x1b[K"},
+      {kOut, "\r[rank 0] tq 2\x1b[K"},     {kOut, "\r[rank 0] dos\x1b[K\n"},
+  };
+  std::vector<Piece> got = run_sh(script, true, dir);
+  EXPECT_EQ(got, expected) << shown(got);
+}
+
+TEST(LauncherRedrawTest, OffATerminalOutputStaysLineByLine) {
+  std::string script = "printf '\\rstep 1\\033[K'; printf '\\rstep 2\\033[K\\n'; echo plain; printf 'dos\\r\\n'";
+  std::vector<Piece> expected{
+      {kOut, "[rank 0] \rstep 1\x1b[K\rstep 2\x1b[K\n"},
+      {kOut, "[rank 0] plain\n"},
+      {kOut, "[rank 0] dos\n"},
+  };
+  std::vector<Piece> got = run_sh(script, false);
+  EXPECT_EQ(got, expected) << shown(got);
+}
+
+TEST(LauncherRedrawTest, AnOpenRedrawIsEndedWhenTheWorkerEnds) {
+  std::vector<Piece> expected{{kOut, "\r[rank 0] 50%\x1b[K"}, {kOut, "\r[rank 0] 50%\x1b[K\n"}};
+  std::vector<Piece> got = run_sh("printf '\\r50%%'", true);
+  EXPECT_EQ(got, expected) << shown(got);
+}
+
+TEST(LauncherRedrawTest, WorkersAreToldWhetherTheLauncherIsOnATerminal) {
+  for (bool terminal : {true, false}) {
+    std::vector<Piece> got = run_sh("echo \"tty=$STRATA_LAUNCHER_TTY\"", terminal);
+    ASSERT_EQ(got.size(), 1u) << shown(got);
+    EXPECT_EQ(got[0].text, terminal ? "[rank 0] tty=1\n" : "[rank 0] tty=0\n");
+  }
+}
+
+// ---- MASTER_PORT (Note [MASTER_PORT from the environment]) ------------------
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(LauncherTest, MasterPortFromTheEnvironmentIsUsedWhenNoPortIsGiven) {
+  ScopedEnv port("MASTER_PORT", "23461");
+  auto result = run_workers(1, "print_env");
+  ASSERT_TRUE(result.ok()) << result.launch.summary;
+  EXPECT_NE(result.output.find("master=127.0.0.1:23461 "), std::string::npos) << result.output;
+  auto given = run_workers(1, "print_env", {}, LaunchOptions().with_master_port(23462));
+  ASSERT_TRUE(given.ok()) << given.launch.summary;
+  EXPECT_NE(given.output.find("master=127.0.0.1:23462 "), std::string::npos) << given.output;
+  // It also satisfies a several-node job's need for a fixed port.
+  EXPECT_NO_THROW(LaunchOptions().with_nnodes(2).validate());
+}
+
+TEST(LauncherTest, MasterPortFromTheEnvironmentThatIsNoPortIsAnError) {
+  for (std::string bad : {"abc", "0", "65536", "-5", "2950x", "123456789012345678901234567890"}) {
+    ScopedEnv port("MASTER_PORT", bad);
+    try {
+      strata::runtime::launch_workers({"true"}, LaunchOptions());
+      FAIL() << "no error for " << bad;
+    } catch (const strata::ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), "[launcher] MASTER_PORT='" + bad +
+                                           "' in the environment is not a TCP port (1..65535); set it to one, "
+                                           "unset it for a free port, or give --master-port");
+    }
+  }
 }
 
 }  // namespace

@@ -120,11 +120,18 @@ TEST(RendezvousTest, AClientWithoutTheJobTokenIsRefusedAndOneWithItIsServed) {
       make_tcp_store(o);
       FAIL() << "no error for token '" << token << "'";
     } catch (const strata::CommError& e) {
+      const std::string at = "[store] the rendezvous store at 127.0.0.1:" + std::to_string(port);
+      // No token: started by hand beside a launched job. Another token:
+      // another job given the same port.
       EXPECT_EQ(std::string(e.what()),
-                "[store] the rendezvous store at 127.0.0.1:" + std::to_string(port) +
-                    " refused this process: it does not carry the job's token (STRATA_JOB_TOKEN). Start workers "
-                    "with strata launch, which hands them the token; on several nodes give every node the same "
-                    "STRATA_JOB_TOKEN");
+                token.empty()
+                    ? at + " refused this process: it carries no job token (STRATA_JOB_TOKEN) and the store belongs "
+                           "to a job whose launcher handed its workers one. Start every worker with strata launch, "
+                           "or give each the job's STRATA_JOB_TOKEN"
+                    : at + " belongs to another job (its job token is not this process's STRATA_JOB_TOKEN): the "
+                           "port is in use by another strata job; give this job another port (--master-port or "
+                           "MASTER_PORT), or leave both unset for a free port on one host; a job on several nodes "
+                           "needs the same STRATA_JOB_TOKEN on every node");
     }
   }
   TcpStoreOptions member = client_of(port);
@@ -270,12 +277,43 @@ TEST(RendezvousTest, RankZeroStartedByHandNamesAPortThatIsInUseAtOnce) {
       } catch (const strata::CommError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "[store] cannot host the rendezvous store on 127.0.0.1:" + std::to_string(held.port()) +
-                      ": the port is already in use; choose another port (MASTER_PORT or --master-port) or stop "
-                      "the process that holds it");
+                      ": the port is in use by another program; give this job another port (--master-port or "
+                      "MASTER_PORT), or leave both unset for a free port on one host, or stop the program that "
+                      "holds it");
       }
       EXPECT_LT(seconds_since(start), 3.0) << "rank 0 waited before naming the port in use";
     }
   }
+}
+
+// Note [Who holds a busy port]: two jobs given one port. The first job's
+// store (hosted here, with its token) keeps serving its own ranks; every
+// rank of the second job fails at once saying another strata job holds
+// the port and how to choose one.
+TEST(RendezvousTest, ASecondJobOnTheSamePortIsToldAnotherStrataJobHoldsIt) {
+  const int port = strata::runtime::find_free_port();
+  TcpStoreOptions first = client_of(port);
+  first.is_server = true;
+  first.token = "the-first-job";
+  auto first_store = make_tcp_store(first);
+  first_store->set("key", "value");
+  auto start = Clock::now();
+  auto result = strata::testing::run_workers(2, "rendezvous_as", {"9", "0", "0"},
+                                             LaunchOptions().with_timeout_s(60).with_master_port(port));
+  EXPECT_LT(seconds_since(start), 30.0);
+  EXPECT_EQ(result.launch.exit_code, 1) << result.output;
+  // Rank 0 cannot bind and finds a strata store there; rank 1 is refused
+  // by it: the launcher reports whichever failed first, both say so.
+  const std::string& error = result.launch.last_error;
+  EXPECT_NE(error.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << error;
+  EXPECT_NE(error.find("the port is in use by another strata job"), std::string::npos) << error;
+  EXPECT_NE(error.find("give this job another port (--master-port or MASTER_PORT), or leave both unset for a free "
+                       "port on one host"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(result.output.find("Start workers with strata launch"), std::string::npos) << result.output;
+  // The first job is untouched.
+  EXPECT_EQ(first_store->get("key"), "value");
 }
 
 TEST(RendezvousTest, OtherRanksStartedByHandNameASilentHolderOfThePortWithinTheHandshakeLimit) {

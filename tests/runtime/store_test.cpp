@@ -87,8 +87,9 @@ TEST(StoreTest, PortInUseIsACommErrorNamingHostAndPort) {
   } catch (const strata::CommError& e) {
     EXPECT_EQ(dynamic_cast<const strata::TimeoutError*>(&e), nullptr);
     std::string expected = "[store] cannot host the rendezvous store on 127.0.0.1:" + std::to_string(port) +
-                           ": the port is already in use; choose another port (MASTER_PORT or --master-port) or "
-                           "stop the process that holds it";
+                           ": the port is in use by another strata job (its rendezvous store answers there); give "
+                           "this job another port (--master-port or MASTER_PORT), or leave both unset for a free "
+                           "port on one host";
     EXPECT_EQ(std::string(e.what()), expected);
   }
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,13 +16,23 @@
 
 namespace strata::runtime {
 
+/// Set to "1" in every worker's environment when the launcher's stdout is
+/// a terminal: a worker whose stdout is the launcher's pipe may then redraw
+/// a line in place ("\r" + text), as on a terminal (trainer::ProgressBar).
+inline constexpr const char* kEnvLauncherTty = "STRATA_LAUNCHER_TTY";
+
 /// Which of a worker's streams a line of output came from.
 enum class OutputStream { kStdout, kStderr };
 
 /// Receives one line of a worker's output: its global rank, the stream, and
 /// the line as the launcher would print it (with the "[rank R] " prefix
 /// when prefix_output, and the trailing newline). Called on the thread that
-/// runs launch_workers, one line at a time.
+/// runs launch_workers, one line at a time. On a terminal (LaunchOptions::
+/// terminal) a line the worker redraws in place arrives as the bytes the
+/// launcher writes for it (Note [Redraws through the launcher] in
+/// supervisor.cpp): "\r[rank R] text\x1b[K" without a newline for each
+/// redraw, the same with "\n" for its last one, and a lone "\n" that ends
+/// a redraw another line interrupts.
 using OutputSink = std::function<void(int rank, OutputStream stream, const std::string& line)>;
 
 /// How to start and supervise the workers. Fluent setters return *this.
@@ -30,11 +41,25 @@ struct LaunchOptions {
   int nnodes = 1;                  ///< hosts in the job
   int node_rank = 0;               ///< this host's index
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;             ///< 0: a free port (single node only)
+  /// 0: MASTER_PORT from the launcher's environment when set, else a free
+  /// port (single node only).
+  int master_port = 0;
   /// Rendezvous timeout passed to the workers (STRATA_TIMEOUT), seconds.
   int timeout_s = 300;
-  /// Between SIGTERM and SIGKILL when stopping workers.
+  /// Between SIGTERM and SIGKILL when stopping workers after a failure, a
+  /// hang or max_time, and after stop_timeout.
   std::chrono::milliseconds grace_period = std::chrono::seconds(5);
+  /// Note [Stopping on a signal] (supervisor.cpp): after the launcher's
+  /// first SIGINT/SIGTERM/SIGUSR1, forwarded to every worker, how long the
+  /// workers may take to finish their step, save and exit before they are
+  /// stopped as after a failure (SIGTERM, grace_period, SIGKILL). 0: no
+  /// limit. A second SIGINT/SIGTERM kills them at once.
+  std::chrono::milliseconds stop_timeout = std::chrono::seconds(300);
+  /// Whether the launcher's stdout is a terminal (nullopt: isatty(stdout)
+  /// without on_output, false with it). On one, workers get
+  /// STRATA_LAUNCHER_TTY=1 and lines they redraw in place are redrawn in
+  /// place (Note [Redraws through the launcher] in supervisor.cpp).
+  std::optional<bool> terminal;
   /// Prefix each line of a worker's output with "[rank R] ".
   bool prefix_output = true;
   /// Extra environment variables for every worker.
@@ -60,6 +85,8 @@ struct LaunchOptions {
   LaunchOptions& with_master_port(int p) { master_port = p; return *this; }
   LaunchOptions& with_timeout_s(int s) { timeout_s = s; return *this; }
   LaunchOptions& with_grace_period(std::chrono::milliseconds g) { grace_period = g; return *this; }
+  LaunchOptions& with_stop_timeout(std::chrono::milliseconds t) { stop_timeout = t; return *this; }
+  LaunchOptions& with_terminal(std::optional<bool> t) { terminal = t; return *this; }
   LaunchOptions& with_prefix_output(bool p) { prefix_output = p; return *this; }
   LaunchOptions& with_env(const std::string& name, std::string value) { extra_env[name] = std::move(value); return *this; }
   LaunchOptions& with_on_output(OutputSink sink) { on_output = std::move(sink); return *this; }
@@ -89,8 +116,9 @@ struct LaunchResult : LaunchOutcome {
 /// Starts `argv` (argv[0] is the program, looked up on PATH when it has no
 /// slash; arguments are passed as given, never through a shell) as
 /// options.nproc_per_node workers of this node and supervises them until
-/// all exit, one fails, or the launcher gets SIGINT/SIGTERM (which are
-/// forwarded to every worker). Never leaves a worker running. Throws
+/// all exit, one fails, or the launcher gets SIGINT/SIGTERM/SIGUSR1 (which
+/// are forwarded to every worker; Note [Stopping on a signal]). Never
+/// leaves a worker running. Throws
 /// LaunchError when a worker cannot be started at all.
 LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOptions& options);
 

@@ -220,7 +220,7 @@ class Timer : public Callback {
 /// the loggers get), else the rank's Trainer::last_loss().
 class ProgressBar : public Callback {
  public:
-  /// `out_is_terminal`: nullopt asks isatty(stdout).
+  /// `out_is_terminal`: nullopt asks isatty(stdout) or STRATA_LAUNCHER_TTY.
   explicit ProgressBar(std::optional<bool> out_is_terminal = std::nullopt);
   std::string state_key() const override { return "ProgressBar"; }
   CallbackPtr replica() const override { return std::make_shared<ProgressBar>(*this); }
