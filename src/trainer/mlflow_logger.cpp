@@ -468,7 +468,7 @@ struct MLFlowLogger::Impl {
       if (!state.unreachable_warned) state.unreachable_warned = first = true;
     }
     if (first) {
-      log::warning("[mlflow] the tracking server at ", uri, " does not answer (", error,
+      log::warning("[mlflow] no usable answer from the tracking server at ", uri, " (", error,
                    "); training goes on, the logger keeps up to ", options.max_queued,
                    " entries queued and retries with backoff; this warning is printed once");
     }
@@ -785,7 +785,10 @@ struct MLFlowLogger::Impl {
     std::string out = std::to_string(metrics) + " metric, " + std::to_string(params) + " param and " +
                       std::to_string(tags) + " tag entries are not sent yet";
     if (state.dropped_full) out += "; " + std::to_string(state.dropped_full) + " were dropped when the queue was full";
-    if (state.given_up) out += "; " + std::to_string(state.given_up) + " were given up after failed tries";
+    if (state.given_up) {
+      out += "; " + std::to_string(state.given_up) + " were given up (refused by the server, or failed " +
+             std::to_string(options.max_attempts) + " times)";
+    }
     if (!state.last_error.empty()) out += "; last error: " + state.last_error;
     return out;
   }
