@@ -9,6 +9,10 @@
 #    (and the Gloo inside it) strata builds against, and the peers and
 #    reference readers of the benchmarks and tests. It is rebuilt when the
 #    requirements change.
+#  - A second venv (STRATA_MLFLOW_VENV) with scripts/requirements-mlflow.txt:
+#    the MLflow tracking server the MLflow logger's tests talk to. Its own
+#    venv because mlflow's many dependencies must not move the pinned
+#    torch/numpy of the first. About 1.5 minutes and 850 MB the first time.
 # Neither Debian's LibTorch nor its libgloo is installed: one LibTorch, and
 # one Gloo, per process.
 set -euo pipefail
@@ -24,6 +28,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev   # checkpoint fuzz targets (libFuzzer + ASan, fuzz/run.sh)
   iproute2                # ip netns: the two-hosts test
+  libcurl4-openssl-dev    # the MLflow logger's REST client (optional at build time)
 )
 python_bin="$(command -v python3 || true)"
 if [ -z "$python_bin" ]; then
@@ -71,5 +76,23 @@ if [ ! -x "$STRATA_PYTHON" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   "$STRATA_PYTHON" -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
   "$STRATA_PYTHON" -c 'import torch, safetensors, lightning, tensorboard; assert torch.__version__.startswith("2.13.0"), torch.__version__'
   echo "$want" > "$stamp"
+  echo "[install-deps] done"
+fi
+
+# The MLflow venv, made and stamped the same way from
+# scripts/requirements-mlflow.txt.
+mlflow_stamp="$STRATA_MLFLOW_VENV/.strata-requirements.sha256"
+mlflow_want="$(sha256sum scripts/requirements-mlflow.txt | cut -d' ' -f1)"
+if [ ! -x "$STRATA_MLFLOW_PYTHON" ] || [ "$(cat "$mlflow_stamp" 2>/dev/null)" != "$mlflow_want" ]; then
+  echo "[install-deps] MLflow environment in $STRATA_MLFLOW_VENV (the tracking server of the MLflow logger's tests; a few minutes the first time)"
+  rm -f "$mlflow_stamp"
+  if [ ! -x "$STRATA_MLFLOW_PYTHON" ]; then
+    rm -rf "$STRATA_MLFLOW_VENV"
+    mkdir -p "$(dirname "$STRATA_MLFLOW_VENV")"
+    python3 -m venv "$STRATA_MLFLOW_VENV"
+  fi
+  "$STRATA_MLFLOW_PYTHON" -m pip install --quiet --disable-pip-version-check -r scripts/requirements-mlflow.txt
+  "$STRATA_MLFLOW_PYTHON" -c 'import mlflow; assert mlflow.__version__ == "3.17.2", mlflow.__version__'
+  echo "$mlflow_want" > "$mlflow_stamp"
   echo "[install-deps] done"
 fi

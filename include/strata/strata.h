@@ -40,6 +40,7 @@
 #include "strata/trainer/csv_logger.h"
 #include "strata/trainer/hparams.h"
 #include "strata/trainer/lightning_checkpoint.h"
+#include "strata/trainer/mlflow_logger.h"
 #include "strata/trainer/model_summary.h"
 #include "strata/trainer/scheduler.h"
 #include "strata/trainer/trainer.h"

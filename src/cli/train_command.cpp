@@ -88,8 +88,11 @@ Command make_train_command() {
                   1000000, [&c](int64_t v) { c.early_stopping = v; }, "0");
     n.add_integer(sub, "--save-top-k", "Keep the K checkpoints of lowest val_loss in <ckpt-dir>/best (0: off)", 0,
                   1000000, [&c](int64_t v) { c.save_top_k = v; }, "0");
-    sub->add_option("--logger", c.logger, "Experiment log: csv (Lightning's CSVLogger layout), jsonl or tensorboard (event files); several as a comma-separated list. Logs train_loss, val_loss, lr-AdamW, tokens_per_s, samples_per_s, mfu and the configuration as hyperparameters");
+    sub->add_option("--logger", c.logger, "Experiment log: csv (Lightning's CSVLogger layout), jsonl, tensorboard (event files) or mlflow (a tracking server, --mlflow-uri); several as a comma-separated list. Logs train_loss, val_loss, lr-AdamW, tokens_per_s, samples_per_s, mfu and the configuration as hyperparameters");
     sub->add_option("--log-dir", c.log_dir, "Folder of --logger's runs (<log-dir>/train/version_N)")
+        ->capture_default_str();
+    sub->add_option("--mlflow-uri", c.mlflow_uri, "--logger mlflow: the tracking server, http(s)://HOST:PORT (default: MLFLOW_TRACKING_URI); the run is named train/version_N");
+    sub->add_option("--mlflow-experiment", c.mlflow_experiment, "--logger mlflow: the experiment of the run (created when missing)")
         ->capture_default_str();
     return sub;
   };

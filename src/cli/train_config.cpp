@@ -5,6 +5,7 @@
 
 #include "cli/gpt_job.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "strata/strategies/make_strategy.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/csv_logger.h"
+#include "strata/trainer/mlflow_logger.h"
 
 namespace strata::cli {
 namespace {
@@ -121,9 +123,29 @@ void TrainConfig::validate() const {
                " watches val_loss, but --val-every 0 turns validation off; drop one of them");
   STRATA_CHECK(save_top_k == 0 || !ckpt_dir.empty(), ConfigError,
                "[train] --save-top-k needs --ckpt-dir (the best checkpoints go to <ckpt-dir>/best)");
+  bool mlflow = false;
   for (const std::string& kind : logger_kinds(logger)) {
-    STRATA_CHECK(kind == "csv" || kind == "jsonl" || kind == "tensorboard", ConfigError, "[train] --logger '", kind,
-                 "' is not one of csv, jsonl, tensorboard (several: a comma-separated list, e.g. csv,tensorboard)");
+    STRATA_CHECK(kind == "csv" || kind == "jsonl" || kind == "tensorboard" || kind == "mlflow", ConfigError,
+                 "[train] --logger '", kind, "' is not one of csv, jsonl, tensorboard, mlflow (several: a "
+                 "comma-separated list, e.g. csv,tensorboard)");
+    mlflow |= kind == "mlflow";
+  }
+  STRATA_CHECK(mlflow || (mlflow_uri.empty() && mlflow_experiment == "lightning_logs"), ConfigError, "[train] ",
+               mlflow_uri.empty() ? "--mlflow-experiment" : "--mlflow-uri",
+               " applies only to --logger mlflow; add mlflow to --logger or drop the flag");
+  if (mlflow) {
+    // Checked here, before any worker starts; the logger checks the
+    // address itself when rank 0 builds it.
+    const char* env_uri = std::getenv("MLFLOW_TRACKING_URI");
+    const std::string uri = !mlflow_uri.empty() ? mlflow_uri : env_uri ? std::string(env_uri) : std::string();
+    STRATA_CHECK(!uri.empty(), ConfigError,
+                 "[train] --logger mlflow needs a tracking server: pass --mlflow-uri http://HOST:PORT or set "
+                 "MLFLOW_TRACKING_URI");
+    STRATA_CHECK(uri.rfind("http://", 0) == 0 || uri.rfind("https://", 0) == 0, ConfigError, "[train] ",
+                 mlflow_uri.empty() ? "MLFLOW_TRACKING_URI" : "--mlflow-uri", " '", uri.substr(0, 200),
+                 "' is not an http:// or https:// address of an MLflow tracking server");
+    STRATA_CHECK(!mlflow_experiment.empty() && mlflow_experiment.size() <= 500, ConfigError,
+                 "[train] --mlflow-experiment must be 1 to 500 bytes, got ", mlflow_experiment.size());
   }
   models::GPTConfig::preset(model_size);  // throws for an unknown size
 
@@ -249,6 +271,16 @@ TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
     const std::string dir = trainer::versioned_log_dir(root, "train", std::nullopt);
     const int64_t version = std::stoll(std::filesystem::path(dir).filename().string().substr(8));
     for (const std::string& kind : logger_kinds(config.logger)) {
+      if (kind == "mlflow") {
+        // The MLflow run is named after the version folder the file
+        // loggers of the same run write ("train/version_3").
+        options.with_logger(std::make_shared<trainer::MLFlowLogger>(
+            trainer::MLFlowOptions()
+                .with_tracking_uri(config.mlflow_uri)
+                .with_experiment_name(config.mlflow_experiment)
+                .with_run_name("train/version_" + std::to_string(version))));
+        continue;
+      }
       options.with_logger(trainer::make_logger(kind, root, "train", version));
     }
   }

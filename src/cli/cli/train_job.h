@@ -58,8 +58,10 @@ struct TrainConfig {
   int64_t val_batches = 10;    ///< batches per validation
   int64_t early_stopping = 0;  ///< patience in validations (0: off)
   int64_t save_top_k = 0;      ///< keep the k best by val_loss in <ckpt-dir>/best (0: off)
-  std::string logger;          ///< "", or "csv", "jsonl", "tensorboard" (a comma-separated list: several)
+  std::string logger;          ///< "", or "csv", "jsonl", "tensorboard", "mlflow" (a comma-separated list: several)
   std::string log_dir = "runs";  ///< where --logger writes (<log-dir>/train/version_N)
+  std::string mlflow_uri;      ///< --logger mlflow's tracking server ("": MLFLOW_TRACKING_URI)
+  std::string mlflow_experiment = "lightning_logs";  ///< --logger mlflow's experiment
 
   /// Throws ConfigError naming the first bad value (an FSDP-only flag
   /// with another strategy names the flag).
