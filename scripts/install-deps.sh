@@ -28,6 +28,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev   # checkpoint fuzz targets (libFuzzer + ASan, fuzz/run.sh)
   iproute2                # ip netns: the two-hosts test
+  openmpi-bin             # mpirun: the test that starts strata train under Open MPI (tests/cli/engines_test.cpp)
   libcurl4-openssl-dev    # the MLflow logger's REST client (optional at build time)
 )
 python_bin="$(command -v python3 || true)"
