@@ -48,6 +48,10 @@ Command make_train_command() {
     n.add_integer(sub, "--num-nodes", "Hosts (start each with strata launch)", 1, 1024,
                   [&c](int64_t v) { c.num_nodes = int(v); }, "1");
     sub->add_option("--precision", c.precision, "32-true or bf16-mixed")->capture_default_str();
+    sub->add_flag("--requeue", c.requeue,
+                  "Under SLURM: on SIGUSR1 (sbatch --signal=USR1@90, its warning before the time limit or a "
+                  "pre-emption) save the step, stop, and requeue the job with scontrol; the requeued job resumes "
+                  "from that checkpoint (SLURM_RESTART_COUNT > 0 resumes as --resume latest does)");
     sub->add_flag("--debug", c.debug, "Check every collective across ranks and report communication per step");
     sub->add_option("--model-size", c.model_size, "GPT preset: tiny, small, medium, large")->capture_default_str();
     sub->add_option("--data", c.data, "Text file or folder to train on (default: /usr/share/common-licenses)");

@@ -20,6 +20,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -40,6 +41,7 @@
 #include "strata/checkpoint/sharded.h"
 #include "strata/checkpoint/state_dict.h"
 #include "strata/core/error.h"
+#include "strata/core/interrupted.h"
 #include "strata/core/module_hooks.h"
 #include "strata/core/strings.h"
 #include "strata/data/loader.h"
@@ -47,6 +49,7 @@
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
 #include "strata/runtime/env.h"
+#include "strata/runtime/slurm.h"
 #include "strata/runtime/torchelastic.h"
 #include "strata/strategies/placement.h"
 #include "strata/trainer/callbacks.h"
@@ -147,6 +150,17 @@ trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTC
   return h;
 }
 
+// SLURM_RESTART_COUNT: how often SLURM requeued this job (0 when unset).
+int slurm_restart_count() {
+  const char* text = std::getenv("SLURM_RESTART_COUNT");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  STRATA_CHECK(*end == '\0' && value >= 0 && value <= 1000000, ConfigError, "[train] SLURM_RESTART_COUNT='", text,
+               "' is not a count (SLURM sets it when it requeues a job)");
+  return static_cast<int>(value);
+}
+
 // The job in a process that trains (a worker, or the only process): the
 // data, the model, fit, the sample and the closing line on global rank 0.
 void train_here(Trainer& trainer, const TrainConfig& config) {
@@ -165,13 +179,18 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   // Note [Workers of torchrun]: after an elastic restart the group resumes
   // from the newest complete checkpoint without being told, as a run given
   // --resume latest does.
+  // So does a SLURM job that was requeued (--requeue, or by the cluster).
   std::string resume = config.resume;
   const runtime::ElasticRun elastic = runtime::ElasticRun::from_env();
-  if (resume.empty() && elastic.restart_count > 0 && !config.ckpt_dir.empty()) {
+  const int slurm_restarts = slurm_restart_count();
+  if (resume.empty() && (elastic.restart_count > 0 || slurm_restarts > 0) && !config.ckpt_dir.empty()) {
     resume = "latest";
-    if (rank_zero) {
+    if (rank_zero && elastic.restart_count > 0) {
       std::cout << "torchrun restart " << elastic.restart_count << " of " << elastic.max_restarts
                 << ": resuming from the newest complete checkpoint in --ckpt-dir" << std::endl;
+    } else if (rank_zero) {
+      std::cout << "SLURM restart " << slurm_restarts
+                << " of this job: resuming from the newest complete checkpoint in --ckpt-dir" << std::endl;
     }
   }
   std::string resume_path;
@@ -311,6 +330,14 @@ int run_train(const TrainConfig& config) {
     } else {
       train_here(trainer, config);
     }
+  } catch (const Interrupted& e) {
+    // Note [Stopping on a signal]: SLURM's warning; the step is saved, the
+    // job goes back to the queue and resumes from it.
+    if (config.requeue && e.signal() == SIGUSR1 && env.rank == 0) {
+      const runtime::RequeueResult requeued = runtime::slurm_requeue();
+      std::cerr << "strata: --requeue: " << requeued.message << std::endl;
+    }
+    throw;
   } catch (const LaunchError& e) {
     // The workers ran and ended badly: exit as `strata launch` does, with
     // the launcher's status (the rank's code, 128+N for a signal, 124, 130

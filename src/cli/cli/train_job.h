@@ -25,6 +25,10 @@ struct TrainConfig {
   int num_nodes = 1;
   std::string precision = "32-true";
   bool debug = false;
+  /// Under SLURM: on SIGUSR1 (sbatch --signal=USR1@90) the job saves, stops
+  /// and global rank 0 requeues it (scontrol requeue); Note [Stopping on a
+  /// signal].
+  bool requeue = false;
   // fully-sharded training (--strategy fsdp only)
   std::string wrap_policy;  ///< comma-separated module types made FSDP units; "none": only the root; "": Block
   bool activation_checkpointing = false;  ///< recompute every transformer block during backward
