@@ -32,7 +32,10 @@ namespace {
 // two short numbers could otherwise blow up to a billion strings. Parsing
 // only records the ranges; counting multiplies their sizes (saturating);
 // first_host reads the first value of each group. Nothing but
-// expand_nodelist, after the count has passed, allocates per host.
+// expand_nodelist, after the count has passed, allocates per host. A host
+// name has at most 16 bracket groups (SLURM writes one per dimension of
+// its node names, rarely more than three), which bounds the depth of the
+// expansion's recursion.
 
 // One "lo" or "lo-hi" inside brackets; `width` is the digits of lo as
 // written, which SLURM keeps as zero padding.
@@ -50,6 +53,8 @@ struct Piece {
 };
 
 using Entry = std::vector<Piece>;
+
+constexpr size_t kMaxGroups = 16;
 
 // The value as it may appear in a message: at most 96 bytes, anything
 // unprintable as \xNN.
@@ -100,9 +105,13 @@ class Parser {
   Entry entry() {
     Entry pieces;
     const size_t begin = pos_;
+    size_t groups = 0;
     while (pos_ < text_.size() && text_[pos_] != ',') {
       const char c = text_[pos_];
       if (c == '[') {
+        if (++groups > kMaxGroups) {
+          fail(pos_, pos_ + 1, detail::cat("more than ", kMaxGroups, " bracket groups in one host name"));
+        }
         pieces.push_back(group());
       } else if (name_char(c)) {
         Piece piece;
@@ -142,7 +151,8 @@ class Parser {
       }
       if (text_[pos_] != ',') {
         fail(pos_, pos_ + 1,
-             text_[pos_] == '[' ? "a '[' inside brackets" : "a character other than a digit, '-', ',' or ']' in brackets");
+             text_[pos_] == '[' ? "a '[' inside brackets"
+                                : "a character other than a digit, '-', ',' or ']' in brackets");
       }
       ++pos_;
     }
@@ -366,7 +376,8 @@ RequeueResult slurm_requeue(int timeout_s) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(std::max(1, timeout_s));
     bool timed_out = false;
     while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
         timed_out = true;
         break;
@@ -378,7 +389,8 @@ RequeueResult slurm_requeue(int timeout_s) {
       char buf[512];
       const ssize_t n = ::read(pipe_fds[0], buf, sizeof(buf));
       if (n > 0) {
-        if (output.size() < kKeptOutput) output.append(buf, std::min(static_cast<size_t>(n), kKeptOutput - output.size()));
+        const size_t room = kKeptOutput - std::min(kKeptOutput, output.size());
+        output.append(buf, std::min(static_cast<size_t>(n), room));
       } else if (n == 0 || errno != EINTR) {
         break;
       }

@@ -107,6 +107,11 @@ TEST(SlurmNodelistTest, MalformedListsNameTheVariableAndThePart) {
   EXPECT_EQ(error_of(long_list), "[slurm] SLURM_JOB_NODELIST='" + std::string(96, 'a') +
                                      "...' is not a SLURM host list: it is 65537 bytes long, over the 65536-byte "
                                      "limit" + kExpected);
+  std::string deep;
+  for (int i = 0; i < 17; ++i) deep += "a[1]";
+  EXPECT_EQ(error_of(deep), "[slurm] SLURM_JOB_NODELIST='" + deep.substr(0, 96) + "' is not a SLURM host list: more "
+                            "than 16 bracket groups in one host name at '[' (byte 65)" + kExpected);
+  EXPECT_EQ(expand_nodelist(deep.substr(0, 64)).front(), "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1");
   EXPECT_THROW(first_host("a,,b"), strata::ConfigError);
   EXPECT_THROW(count_nodelist("a["), strata::ConfigError);
 }
