@@ -2,7 +2,7 @@
 // gets the variables srun exports (SLURM_PROCID, SLURM_NTASKS, the node
 // list, ...) and none of the launcher variables of the test's own process.
 // For tests of strata under SLURM (runtime/slurm_test.cpp, threads_test.cpp,
-// trainer/slurm_train_test.cpp).
+// runtime/slurm_train_test.cpp).
 #pragma once
 
 #include <fcntl.h>
