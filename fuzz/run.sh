@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the checkpoint fuzz targets (clang, libFuzzer + AddressSanitizer)
-# in their own build folder and runs each on a copy of its seed corpus for
-# a bounded time. Exits non-zero, printing the fuzzer's report and the path
+# Builds the fuzz targets (the checkpoint readers, SLURM's host lists;
+# clang, libFuzzer + AddressSanitizer) in their own build folder and runs
+# each on a copy of its seed corpus for a bounded time. Exits non-zero, printing the fuzzer's report and the path
 # of the crashing input, when any target finds a crash, a leak of an
 # unexpected exception, or a hang; otherwise prints the executions each
 # target ran clean.
@@ -35,7 +35,7 @@ if ! cmake --build "$build" --parallel "$(nproc 2>/dev/null || echo 2)" >"$build
 fi
 status=0
 total=0
-for target in safetensors metadata sharded; do
+for target in safetensors metadata sharded nodelist; do
   work="$(mktemp -d)"
   cp -r "$root/fuzz/corpus/$target/." "$work/"
   log="$build/fuzz_$target.log"

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "strata/core/error.h"
+#include "strata/runtime/slurm.h"
 
 extern char** environ;
 
@@ -190,8 +191,46 @@ Environment from_slurm(const Vars& vars) {
   read_common(vars, env);
   check_consistent(env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID",
                          "SLURM_NNODES"});
-  require_master_addr_when_multinode(vars, env, "SLURM");
+  // Note [MASTER_ADDR under SLURM]
+  // srun says where every task runs but not where rank 0's store listens;
+  // task 0 runs on the first host of the step's node list, so that host
+  // is MASTER_ADDR unless the user set one. The step's list
+  // (SLURM_STEP_NODELIST) comes first: a step on part of the allocation
+  // starts on its own first node; the job's (SLURM_JOB_NODELIST, or the
+  // older SLURM_NODELIST) is the same list for a step over the whole
+  // allocation, and what a hand-written environment sets. A job on one
+  // node keeps 127.0.0.1: every task is on this host.
+  if (env.num_nodes > 1 && !has(vars, kEnvMasterAddr)) {
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (auto list = lookup(vars, name)) {
+        env.master_addr = first_host(*list, name);
+        return env;
+      }
+    }
+  }
+  STRATA_CHECK(env.num_nodes == 1 || has(vars, kEnvMasterAddr), ConfigError, "[env] the SLURM job spans ",
+               env.num_nodes, " nodes but neither SLURM_JOB_NODELIST nor MASTER_ADDR is set; srun sets "
+               "SLURM_JOB_NODELIST, else set MASTER_ADDR to the host name or address of the node that runs rank 0");
   return env;
+}
+
+// Note [SLURM tasks and the batch script]
+// SLURM exports SLURM_PROCID, SLURM_NTASKS and the rest to the job's batch
+// script (and to salloc's shell) as well as to the tasks srun starts; only
+// srun's tasks also get a step id (SLURM_STEP_ID, or SLURM_STEPID in older
+// releases). Taking the batch script for task 0 of SLURM_NTASKS tasks
+// would leave `strata train --devices 2` there waiting for tasks that never
+// start, until the rendezvous times out. So a process without a step id is
+// what it is, a single process: strata starts the workers it asks for
+// itself, on this node (a job over several nodes is refused at once: one
+// process cannot start the other nodes' workers; srun can). A step of one
+// task (`srun -n1`, `srun --pty bash`) is a single process too, which may
+// likewise start workers of its own.
+bool srun_task(const Vars& vars) {
+  if (!has(vars, "SLURM_PROCID")) return false;
+  if (!has(vars, "SLURM_STEP_ID") && !has(vars, "SLURM_STEPID")) return false;
+  auto tasks = lookup(vars, "SLURM_NTASKS");
+  return !tasks || *tasks != "1";
 }
 
 }  // namespace
@@ -202,7 +241,7 @@ Environment Environment::from_map(const Vars& vars) {
     return from_torchrun(vars);
   }
   if (has(vars, "OMPI_COMM_WORLD_RANK") || has(vars, "OMPI_COMM_WORLD_SIZE")) return from_openmpi(vars);
-  if (has(vars, "SLURM_PROCID")) return from_slurm(vars);
+  if (srun_task(vars)) return from_slurm(vars);
   Environment env;
   read_common(vars, env);
   return env;

@@ -79,6 +79,7 @@ void Strategy::setup_environment() {
   env_ = runtime::Environment::from_env();
   runtime::apply_allocator_settings();
   log::set_rank(env_.rank);
+  runtime::apply_worker_threads(env_);  // Note [Threads under other launchers] (process.cpp)
   if (accelerator_->name() == "cpu" && precision_.compute_dtype() == c10::kBFloat16 && !cpu_has_native_bf16()) {
     log::warning("[precision] ", precision_.name(), " on a CPU without native bfloat16 matrix products (x86: "
                  "AVX512-BF16 or AMX): LibTorch multiplies bfloat16 matrices with a generic kernel, 10-60x slower "

@@ -85,6 +85,7 @@ TEST(EnvTest, OpenMpiVariablesAreRead) {
 
 TEST(EnvTest, SlurmVariablesAreReadAndThePortFollowsTheJobId) {
   Environment env = Environment::from_map({{"SLURM_PROCID", "5"},
+                                           {"SLURM_STEP_ID", "0"},
                                            {"SLURM_NTASKS", "6"},
                                            {"SLURM_LOCALID", "2"},
                                            {"SLURM_NODEID", "1"},
@@ -100,15 +101,17 @@ TEST(EnvTest, SlurmVariablesAreReadAndThePortFollowsTheJobId) {
 
 TEST(EnvTest, SlurmTasksPerNodeIsDerivedWhenMissing) {
   Environment env = Environment::from_map(
-      {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"}, {"MASTER_ADDR", "a"}});
+      {{"SLURM_PROCID", "3"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"}, {"MASTER_ADDR", "a"}});
   EXPECT_EQ(env.describe(), "rank 3/4 (local 1/2, node 1/2)");
-  EXPECT_EQ(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_NNODES", "2"}, {"MASTER_ADDR", "a"}}),
+  EXPECT_EQ(error_of({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_NNODES", "2"},
+                      {"MASTER_ADDR", "a"}}),
             "[env] SLURM_NTASKS=5 tasks do not divide evenly over SLURM_NNODES=2 nodes and SLURM_NTASKS_PER_NODE is "
             "not set; run srun with --ntasks-per-node");
 }
 
 TEST(EnvTest, TorchrunNamesWinOverSlurmWhenBothAreSet) {
-  Environment env = Environment::from_map({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  Environment env = Environment::from_map(
+      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"}});
   EXPECT_EQ(env.source, "strata");
   EXPECT_EQ(env.rank, 1);
 }
@@ -121,7 +124,7 @@ TEST(EnvTest, IncompleteSetsNameTheMissingVariable) {
   EXPECT_EQ(error_of({{"OMPI_COMM_WORLD_RANK", "0"}}),
             "[env] OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not; set OMPI_COMM_WORLD_SIZE to the "
             "number of processes (mpirun sets it)");
-  EXPECT_EQ(error_of({{"SLURM_PROCID", "0"}}),
+  EXPECT_EQ(error_of({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}}),
             "[env] SLURM_PROCID is set but SLURM_NTASKS is not; set SLURM_NTASKS to the number of tasks (srun "
             "--ntasks)");
 }
@@ -136,7 +139,8 @@ TEST(EnvTest, MalformedNumbersNameTheVariableAndValue) {
   EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "http"}}),
             "[env] MASTER_PORT='http' is not an integer");
   EXPECT_EQ(error_of({{"STRATA_TIMEOUT", "5s"}}), "[env] STRATA_TIMEOUT='5s' is not an integer");
-  EXPECT_EQ(error_of({{"SLURM_PROCID", " 1"}, {"SLURM_NTASKS", "2"}}), "[env] SLURM_PROCID=' 1' is not an integer");
+  EXPECT_EQ(error_of({{"SLURM_PROCID", " 1"}, {"SLURM_STEPID", "0"}, {"SLURM_NTASKS", "2"}}),
+            "[env] SLURM_PROCID=' 1' is not an integer");
 }
 
 TEST(EnvTest, ContradictoryValuesAreErrors) {
@@ -165,9 +169,76 @@ TEST(EnvTest, MultiNodeMpiAndSlurmJobsNeedMasterAddr) {
                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
             "[env] the Open MPI job spans 2 nodes but MASTER_ADDR is not set; set MASTER_ADDR to the host name or "
             "address of the node that runs rank 0");
-  EXPECT_EQ(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "2"}}),
-            "[env] the SLURM job spans 2 nodes but MASTER_ADDR is not set; set MASTER_ADDR to the host name or "
-            "address of the node that runs rank 0");
+  EXPECT_EQ(error_of({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "2"}}),
+            "[env] the SLURM job spans 2 nodes but neither SLURM_JOB_NODELIST nor MASTER_ADDR is set; srun sets "
+            "SLURM_JOB_NODELIST, else set MASTER_ADDR to the host name or address of the node that runs rank 0");
+}
+
+// What srun gives task `rank` of 2 nodes x 2 tasks (--ntasks-per-node=2).
+Vars srun_task(int rank, const std::string& nodelist) {
+  return {{"SLURM_JOB_ID", "4321"},        {"SLURM_STEP_ID", "0"},
+          {"SLURM_PROCID", std::to_string(rank)}, {"SLURM_NTASKS", "4"},
+          {"SLURM_NNODES", "2"},           {"SLURM_NODEID", std::to_string(rank / 2)},
+          {"SLURM_LOCALID", std::to_string(rank % 2)}, {"SLURM_NTASKS_PER_NODE", "2"},
+          {"SLURM_JOB_NODELIST", nodelist}};
+}
+
+TEST(EnvTest, SlurmMasterAddrIsTheFirstHostOfTheNodeList) {
+  for (int rank = 0; rank < 4; ++rank) {
+    Environment env = Environment::from_map(srun_task(rank, "gpu[07-08,11],login1"));
+    EXPECT_EQ(env.source, "slurm");
+    EXPECT_EQ(env.master_addr, "gpu07") << "rank " << rank;
+    EXPECT_EQ(env.master_port, 15000 + 4321);
+    EXPECT_EQ(env.describe(), "rank " + std::to_string(rank) + "/4 (local " + std::to_string(rank % 2) +
+                                  "/2, node " + std::to_string(rank / 2) + "/2)");
+  }
+  // The user's MASTER_ADDR wins; the step's list comes before the job's;
+  // the older SLURM_NODELIST is read when it is the only one.
+  Vars vars = srun_task(1, "gpu[07-08]");
+  vars["MASTER_ADDR"] = "10.1.2.3";
+  EXPECT_EQ(Environment::from_map(vars).master_addr, "10.1.2.3");
+  vars = srun_task(1, "gpu[07-08]");
+  vars["SLURM_STEP_NODELIST"] = "gpu[08-09]";
+  EXPECT_EQ(Environment::from_map(vars).master_addr, "gpu08");
+  vars = srun_task(1, "x");
+  vars.erase("SLURM_JOB_NODELIST");
+  vars["SLURM_NODELIST"] = "a[003-004]";
+  EXPECT_EQ(Environment::from_map(vars).master_addr, "a003");
+  // One node: every task is here, whatever the list says.
+  Environment one = Environment::from_map({{"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "3"}, {"SLURM_NTASKS", "2"},
+                                           {"SLURM_NNODES", "1"}, {"SLURM_JOB_NODELIST", "gpu01"}});
+  EXPECT_EQ(one.master_addr, "127.0.0.1");
+}
+
+TEST(EnvTest, SlurmMalformedNodeListNamesTheVariable) {
+  EXPECT_EQ(error_of(srun_task(0, "gpu[07-")),
+            "[slurm] SLURM_JOB_NODELIST='gpu[07-' is not a SLURM host list: a '[' that is not closed at '[07-' "
+            "(byte 3); expected host names and bracketed ranges such as node[01-04,07] or a1,b[2-3]");
+  Vars step = srun_task(0, "gpu01");
+  step["SLURM_STEP_NODELIST"] = "gpu 01";
+  EXPECT_EQ(error_of(step),
+            "[slurm] SLURM_STEP_NODELIST='gpu 01' is not a SLURM host list: a character that no host name holds "
+            "(letters, digits, '-', '.', '_') at ' ' (byte 3); expected host names and bracketed ranges such as "
+            "node[01-04,07] or a1,b[2-3]");
+}
+
+// Note [SLURM tasks and the batch script]: without a step id this is the
+// batch script (or salloc's shell), one process; a step of one task is one
+// process too. Either may start workers of its own.
+TEST(EnvTest, SlurmBatchScriptAndOneTaskStepsAreSingleProcesses) {
+  Vars batch = srun_task(0, "gpu[01-02]");
+  batch.erase("SLURM_STEP_ID");
+  Environment env = Environment::from_map(batch);
+  EXPECT_EQ(env.source, "none");
+  EXPECT_FALSE(env.launched());
+  EXPECT_EQ(env.world_size, 1);
+  Environment one = Environment::from_map(
+      {{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "gpu01"}});
+  EXPECT_FALSE(one.launched());
+  Vars old = srun_task(3, "gpu[01-02]");
+  old.erase("SLURM_STEP_ID");
+  old["SLURM_STEPID"] = "0";
+  EXPECT_EQ(Environment::from_map(old).describe(), "rank 3/4 (local 1/2, node 1/2)");
 }
 
 TEST(EnvTest, FromEnvReadsTheProcessEnvironment) {

@@ -18,9 +18,34 @@ int usable_cores();
 /// Note [Threads per worker]: the intra-op threads of each of
 /// `local_workers` workers sharing `cores` cores: cores / local_workers,
 /// at least 1. strata's launcher exports it to its workers as
-/// OMP_NUM_THREADS unless the user set OMP_NUM_THREADS; the library itself
-/// never changes a process's thread count.
+/// OMP_NUM_THREADS unless the user set OMP_NUM_THREADS; a worker that
+/// another launcher started applies the same split itself
+/// (apply_worker_threads).
 int threads_per_worker(int cores, int local_workers);
+
+/// What apply_worker_threads decides for a worker (Note [Threads under
+/// other launchers] in process.cpp).
+struct ThreadChoice {
+  int threads = 0;      ///< intra-op threads to set (0: leave LibTorch's as they are)
+  std::string message;  ///< the line to log ("": nothing to say)
+};
+
+/// The decision alone, from its inputs: `omp_num_threads` is
+/// OMP_NUM_THREADS (nullptr: unset), `cpus_per_task` SLURM_CPUS_PER_TASK
+/// (nullptr: unset), `torchrun` whether torchrun started the process
+/// (TORCHELASTIC_RUN_ID is set), `cores` the usable cores. Throws
+/// ConfigError naming SLURM_CPUS_PER_TASK when it is not a positive count.
+ThreadChoice choose_worker_threads(const Environment& env, const char* omp_num_threads, const char* cpus_per_task,
+                                   bool torchrun, int cores);
+
+/// At the start of a worker of a multi-process job (Strategy::
+/// setup_environment): when a launcher other than strata's started it
+/// (torchrun, srun, mpirun) and the user did not set OMP_NUM_THREADS, sets
+/// LibTorch's intra-op threads to the usable cores / the workers on this
+/// host (SLURM_CPUS_PER_TASK, when set, instead), and logs one line per
+/// host saying what it chose and why. Nothing for a single process or
+/// under strata's own launcher, which exports OMP_NUM_THREADS itself.
+void apply_worker_threads(const Environment& env);
 
 /// Note [Allocator settings]: a training worker's glibc keeps freed memory
 /// (no trim, large mmap threshold); with STRATA_HEAP=lean it hands freed
