@@ -152,7 +152,9 @@ run_step(${clean_env} ${CMAKE_COMMAND} -S ${project} -B ${work}/build
          -DCMAKE_PREFIX_PATH=${moved} -DTorch_DIR=${STRATA_TORCH_DIR} -DCMAKE_BUILD_TYPE=Release)
 run_step(${CMAKE_COMMAND} --build ${work}/build)
 file(MAKE_DIRECTORY ${work}/run)
-execute_process(COMMAND ${clean_env} ${work}/build/my_trainer WORKING_DIRECTORY ${work}/run
+# One thread per worker here and under torchrun below, so both runs do the
+# same arithmetic (a matmul's last bits depend on its thread count).
+execute_process(COMMAND ${clean_env} OMP_NUM_THREADS=1 ${work}/build/my_trainer WORKING_DIRECTORY ${work}/run
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "final loss ([0-9.e+-]+)" OR NOT EXISTS ${work}/run/ckpt/final/metadata.json)
   message(FATAL_ERROR "the README's program did not train on 2 workers (${rc}):\n${out}\n${err}")
@@ -161,6 +163,30 @@ if(NOT CMAKE_MATCH_1 LESS 0.5)
   message(FATAL_ERROR "the README's program did not fit its data (final loss ${CMAKE_MATCH_1}):\n${out}")
 endif()
 message(STATUS "the README's program, built against the moved install: ${out}")
+set(own_launch_loss ${CMAKE_MATCH_1})
+
+# The same program under torchrun (docs/launcher.md, "torchrun and
+# TorchElastic"): the agent starts the 2 workers, which join its store and
+# each print rank 0's result, the one the program printed above.
+if(STRATA_TEST_PYTHON)
+  get_filename_component(venv_bin ${STRATA_TEST_PYTHON} DIRECTORY)
+  if(EXISTS ${venv_bin}/torchrun)
+    file(MAKE_DIRECTORY ${work}/torchrun)
+    string(RANDOM LENGTH 4 ALPHABET 0123456789 port_tail)
+    math(EXPR port "20000 + ${port_tail}")
+    execute_process(COMMAND ${clean_env} OMP_NUM_THREADS=1 ${venv_bin}/torchrun --nproc-per-node 2 --master-port ${port}
+                            --no-python ${work}/build/my_trainer
+                    WORKING_DIRECTORY ${work}/torchrun RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0 OR NOT out MATCHES "final loss ([0-9.e+-]+)")
+      message(FATAL_ERROR "the README's program under torchrun failed (${rc}):\n${out}\n${err}")
+    endif()
+    if(NOT CMAKE_MATCH_1 STREQUAL own_launch_loss)
+      message(FATAL_ERROR "the README's program under torchrun ended with final loss ${CMAKE_MATCH_1}, under its own "
+                          "launch with ${own_launch_loss}:\n${out}")
+    endif()
+    message(STATUS "the README's program under torchrun: ${out}")
+  endif()
+endif()
 
 # ---- the installed tool --------------------------------------------------------
 run_failing_step(${clean_env} STRATA_PYTHON=${work}/no-such-python ${moved}/bin/strata --version)
