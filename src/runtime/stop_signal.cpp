@@ -42,7 +42,7 @@ long long now_ns() {
   return static_cast<long long>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-extern "C" void on_stop_signal(int sig) {
+extern "C" void strata_on_stop_signal(int sig) {
   const int saved = errno;
   if (sig == SIGUSR1) {
     int none = 0;
@@ -75,7 +75,7 @@ StopSignalScope::StopSignalScope() {
   std::lock_guard<std::mutex> lock(g_scope_mutex);
   if (g_scopes++ > 0) return;
   struct sigaction action {};
-  action.sa_handler = on_stop_signal;
+  action.sa_handler = strata_on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   for (size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &action, &g_previous[i]);
