@@ -80,14 +80,16 @@ class Fabric {
         return nullptr;
       });
     } else {
-      // A worker returns fn's own value; the launching process rank 0's,
-      // through JSON (Note [One launch protocol]).
+      // A worker returns fn's own value (also one an outside launcher such
+      // as torchrun or srun started, which runs in place); the launching
+      // process rank 0's, through JSON (Note [One launch protocol]).
       // Ranks run as threads (Note [Ranks as threads]) keep rank 0's.
       std::optional<Result> value;
       nlohmann::json result = run_launch([&]() -> nlohmann::json {
         Result mine = fn(*this);
+        const bool keep = is_global_zero() || !placement_.thread_ranks();
+        if (keep) value.emplace(std::move(mine));
         if (!is_global_zero()) return nullptr;
-        value.emplace(std::move(mine));
         return nlohmann::json(*value);
       });
       if (value) return std::move(*value);
