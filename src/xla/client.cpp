@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "key_value.h"
 #include "pjrt_c_api.h"
 #include "plugin_call.h"
 
@@ -16,6 +17,7 @@ namespace detail {
 struct ClientHandle {
   std::shared_ptr<const Plugin> plugin;
   capi::PJRT_Client* client = nullptr;
+  std::shared_ptr<KeyValueStore> store;  // a multi-process client's; destroyed after the client
 
   ~ClientHandle() {
     if (client == nullptr || !plugin->has(&capi::PJRT_Api::PJRT_Client_Destroy)) return;
@@ -77,6 +79,12 @@ Device describe(const Plugin& plugin, capi::PJRT_Device* handle) {
 }
 
 }  // namespace
+
+bool supports_multi_process(std::string_view kind) {
+  const std::vector<std::string>& accepted = accepted_create_options(kind);
+  return std::find(accepted.begin(), accepted.end(), "num_nodes") != accepted.end() &&
+         std::find(accepted.begin(), accepted.end(), "node_id") != accepted.end();
+}
 
 const std::vector<std::string>& accepted_create_options(std::string_view kind) {
   if (kind == "cpu") return kCpuOptions;
@@ -331,12 +339,29 @@ std::vector<std::vector<Buffer>> LoadedExecutable::execute(
 Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions& options) {
   STRATA_CHECK(plugin != nullptr, ConfigError, "[pjrt] Client::create needs a loaded plugin");
   Client client;
-  const std::vector<std::string>& accepted = accepted_create_options(plugin_kind(plugin->path()));
+  const std::string kind = plugin_kind(plugin->path());
+  const std::vector<std::string>& accepted = accepted_create_options(kind);
   for (const NamedValue& option : options.create_options) {
+    STRATA_CHECK(option.name != "node_id" && option.name != "num_nodes", ConfigError, "[pjrt] create option '",
+                 option.name, "': set ClientOptions::multi_process instead, which also gives the processes their store");
     if (std::find(accepted.begin(), accepted.end(), option.name) != accepted.end())
       client.sent_.push_back(option);
     else
       client.dropped_.push_back(option.name);
+  }
+  // Note [Multi-process clients] (key_value.cpp)
+  STRATA_CHECK(options.num_nodes >= 1 && options.node_id >= 0 && options.node_id < options.num_nodes, ConfigError,
+               "[pjrt] node_id ", options.node_id, " of num_nodes ", options.num_nodes,
+               ": need 0 <= node_id < num_nodes");
+  if (options.num_nodes > 1) {
+    STRATA_CHECK(supports_multi_process(kind), ConfigError, "[pjrt] the ", kind.empty() ? "unknown" : kind,
+                 " plugin (", plugin->path(), ") makes one-process clients only, so it cannot span ",
+                 options.num_nodes, " processes; run one process that drives several devices instead",
+                 kind == "cpu" ? " (cpu_device_count=N)" : "");
+    STRATA_CHECK(options.store != nullptr, ConfigError, "[pjrt] a client of ", options.num_nodes,
+                 " processes needs a key-value store that all of them reach (ClientOptions::multi_process)");
+    client.sent_.push_back({"node_id", static_cast<int64_t>(options.node_id)});
+    client.sent_.push_back({"num_nodes", static_cast<int64_t>(options.num_nodes)});
   }
   std::vector<capi::PJRT_NamedValue> values;
   for (const NamedValue& option : client.sent_) {
@@ -370,10 +395,12 @@ Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions&
   auto args = capi::make_args<capi::PJRT_Client_Create_Args>();
   args.create_options = values.data();
   args.num_options = values.size();
+  if (options.num_nodes > 1) attach_store(args, options.store.get());
   plugin->call(&PJRT_Api::PJRT_Client_Create, args, "PJRT_Client_Create");
   client.client_ = std::make_shared<detail::ClientHandle>();
   client.client_->plugin = std::move(plugin);
   client.client_->client = args.client;
+  if (options.num_nodes > 1) client.client_->store = options.store;
   return client;
 }
 

@@ -170,17 +170,68 @@ using PJRT_Event_Await_Args = PJRT_Event_Destroy_Args;
 
 // ---- client ----------------------------------------------------------------------
 
+/// Makes the PJRT_Error a key-value callback returns (the plugin passes it).
+using PJRT_CallbackError = PJRT_Error* (*)(PJRT_Error_Code code, const char* message, size_t message_size);
+using PJRT_KeyValueValueDeleter = void (*)(char* value);
+
+/// A multi-process client's store, called by the plugin (Note [Multi-process
+/// clients] in client.cpp). Get waits up to timeout_in_ms; TryGet answers
+/// NOT_FOUND at once; both hand out a value the plugin frees through
+/// value_deleter_callback.
+struct PJRT_KeyValueGetCallback_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* key;
+  size_t key_size;
+  int timeout_in_ms;
+  PJRT_CallbackError* callback_error;
+  void* user_arg;
+  char* value;        // out
+  size_t value_size;  // out
+  PJRT_KeyValueValueDeleter value_deleter_callback;  // out
+};
+STRATA_PJRT_STRUCT(PJRT_KeyValueGetCallback_Args, value_deleter_callback);
+
+struct PJRT_KeyValueTryGetCallback_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* key;
+  size_t key_size;
+  PJRT_CallbackError* callback_error;
+  void* user_arg;
+  char* value;        // out
+  size_t value_size;  // out
+  PJRT_KeyValueValueDeleter value_deleter_callback;  // out
+};
+STRATA_PJRT_STRUCT(PJRT_KeyValueTryGetCallback_Args, value_deleter_callback);
+
+struct PJRT_KeyValuePutCallback_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* key;
+  size_t key_size;
+  const char* value;  // lives for the call only
+  size_t value_size;
+  PJRT_CallbackError* callback_error;
+  void* user_arg;
+};
+STRATA_PJRT_STRUCT(PJRT_KeyValuePutCallback_Args, user_arg);
+
+using PJRT_KeyValueGetCallback = PJRT_Error* (*)(PJRT_KeyValueGetCallback_Args* args);
+using PJRT_KeyValueTryGetCallback = PJRT_Error* (*)(PJRT_KeyValueTryGetCallback_Args* args);
+using PJRT_KeyValuePutCallback = PJRT_Error* (*)(PJRT_KeyValuePutCallback_Args* args);
+
 struct PJRT_Client_Create_Args {
   size_t struct_size;
   PJRT_Extension_Base* extension_start;
   const PJRT_NamedValue* create_options;
   size_t num_options;
-  void* kv_get_callback;  // PJRT_KeyValueGetCallback (unused so far)
+  PJRT_KeyValueGetCallback kv_get_callback;
   void* kv_get_user_arg;
-  void* kv_put_callback;  // PJRT_KeyValuePutCallback (unused so far)
+  PJRT_KeyValuePutCallback kv_put_callback;
   void* kv_put_user_arg;
   PJRT_Client* client;  // out
-  void* kv_try_get_callback;
+  PJRT_KeyValueTryGetCallback kv_try_get_callback;
   void* kv_try_get_user_arg;
 };
 STRATA_PJRT_STRUCT(PJRT_Client_Create_Args, kv_try_get_user_arg);

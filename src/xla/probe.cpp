@@ -1,6 +1,7 @@
 // The probe behind `strata xla-probe` (include/strata/xla/probe.h).
 #include "strata/xla/probe.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -183,42 +184,65 @@ ProbeReport run_probe(const ProbeOptions& options) {
   start = Clock::now();
   ClientOptions client_options;
   client_options.create_options = options.create_options;
+  if (options.num_nodes > 1)
+    client_options.multi_process(options.node_id, options.num_nodes, directory_store(options.kv_dir));
   Client client = Client::create(plugin, client_options);
   report.client_seconds = seconds_since(start);
+  report.node_id = options.node_id;
+  report.num_nodes = options.num_nodes;
+  report.process_index = client.process_index();
   report.sent_options = client.sent_options();
   report.dropped_options = client.dropped_options();
   report.platform_name = client.platform_name();
   report.platform_version = client.platform_version();
-  for (const Device& d : client.devices())
-    report.devices.push_back({d.id, d.process_index, d.kind, d.description});
+  std::vector<Device> all = client.devices();
+  for (const Device& d : all) report.devices.push_back({d.id, d.process_index, d.kind, d.description});
   const std::vector<Device> local = client.addressable_devices();
   report.addressable_devices = static_cast<int>(local.size());
+  // Replica r runs on pool[r]: this process's devices in a one-process
+  // client; every process's, by process then id, in a multi-process one,
+  // where each process feeds and checks only the replicas on its devices.
+  std::vector<Device> pool = local;
+  if (options.num_nodes > 1) {
+    pool = all;
+    std::stable_sort(pool.begin(), pool.end(), [](const Device& a, const Device& b) {
+      return a.process_index != b.process_index ? a.process_index < b.process_index : a.id < b.id;
+    });
+  }
 
   for (ProbeCase& c : probe_cases()) {
-    if (static_cast<int>(local.size()) < c.replicas) {
-      c.skipped =
-          strata::detail::cat("needs ", c.replicas, " addressable devices, the plugin has ", local.size());
+    if (static_cast<int>(pool.size()) < c.replicas) {
+      c.skipped = strata::detail::cat("needs ", c.replicas, " devices, the client has ", pool.size());
       report.cases.push_back(std::move(c));
       continue;
     }
     try {
       CompileOptions compile;
       compile.num_replicas = c.replicas;
-      for (int r = 0; r < c.replicas; ++r)
-        compile.device_assignment.push_back({local[static_cast<size_t>(r)].id});
+      std::vector<size_t> here;  // the replicas this process runs
+      for (int r = 0; r < c.replicas; ++r) {
+        compile.device_assignment.push_back({pool[static_cast<size_t>(r)].id});
+        if (pool[static_cast<size_t>(r)].process_index == report.process_index) here.push_back(static_cast<size_t>(r));
+      }
+      if (here.empty()) {
+        c.skipped = "no replica of this case runs on this process's devices";
+        report.cases.push_back(std::move(c));
+        continue;
+      }
       auto t = Clock::now();
       LoadedExecutable exe = client.compile(c.module, compile);
       c.compile_seconds = seconds_since(t);
       t = Clock::now();
-      std::vector<std::vector<Buffer>> inputs(static_cast<size_t>(c.replicas));
-      std::vector<std::vector<const Buffer*>> arguments(static_cast<size_t>(c.replicas));
-      for (size_t r = 0; r < inputs.size(); ++r) {
+      std::vector<std::vector<Buffer>> inputs(here.size());
+      std::vector<std::vector<const Buffer*>> arguments(here.size());
+      for (size_t h = 0; h < here.size(); ++h) {
+        const size_t r = here[h];
         for (size_t a = 0; a < c.input_dims.size(); ++a) {
           const std::vector<float>& values = c.inputs[r][a];
-          inputs[r].push_back(client.buffer_from_host(values.data(), values.size() * sizeof(float),
-                                                      ElementType::kF32, c.input_dims[a], local[r]));
+          inputs[h].push_back(client.buffer_from_host(values.data(), values.size() * sizeof(float),
+                                                      ElementType::kF32, c.input_dims[a], pool[r]));
         }
-        for (const Buffer& b : inputs[r]) arguments[r].push_back(&b);
+        for (const Buffer& b : inputs[h]) arguments[h].push_back(&b);
       }
       std::vector<std::vector<Buffer>> outputs = exe.execute(arguments);
       for (auto& replica : outputs) {
@@ -228,7 +252,9 @@ ProbeReport run_probe(const ProbeOptions& options) {
         c.outputs.push_back(std::move(values));
       }
       c.run_seconds = seconds_since(t);
-      c.expected = options.reference(c);
+      const std::vector<std::vector<float>> expected = options.reference(c);
+      for (size_t r : here) c.expected.push_back(r < expected.size() ? expected[r] : std::vector<float>());
+      c.replicas_here = here;
       c.passed = c.expected.size() == c.outputs.size();
       for (size_t r = 0; c.passed && r < c.outputs.size(); ++r) {
         if (c.outputs[r].size() != c.expected[r].size()) {
@@ -273,6 +299,8 @@ std::string ProbeReport::json() const {
               }) +
          ",\n";
   out += "  \"addressable_devices\": " + std::to_string(addressable_devices) + ",\n";
+  out += "  \"node_id\": " + std::to_string(node_id) + ", \"num_nodes\": " + std::to_string(num_nodes) +
+         ", \"process_index\": " + std::to_string(process_index) + ",\n";
   out += "  \"reference\": " + quote(reference_name) + ",\n";
   out += "  \"load_seconds\": " + number(load_seconds) + ",\n";
   out += "  \"client_seconds\": " + number(client_seconds) + ",\n";
@@ -290,7 +318,8 @@ std::string ProbeReport::json() const {
       out += ", \"error\": " + quote(c.error) + "}";
       continue;
     }
-    out += ", \"max_abs_diff\": " + number(c.max_abs_diff) +
+    out += ", \"replicas_here\": " + list(c.replicas_here, [](size_t r) { return std::to_string(r); }) +
+           ", \"max_abs_diff\": " + number(c.max_abs_diff) +
            ", \"compile_seconds\": " + number(c.compile_seconds) +
            ", \"run_seconds\": " + number(c.run_seconds) +
            ", \"output_dims\": " + list(c.output_dims, [](int64_t d) { return std::to_string(d); }) +

@@ -1,6 +1,10 @@
 // strata's PJRT runtime on a real plugin: XLA's CPU plugin from the pinned
 // lammps-jax-pjrt-cpu wheel (skipped, saying so, when it is not installed).
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
 
 #include "strata/xla/client.h"
 #include "support/errors.h"
@@ -116,6 +120,51 @@ TEST_F(RuntimeTest, ExecutableOutputsOutliveTheClientObject) {
   }
   ASSERT_EQ(outputs.size(), 1u);
   EXPECT_TRUE(at::equal(to_tensor(outputs[0][0]), at::tensor({9.f, 16.f})));
+}
+
+// Note [Multi-process clients]: the CPU plugin makes one-process clients
+// only, so asking it for two processes is refused before the plugin is
+// called, saying what to do instead; node ids never go in as raw options.
+TEST_F(RuntimeTest, AClientOfSeveralProcessesNeedsAPluginThatSpansThem) {
+  EXPECT_FALSE(xla::supports_multi_process("cpu"));
+  EXPECT_TRUE(xla::supports_multi_process("cuda"));
+  const auto dir = std::filesystem::temp_directory_path() / ("strata-kv-" + std::to_string(::getpid()));
+  std::string message = error_message<ConfigError>(
+      [&] { Client::create(plugin_, ClientOptions().multi_process(1, 2, xla::directory_store(dir.string()))); });
+  EXPECT_NE(message.find("makes one-process clients only, so it cannot span 2 processes"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("cpu_device_count=N"), std::string::npos) << message;
+  message = error_message<ConfigError>(
+      [&] { Client::create(plugin_, ClientOptions().with_create_option("num_nodes", int64_t{2})); });
+  EXPECT_NE(message.find("set ClientOptions::multi_process instead"), std::string::npos) << message;
+  message = error_message<ConfigError>([&] { Client::create(plugin_, ClientOptions().multi_process(2, 2, nullptr)); });
+  EXPECT_NE(message.find("node_id 2 of num_nodes 2"), std::string::npos) << message;
+  std::filesystem::remove_all(dir);
+}
+
+// The probe's store: a value set by one process is read by another, a get
+// waits for a key set later, a key never set is nullopt after the timeout,
+// and keys with the plugins' slashes and colons are file-safe.
+TEST(DirectoryStoreTest, SetsGetsWaitsAndTimesOut) {
+  const auto dir = std::filesystem::temp_directory_path() / ("strata-kv-test-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto store = xla::directory_store(dir.string());
+  const std::string key = "gpu:local_topology/cuda/0";
+  store->set(key, std::string("topology\0bytes", 14));
+  EXPECT_EQ(xla::directory_store(dir.string())->get(key, std::chrono::milliseconds(0)),
+            std::string("topology\0bytes", 14));
+  EXPECT_EQ(store->get("never/set", std::chrono::milliseconds(30)), std::nullopt);
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    store->set("gpu:global_topology/cuda", "all");
+  });
+  EXPECT_EQ(store->get("gpu:global_topology/cuda", std::chrono::seconds(10)), "all");
+  later.join();
+  store->set(key, "overwritten");
+  EXPECT_EQ(store->get(key, std::chrono::milliseconds(0)), "overwritten");
+  EXPECT_NE(error_message<ConfigError>([&] { store->set(std::string(200, 'k'), "v"); }).find("too large"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

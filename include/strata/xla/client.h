@@ -8,8 +8,10 @@
 // and code. Nothing here depends on LibTorch.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +35,26 @@ namespace detail {
 struct ClientHandle;  // the PJRT_Client and its plugin, shared
 }
 
+/// The store through which the processes of one multi-process client find
+/// each other (Note [Multi-process clients] in client.cpp): the plugin
+/// writes each process's devices under its own keys and reads the others'.
+/// Implementations are thread-safe; keys are the plugin's, prefixed by
+/// nothing, so one store serves one client per job.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  /// The value of `key`, waiting up to `timeout` for another process to
+  /// set it; nullopt when nobody did in time.
+  virtual std::optional<std::string> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+};
+
+/// A KeyValueStore of files in `dir`, which every process of the job can
+/// reach (a shared or local folder): one file per key, written whole and
+/// renamed into place. The probe's and the tests' store; strata's workers
+/// use the rendezvous store instead.
+std::shared_ptr<KeyValueStore> directory_store(std::string dir);
+
 /// Options for Client::create.
 struct ClientOptions {
   /// Named options for PJRT_Client_Create (cpu_device_count,
@@ -45,7 +67,26 @@ struct ClientOptions {
     create_options.push_back({std::move(name), std::move(value)});
     return *this;
   }
+
+  /// One process of a client that spans `num_nodes` processes (one per
+  /// node or per device), this one being `node_id`; `store` is shared by
+  /// them all. num_nodes == 1 is a one-process client and needs no store.
+  int node_id = 0;
+  int num_nodes = 1;
+  std::shared_ptr<KeyValueStore> store;
+
+  ClientOptions& multi_process(int node, int nodes, std::shared_ptr<KeyValueStore> kv) {
+    node_id = node;
+    num_nodes = nodes;
+    store = std::move(kv);
+    return *this;
+  }
 };
+
+/// Whether a plugin of `kind` can make a client spanning several processes
+/// (its create options include node_id and num_nodes): "cuda" and "rocm"
+/// can, XLA's CPU plugin cannot.
+bool supports_multi_process(std::string_view kind);
 
 /// Parses "NAME=VALUE" from a command line: VALUE true/false is a bool,
 /// an integer is an int64, a number with '.' or 'e' a float, anything else
@@ -127,9 +168,11 @@ class LoadedExecutable {
   size_t num_outputs() const;
 
   /// Runs the program once on each of `arguments.size()` devices (the
-  /// devices of the compile options' assignment, in replica order):
-  /// `arguments[d]` are device d's inputs, already on device d. Waits for
-  /// every device and returns outputs[d][i].
+  /// devices of the compile options' assignment that this process
+  /// addresses, in replica order): `arguments[d]` are device d's inputs,
+  /// already on device d. Waits for every device and returns
+  /// outputs[d][i]. In a multi-process client each process passes only its
+  /// own devices' lists (Note [Multi-process clients] in key_value.cpp).
   std::vector<std::vector<Buffer>> execute(const std::vector<std::vector<const Buffer*>>& arguments) const;
 
  private:

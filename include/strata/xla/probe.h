@@ -26,6 +26,7 @@ struct ProbeCase {
   /// replica, and how they compare.
   std::vector<std::vector<float>> outputs;
   std::vector<std::vector<float>> expected;
+  std::vector<size_t> replicas_here;  ///< the replicas outputs[] and expected[] are of
   double max_abs_diff = 0;
   bool passed = false;
   std::string skipped;  ///< why the case did not run; empty when it ran
@@ -48,6 +49,11 @@ struct ProbeOptions {
   std::string reference_name = "loops";    ///< named in the JSON
   ProbeReference reference = loop_reference;
   double tolerance = 1e-5;  ///< max |out - expected| / (1 + |expected|)
+  /// A multi-process client (Note [Multi-process clients]): this process
+  /// is node_id of num_nodes, and they meet through files in kv_dir.
+  int node_id = 0;
+  int num_nodes = 1;
+  std::string kv_dir;
 };
 
 struct ProbeReport {
@@ -61,6 +67,7 @@ struct ProbeReport {
   };
   std::vector<DeviceInfo> devices;
   int addressable_devices = 0;
+  int node_id = 0, num_nodes = 1, process_index = 0;
   std::vector<ProbeCase> cases;
   double load_seconds = 0, client_seconds = 0;
 
