@@ -2,6 +2,7 @@
 // batched matrix products, cat, triu, arange, masked_fill_, index_select
 // (embedding lookups) and embedding_dense_backward (Note [What is lowered]
 // in lowerings.cpp).
+#include <ATen/ExpandUtils.h>  // at::infer_size (not reached through ops/ in every LibTorch)
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/embedding_dense_backward.h>
