@@ -1,8 +1,9 @@
 // On a GPU: placement (cuda:LOCAL_RANK made current, devices=-1, the
 // refusal of too many GPUs), the GPU generator's state in activation
-// checkpointing and in the Trainer's checkpoint, and the device loader's
-// copies ordered before the consumer's stream. Tests that need a GPU skip
-// where none is visible; the CPU checkpoint's entries are checked anywhere.
+// checkpointing and in the Trainer's checkpoint, the device loader's copies
+// ordered before the consumer's stream, and strata::optim's fused
+// optimizers against torch::optim's loop. Tests that need a GPU skip where
+// none is visible; the CPU checkpoint's entries are checked anywhere.
 #include <gtest/gtest.h>
 
 #include <c10/core/StreamGuard.h>
@@ -19,6 +20,7 @@
 #include "strata/data/device_loader.h"
 #include "strata/data/loader.h"
 #include "strata/fabric/fabric.h"
+#include "strata/optim/fused.h"
 #include "strata/strategies/accelerator.h"
 #include "strata/strategies/recompute.h"
 #include "strata/trainer/trainer.h"
@@ -167,6 +169,47 @@ TEST(CudaDeviceLoaderTest, BatchesArriveOnTheGpuInOrderOnAnyConsumerStream) {
       index += 2;
     }
     EXPECT_EQ(index, 24);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// strata::optim's fused optimizers on the GPU (ATen's CUDA fused kernels)
+// train as torch::optim's loop does, to rounding (Note [Fused against the
+// loop]); bf16 and fp32 parameters in one optimizer take one call each.
+TEST(CudaFusedOptimizerTest, FusedAdamWAndSgdOnTheGpuMatchTheLoop) {
+  STRATA_REQUIRE_GPU();
+  const c10::Device gpu(c10::kCUDA, 0);
+  for (const bool sgd : {false, true}) {
+    torch::manual_seed(11);
+    at::Tensor w = torch::randn({256, 64}, at::device(gpu)).requires_grad_();
+    at::Tensor h = torch::randn({64}, at::device(gpu)).to(at::kBFloat16).requires_grad_();
+    at::Tensor rw = w.detach().clone().requires_grad_(), rh = h.detach().clone().requires_grad_();
+    std::unique_ptr<torch::optim::Optimizer> fused, loop;
+    if (sgd) {
+      const auto o = torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3);
+      fused = std::make_unique<strata::optim::SGD>(std::vector<at::Tensor>{w, h}, o);
+      loop = std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{rw, rh}, o);
+    } else {
+      const auto o = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+      fused = std::make_unique<strata::optim::AdamW>(std::vector<at::Tensor>{w, h}, o);
+      loop = std::make_unique<torch::optim::AdamW>(std::vector<at::Tensor>{rw, rh}, o);
+    }
+    const at::Tensor x = torch::randn({32, 256}, at::device(gpu));
+    for (int step = 0; step < 20; ++step) {
+      fused->zero_grad();
+      loop->zero_grad();
+      (at::tanh(x.matmul(w)) * h.to(at::kFloat)).pow(2).mean().backward();
+      (at::tanh(x.matmul(rw)) * rh.to(at::kFloat)).pow(2).mean().backward();
+      fused->step();
+      loop->step();
+    }
+    const double scale = rw.abs().max().item<double>();
+    EXPECT_LT((w - rw).abs().max().item<double>(), 1e-5 * scale) << (sgd ? "sgd" : "adamw");
+    EXPECT_LE((h.to(at::kFloat) - rh.to(at::kFloat)).abs().max().item<double>(), 2e-2) << (sgd ? "sgd" : "adamw");
+    EXPECT_EQ(w.device(), gpu);
   }
 }
 

@@ -1,0 +1,70 @@
+// Fused optimizers for LibTorch's C++ frontend: AdamW, Adam and SGD whose
+// step is one ATen fused kernel per (device, dtype) group of parameters
+// (_fused_adamw_, _fused_adam_, _fused_sgd_: the kernels behind PyTorch's
+// `fused=True`) instead of a loop of several passes per parameter.
+//
+// Each one is a torch::optim optimizer of the same name underneath: the
+// same options, param groups, state objects and serialization, so that
+//  - a checkpoint saved with one loads into the other (torch::serialize,
+//    strata's checkpoint files, Lightning's optimizer_states);
+//  - strata's strategies, Fabric and the Trainer take them wherever they
+//    take the torch::optim ones;
+//  - parameters the fused kernels do not serve (the xla device, sparse
+//    gradients) take the torch::optim step instead, counted in
+//    loop_steps().
+//
+//   auto opt = std::make_shared<strata::optim::AdamW>(
+//       model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
+//
+// Results equal torch::optim's to rounding, not bit for bit: the fused
+// kernel evaluates the same update in another order (Note [Fused against
+// the loop] in src/optim/fused.cpp says how close, and why).
+#pragma once
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdint>
+
+namespace strata::optim {
+
+/// torch::optim::AdamW (decoupled weight decay) on _fused_adamw_.
+class AdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  /// Steps (of any group) that fell back to torch::optim's loop.
+  int64_t loop_steps() const { return loop_steps_; }
+
+ private:
+  int64_t loop_steps_ = 0;
+};
+
+/// torch::optim::Adam (L2 weight decay added to the gradient) on _fused_adam_.
+class Adam : public torch::optim::Adam {
+ public:
+  using torch::optim::Adam::Adam;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  int64_t loop_steps() const { return loop_steps_; }
+
+ private:
+  int64_t loop_steps_ = 0;
+};
+
+/// torch::optim::SGD (momentum, dampening, Nesterov, weight decay) on
+/// _fused_sgd_.
+class SGD : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  int64_t loop_steps() const { return loop_steps_; }
+
+ private:
+  int64_t loop_steps_ = 0;
+};
+
+/// Whether `optimizer` is one of the fused ones above.
+bool is_fused(const torch::optim::Optimizer& optimizer);
+
+}  // namespace strata::optim
