@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "strata/core/error.h"
+#include "strata/optim/fused.h"
 #include "strata/trainer/trainer.h"
 
 namespace strata::cli {
@@ -24,13 +25,14 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-GPTJob::GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay)
-    : model_size_(std::move(model_size)), lr_(lr), weight_decay_(weight_decay) {
+GPTJob::GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay,
+               std::string optimizer)
+    : model_size_(std::move(model_size)), lr_(lr), weight_decay_(weight_decay), optimizer_(std::move(optimizer)) {
   gpt = register_module("model", models::GPT(config));
 }
 
 std::shared_ptr<TrainModule> GPTJob::replica() const {
-  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_);
+  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_, optimizer_);
 }
 
 at::Tensor GPTJob::training_step(const data::Batch& batch, int64_t) {
@@ -58,8 +60,9 @@ at::Tensor GPTJob::validation_step(const data::Batch& batch, int64_t) {
 }
 
 OptimizerConfig GPTJob::configure_optimizers() {
-  return OptimizerConfig(std::make_shared<torch::optim::AdamW>(
-      parameters(), torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_)));
+  const auto options = torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_);
+  if (optimizer_ == "adamw") return OptimizerConfig(std::make_shared<torch::optim::AdamW>(parameters(), options));
+  return OptimizerConfig(std::make_shared<optim::AdamW>(parameters(), options));
 }
 
 // The whole configuration travels with the checkpoint, so a reader (strata

@@ -68,6 +68,16 @@ Command make_train_command() {
                "0");
     n.add_real(sub, "--grad-clip", "Clip the global gradient norm to this (0: off)", Range{false, 0, 1e6},
                [&c](double v) { c.grad_clip = v; }, "1");
+    sub->add_option("--optimizer", c.optimizer,
+                    "adamw-fused (strata::optim::AdamW: ATen's fused kernel, one pass per parameter) or adamw "
+                    "(torch::optim::AdamW's loop); the same update to rounding, and the same checkpoints")
+        ->check(CLI::IsMember({"adamw-fused", "adamw"}))
+        ->capture_default_str();
+    sub->add_option("--attention", c.attention,
+                    "explicit (matmul, causal mask, softmax) or sdpa (scaled_dot_product_attention: the flash "
+                    "kernel; the same function to rounding)")
+        ->check(CLI::IsMember({"explicit", "sdpa"}))
+        ->capture_default_str();
     n.add_unsigned(sub, "--seed", "Seed for initialisation and data order", [&c](uint64_t v) { c.seed = v; }, "1337");
     sub->add_option("--ckpt-dir", c.ckpt_dir, "Folder for checkpoints (one step-NNNNNNNN entry per save)");
     n.add_integer(sub, "--ckpt-every", "Save every K steps (0: only at the end)", 0, 1000000000,

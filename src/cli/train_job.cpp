@@ -130,6 +130,8 @@ trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTC
                    {"seq_len", model.block_size},
                    {"grad_accum", config.grad_accum},
                    {"grad_clip", config.grad_clip},
+                   {"optimizer", config.optimizer},
+                   {"attention", config.attention},
                    {"max_steps", config.max_steps},
                    {"max_epochs", config.max_epochs},
                    {"seed", config.seed},
@@ -166,12 +168,14 @@ int slurm_restart_count() {
 void train_here(Trainer& trainer, const TrainConfig& config) {
   models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
   if (config.seq_len > 0) model_config.block_size = config.seq_len;
+  model_config.attention = config.attention;
   const int64_t seq_len = model_config.block_size;
   TrainData data = load_train_data(config, seq_len);
 
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   strategies::seed_everything(config.seed);
-  auto job = std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay);
+  auto job =
+      std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay, config.optimizer);
   job->save_hyperparameters(train_hparams(config, job->gpt->config(), trainer));
   const int64_t num_parameters = job->gpt->num_parameters();  // before FSDP leaves each rank a shard
 

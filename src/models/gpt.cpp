@@ -43,6 +43,8 @@ void GPTConfig::validate() const {
                ") must be divisible by n_head (", n_head, ")");
   STRATA_CHECK(dropout >= 0.0 && dropout < 1.0, ConfigError, "[gpt] dropout must be in [0, 1), got ",
                dropout);
+  STRATA_CHECK(attention == "explicit" || attention == "sdpa", ConfigError, "[gpt] attention must be 'explicit' "
+               "(matmul, mask, softmax) or 'sdpa' (scaled_dot_product_attention), got '", attention, "'");
 }
 
 // ---- modules --------------------------------------------------------------
@@ -57,7 +59,7 @@ torch::nn::LayerNorm make_layer_norm(int64_t n) {
 }  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
-    : torch::nn::Module(kTypeName), n_head_(config.n_head), n_embd_(config.n_embd) {
+    : torch::nn::Module(kTypeName), n_head_(config.n_head), n_embd_(config.n_embd), sdpa_(config.attention == "sdpa") {
   c_attn = register_module("c_attn", make_linear(n_embd_, 3 * n_embd_, config.bias));
   c_proj = register_module("c_proj", make_linear(n_embd_, n_embd_, config.bias));
   attn_dropout = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
@@ -72,6 +74,14 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   auto q = qkv[0].view({B, T, n_head_, hd}).transpose(1, 2);
   auto k = qkv[1].view({B, T, n_head_, hd}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
+  if (sdpa_) {
+    const double p = is_training() ? attn_dropout->options.p() : 0.0;
+    auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, p, /*is_causal=*/true)
+                 .transpose(1, 2)
+                 .contiguous()
+                 .view({B, T, C});
+    return resid_dropout->forward(c_proj->forward(y));
+  }
   auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
   // Note [Causal mask]: built per call on the input's device rather than
   // kept as a buffer, so it never appears in state dicts or checkpoints and

@@ -184,6 +184,40 @@ TEST(GptTest, GenerateReturnsPromptPlusNewTokensAndIsReproducibleWithAGenerator)
   EXPECT_EQ(model->generate(prompt.select(0, 0), 3).sizes(), (std::vector<int64_t>{8}));
 }
 
+// attention = "sdpa" is the same function and the same parameters as the
+// explicit form: a model of either loads the other's state, and the logits
+// and every gradient agree to float32 rounding (the flash kernel sums in
+// blocks, with an online softmax); causality holds; the config JSON is the
+// same.
+TEST(GptTest, SdpaAttentionIsTheExplicitFunctionToRounding) {
+  torch::manual_seed(4);
+  GPT explicit_model(GPTConfig::preset("small"));
+  GPT sdpa_model(GPTConfig::preset("small").with_attention("sdpa"));
+  {
+    torch::NoGradGuard no_grad;
+    auto to = sdpa_model->named_parameters();
+    for (const auto& p : explicit_model->named_parameters()) to[p.key()].copy_(p.value());
+  }
+  auto idx = at::randint(0, 256, {4, 100}, at::kLong);
+  auto a = explicit_model->forward(idx), b = sdpa_model->forward(idx);
+  EXPECT_LT((a - b).abs().max().item<double>(), 1e-4 * a.abs().max().item<double>());
+  explicit_model->loss(idx, idx).backward();
+  sdpa_model->loss(idx, idx).backward();
+  auto sdpa_params = sdpa_model->named_parameters();
+  for (const auto& p : explicit_model->named_parameters()) {
+    const at::Tensor& g = p.value().grad();
+    const at::Tensor& h = sdpa_params[p.key()].grad();
+    EXPECT_LT((g - h).abs().max().item<double>(), 1e-4 * g.abs().max().item<double>() + 1e-7) << p.key();
+  }
+  auto changed = idx.clone();
+  changed.select(1, 60).copy_((idx.select(1, 60) + 1) % 256);
+  EXPECT_TRUE(at::equal(sdpa_model->forward(changed).narrow(1, 0, 60), b.narrow(1, 0, 60)));
+  EXPECT_EQ(GPTConfig::preset("small").with_attention("sdpa").to_json(), GPTConfig::preset("small").to_json());
+  EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().with_attention("flash")); }),
+            "[gpt] attention must be 'explicit' (matmul, mask, softmax) or 'sdpa' (scaled_dot_product_attention), "
+            "got 'flash'");
+}
+
 TEST(GptTest, BadConfigurationsAreRejectedWithTheOffendingValue) {
   EXPECT_EQ(strata::testing::error_message<strata::ConfigError>([] { GPT m(GPTConfig().with_n_embd(100).with_n_head(3)); }),
             "[gpt] n_embd (100) must be divisible by n_head (3)");

@@ -4,9 +4,11 @@
 // Architecture (GPT-2 / nanoGPT): token and position embeddings, n_layer
 // pre-norm transformer blocks (causal self-attention and a GELU MLP), a
 // final LayerNorm and a language-model head, optionally tied to the token
-// embedding. Attention is written with matmul + masked_fill + softmax
-// (not scaled_dot_product_attention), so that PyTorch peers reproduce it
-// operation for operation.
+// embedding. Attention is written with matmul + masked_fill + softmax by
+// default, so that PyTorch peers and the xla device reproduce it operation
+// for operation; `attention = "sdpa"` computes the same function with
+// at::scaled_dot_product_attention (is_causal; the flash kernel on the CPU
+// and on CUDA), faster and in less memory, to rounding.
 //
 // Parameter names (what state dicts and checkpoints use):
 //   wte.weight, wpe.weight,
@@ -60,6 +62,12 @@ struct GPTConfig {
   /// Whether the Linear layers have biases (LayerNorms always have one:
   /// LibTorch's C++ LayerNormOptions has no bias switch).
   bool bias = true;
+  /// How attention is computed, not what: "explicit" (matmul, causal
+  /// mask, softmax, matmul) or "sdpa" (at::scaled_dot_product_attention
+  /// with is_causal). The same parameters and function (at dropout 0; with
+  /// dropout the two draw their masks differently), so it is not part
+  /// of to_json(): a checkpoint of either loads into the other.
+  std::string attention = "explicit";
 
   GPTConfig& with_vocab_size(int64_t v) { vocab_size = v; return *this; }
   GPTConfig& with_block_size(int64_t b) { block_size = b; return *this; }
@@ -69,6 +77,7 @@ struct GPTConfig {
   GPTConfig& with_dropout(double p) { dropout = p; return *this; }
   GPTConfig& with_tie_weights(bool t) { tie_weights = t; return *this; }
   GPTConfig& with_bias(bool b) { bias = b; return *this; }
+  GPTConfig& with_attention(std::string a) { attention = std::move(a); return *this; }
 
   /// The named configurations: "tiny" (2 layers, 2 heads, width 64, context
   /// 64), "small" (4/4/128, context 128), "medium" (6/6/384, context 256),
@@ -81,7 +90,7 @@ struct GPTConfig {
 
   /// Throws ConfigError ("[gpt] ...") naming the first invalid field: a
   /// non-positive size, n_embd not divisible by n_head, dropout outside
-  /// [0, 1).
+  /// [0, 1), an attention other than "explicit" or "sdpa".
   void validate() const;
 
   /// Every field as JSON, with "model_type": "strata-gpt", so a reader can
@@ -118,6 +127,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   int64_t n_embd_;
+  bool sdpa_;
 };
 TORCH_MODULE(CausalSelfAttention);
 

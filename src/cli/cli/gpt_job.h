@@ -19,7 +19,10 @@ namespace strata::cli {
 /// bar) and val_loss (synced over ranks).
 class GPTJob : public TrainModule {
  public:
-  GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay);
+  /// `optimizer`: "adamw-fused" (strata::optim::AdamW, ATen's fused kernel)
+  /// or "adamw" (torch::optim::AdamW's loop); their checkpoints are the same.
+  GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay,
+         std::string optimizer = "adamw-fused");
   at::Tensor training_step(const data::Batch& batch, int64_t batch_idx) override;
   at::Tensor validation_step(const data::Batch& batch, int64_t batch_idx) override;
   /// Logs the step's train_loss once the step ended (Note [One train_loss]).
@@ -37,6 +40,7 @@ class GPTJob : public TrainModule {
   int64_t last_logged_step_ = -1;
   double lr_;
   double weight_decay_;
+  std::string optimizer_;
 };
 
 /// Windows [begin, end) of another dataset (the training and validation

@@ -45,6 +45,8 @@ struct TrainConfig {
   double lr = 2e-3;  ///< docs/data.md, "The default learning rate": stable at 1 and 2 workers
   double weight_decay = 0.0;
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables
+  std::string optimizer = "adamw-fused";  ///< or "adamw" (torch::optim's loop)
+  std::string attention = "explicit";     ///< or "sdpa" (GPTConfig::attention)
   uint64_t seed = 1337;
   // checkpoints and logs
   std::string ckpt_dir;
