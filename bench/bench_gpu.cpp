@@ -75,7 +75,11 @@ void synchronize(c10::Device device) {
 }
 
 void reset_peak(c10::Device device) {
-  if (device.is_cuda()) c10::getDeviceAllocator(c10::kCUDA)->resetPeakStats(device.index());
+  if (!device.is_cuda()) return;
+  // An allocation first: LibTorch 2.11's caching allocator refuses stats
+  // calls before it has been initialised ("Invalid device argument").
+  (void)at::empty({1}, at::TensorOptions().device(device));
+  c10::getDeviceAllocator(c10::kCUDA)->resetPeakStats(device.index());
 }
 
 double peak_mb(c10::Device device) {

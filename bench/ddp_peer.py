@@ -91,7 +91,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(future, float("-inf")).softmax(-1)
         y = torch.matmul(att, v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)

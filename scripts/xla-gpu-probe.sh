@@ -10,7 +10,9 @@
 #  2. builds strata-xla-probe from src/xla/ with one compiler (no CMake, no
 #     LibTorch, no other library), while bench_xla builds in the background
 #     with CMake against the Python's CUDA torch (step 4);
-#  3. runs the probe with preallocate=false, writing the JSON report;
+#  3. runs the probe with preallocate=false, writing the JSON report, then
+#     again as one client across two processes (--num-nodes 2, node ids
+#     0 and 1, exchanging their devices through files in OUT_DIR/kv);
 #  4. trains GPT small 30 steps on the plugin's device beside LibTorch's
 #     CUDA eager, from the same weights and batches (bench_xla
 #     --eager-device cuda), printing both step times and the compiles;
@@ -23,10 +25,14 @@
 #   STRATA_XLA_PROBE_TRAIN=0 (skip step 4, as scripts/gpu-check.sh does:
 #   its CUDA tests share the GPU meanwhile), BENCH_BUILD_DIR (bench_xla's
 #   CMake build; default ./build-xla-gpu, kept for the next run),
+#   STRATA_XLA_PROBE_RUN=0 (skip steps 2 and 3: scripts/gpu-check.sh ran
+#   the probe already and trains from its own build), TRAIN_TIMEOUT
+#   (seconds for each training run; default 150),
 #   TRAIN_STEPS (default 30), TRAIN_EAGER_DEVICE (default cuda; cpu checks
 #   step 4 on a machine without a GPU, with the CPU plugin as
 #   STRATA_PJRT_PLUGIN).
-# Output in OUT_DIR: xla-gpu-probe.json, probe.log, env.txt, and from step
+# Output in OUT_DIR: xla-gpu-probe.json, probe.log, env.txt,
+# xla-gpu-probe-node{0,1}.json and probe-node{0,1}.log, and from step
 # 4 xla-gpu-train.json, train.log, bench-build.log, and from step 5
 # train-xla.log, train-xla_fsdp.log.
 # Exit status: the probe's (0 when every case that ran matched its loop
@@ -138,26 +144,51 @@ print(torch.utils.cmake_prefix_path)' "$eager_device" 2>&1)"; then
   fi
 fi
 
-# 2. Build: the PJRT layer needs only a C++20 compiler and libdl.
-command -v "$cxx" >/dev/null || die "no C++ compiler '$cxx': set CXX"
-build="$out_dir/build"
-mkdir -p "$build"
-pids=()
-for src in src/xla/*.cpp; do
-  "$cxx" -std=c++20 -O2 -Iinclude -c "$src" -o "$build/$(basename "$src" .cpp).o" &
-  pids+=($!)
-done
-for pid in "${pids[@]}"; do wait "$pid" || die "compiling src/xla failed"; done
-"$cxx" "$build"/*.o -ldl -o "$build/strata-xla-probe" || die "linking strata-xla-probe failed"
-log "built $build/strata-xla-probe in $(( $(date +%s) - start ))s"
-
-# 3. Run. preallocate=false: XLA would otherwise take most of the card.
 status=0
-timeout 240 "$build/strata-xla-probe" --plugin "$plugin" --option preallocate=false \
-  --out "$out_dir/xla-gpu-probe.json" > /dev/null 2> "$out_dir/probe.log" || status=$?
-tail -n 20 "$out_dir/probe.log" >&2 || true
-if [ -f "$out_dir/xla-gpu-probe.json" ]; then cat "$out_dir/xla-gpu-probe.json"; fi
-log "probe status $status after $(( $(date +%s) - start ))s; report in $out_dir/xla-gpu-probe.json, log in $out_dir/probe.log"
+if [ "${STRATA_XLA_PROBE_RUN:-1}" != 0 ]; then
+  # 2. Build: the PJRT layer needs only a C++20 compiler and libdl.
+  command -v "$cxx" >/dev/null || die "no C++ compiler '$cxx': set CXX"
+  build="$out_dir/build"
+  mkdir -p "$build"
+  pids=()
+  for src in src/xla/*.cpp; do
+    "$cxx" -std=c++20 -O2 -Iinclude -c "$src" -o "$build/$(basename "$src" .cpp).o" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || die "compiling src/xla failed"; done
+  "$cxx" "$build"/*.o -ldl -o "$build/strata-xla-probe" || die "linking strata-xla-probe failed"
+  log "built $build/strata-xla-probe in $(( $(date +%s) - start ))s"
+
+  # 3. Run. preallocate=false: XLA would otherwise take most of the card.
+  timeout 240 "$build/strata-xla-probe" --plugin "$plugin" --option preallocate=false \
+    --out "$out_dir/xla-gpu-probe.json" > /dev/null 2> "$out_dir/probe.log" || status=$?
+  tail -n 20 "$out_dir/probe.log" >&2 || true
+  if [ -f "$out_dir/xla-gpu-probe.json" ]; then cat "$out_dir/xla-gpu-probe.json"; fi
+  log "probe status $status after $(( $(date +%s) - start ))s; report in $out_dir/xla-gpu-probe.json, log in $out_dir/probe.log"
+
+  # 3b. One client across two processes (Note [Multi-process clients]):
+  # both copies find each other through files in one folder. On a machine
+  # with one GPU both processes hold the same card, so the single-device
+  # cases run on node 0 and the cross-process all-reduce shows what NCCL
+  # says of two ranks on one device; the JSON of each says what ran.
+  rm -rf "$out_dir/kv"
+  mp_pids=()
+  for node in 0 1; do
+    timeout 120 "$build/strata-xla-probe" --plugin "$plugin" --option preallocate=false \
+      --num-nodes 2 --node-id "$node" --kv-dir "$out_dir/kv" \
+      --out "$out_dir/xla-gpu-probe-node$node.json" > /dev/null 2> "$out_dir/probe-node$node.log" &
+    mp_pids+=($!)
+  done
+  for node in 0 1; do
+    mp_status=0
+    wait "${mp_pids[$node]}" || mp_status=$?
+    log "two-process client, node $node: status $mp_status"
+    tail -n 5 "$out_dir/probe-node$node.log" >&2 || true
+    if [ -f "$out_dir/xla-gpu-probe-node$node.json" ]; then
+      grep -E '"ok"|"devices"|"process_index"|"name"' "$out_dir/xla-gpu-probe-node$node.json" | cut -c1-300 >&2 || true
+    fi
+  done
+fi
 
 # 4. Train: GPT small on xla:0 (this plugin; XLA_FLAGS above reach it)
 # beside LibTorch's eager on $eager_device, the two sides taking turns step by step.
@@ -165,7 +196,7 @@ train_status=0
 if [ -n "$bench_pid" ]; then
   if wait "$bench_pid"; then
     log "bench_xla built after $(( $(date +%s) - start ))s"
-    STRATA_PJRT_PLUGIN="$plugin" timeout 150 "$bench_build/bench/bench_xla" --model-size small \
+    STRATA_PJRT_PLUGIN="$plugin" timeout "${TRAIN_TIMEOUT:-150}" "$bench_build/bench/bench_xla" --model-size small \
       --steps "${TRAIN_STEPS:-30}" --eager-device "$eager_device" --json "$out_dir/xla-gpu-train.json" \
       > "$out_dir/train.log" 2>&1 || train_status=1
     if [ "$train_status" = 0 ]; then
@@ -177,7 +208,7 @@ if [ -n "$bench_pid" ]; then
     fi
     # 5. The seeds' strategies on one device of the plugin.
     for strategy in xla xla_fsdp; do
-      if STRATA_PJRT_PLUGIN="$plugin" timeout 120 "$bench_build/bench/bench_ddp" --model gpt --size small \
+      if STRATA_PJRT_PLUGIN="$plugin" timeout "${TRAIN_TIMEOUT:-120}" "$bench_build/bench/bench_ddp" --model gpt --size small \
         --strategy "$strategy" --devices 1 --steps 10 --warmup 3 > "$out_dir/train-$strategy.log" 2>&1; then
         log "$strategy at world 1: $(tail -n 1 "$out_dir/train-$strategy.log" | cut -c1-400)"
       else
