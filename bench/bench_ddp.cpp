@@ -80,6 +80,7 @@
 #include "strata/strategies/xla.h"
 #include "strata/models/gpt.h"
 #include "strata/models/mlp.h"
+#include "strata/optim/fused.h"
 #include "strata/runtime/env.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
@@ -104,6 +105,8 @@ struct BenchConfig {
   int64_t pool = 8;    ///< distinct batches, cycled
   uint64_t seed = 1234;
   double lr = 1e-3;
+  std::string optimizer = "adamw";      ///< or "adamw-fused" (strata::optim::AdamW)
+  std::string attention = "explicit";  ///< or "sdpa" (GPTConfig::attention)
   int64_t bucket_cap_mb = 25;
   bool phases = false;  ///< also report forward / backward / optimizer times
   int64_t memory_trace = 0;  ///< steps to trace memory phase by phase (Note [Per-phase memory trace])
@@ -257,6 +260,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   if (c.model == "gpt") {
     strata::models::GPTConfig config = strata::models::GPTConfig::preset(c.size);
     if (c.seq_len > 0) config.block_size = c.seq_len;
+    config.attention = c.attention;
     seq_len = config.block_size;
     at::Tensor pool = at::randint(0, config.vocab_size, {c.pool, world * c.batch, seq_len + 1}, gen, at::kLong);
     for (int64_t i = 0; i < c.pool; ++i) {
@@ -289,7 +293,14 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   const double setup_peak_mb = proc_status_mb("VmHWM");
   const double setup_maxrss_mb = peak_rss_mb();  // the reset below also resets ru_maxrss
   const bool hwm_reset = reset_peak_rss();
-  torch::optim::AdamW optimizer(module.parameters(), torch::optim::AdamWOptions(c.lr).weight_decay(0.01));
+  // --optimizer adamw-fused: strata::optim::AdamW (ATen's fused kernel),
+  // as the peers' --fused.
+  const auto adamw_options = torch::optim::AdamWOptions(c.lr).weight_decay(0.01);
+  std::unique_ptr<torch::optim::AdamW> optimizer_holder =
+      c.optimizer == "adamw-fused"
+          ? std::make_unique<strata::optim::AdamW>(module.parameters(), adamw_options)
+          : std::make_unique<torch::optim::AdamW>(module.parameters(), adamw_options);
+  torch::optim::AdamW& optimizer = *optimizer_holder;
   fabric.setup_optimizer(optimizer);
 
   auto loss_of = [&](int64_t i) {
@@ -343,6 +354,8 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
                         {"strategy", c.strategy + (c.activation_checkpointing ? "+ac" : "")},
                         {"init", c.sharded_init ? "sharded" : "plain"},
                         {"precision", fabric.strategy().precision().name()},
+                        {"optimizer", c.optimizer},
+                        {"attention", c.attention},
                         {"model", c.label()},
                         {"params", full_numel(module, fsdp)},
                         {"world", world},
@@ -400,6 +413,12 @@ int main(int argc, char** argv) {
   app.add_option("--pool", c.pool, "Distinct random batches, cycled")->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of the data and the initial weights")->capture_default_str();
   app.add_option("--lr", c.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--optimizer", c.optimizer, "adamw (torch::optim's loop) or adamw-fused (strata::optim::AdamW)")
+      ->check(CLI::IsMember({"adamw", "adamw-fused"}))
+      ->capture_default_str();
+  app.add_option("--attention", c.attention, "GPT attention: explicit or sdpa")
+      ->check(CLI::IsMember({"explicit", "sdpa"}))
+      ->capture_default_str();
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP gradient bucket size")->capture_default_str();
   app.add_option("--precision", c.precision, "32-true, or bf16-mixed (fp32 weights, forward under bf16 autocast)")
       ->check(CLI::IsMember({"32-true", "bf16-mixed"}))

@@ -77,9 +77,9 @@ PEERS = {
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_head, n_embd):
+    def __init__(self, n_head, n_embd, sdpa=False):
         super().__init__()
-        self.n_head, self.n_embd = n_head, n_embd
+        self.n_head, self.n_embd, self.sdpa = n_head, n_embd, sdpa
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
 
@@ -90,6 +90,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
+        if self.sdpa:  # strata's --attention sdpa: the same function through the fused kernel
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+            return self.c_proj(y)
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(future, float("-inf")).softmax(-1)
@@ -108,10 +111,10 @@ class MLPBlock(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, n_head, n_embd):
+    def __init__(self, n_head, n_embd, sdpa=False):
         super().__init__()
         self.ln1 = nn.LayerNorm(n_embd, eps=1e-5)
-        self.attn = CausalSelfAttention(n_head, n_embd)
+        self.attn = CausalSelfAttention(n_head, n_embd, sdpa)
         self.ln2 = nn.LayerNorm(n_embd, eps=1e-5)
         self.mlp = MLPBlock(n_embd)
 
@@ -134,13 +137,13 @@ class GPT(nn.Module):
     """strata::models::GPT without dropout: embeddings, pre-norm blocks, final
     LayerNorm, head tied to the token embedding, GPT-2 initialisation."""
 
-    def __init__(self, size):
+    def __init__(self, size, sdpa=False):
         super().__init__()
         n_layer, n_head, n_embd, block_size = PRESETS[size]
         self.block_size = block_size
         self.wte = nn.Embedding(VOCAB, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
-        self.blocks = nn.ModuleList([Block(n_head, n_embd) for _ in range(n_layer)])
+        self.blocks = nn.ModuleList([Block(n_head, n_embd, sdpa) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd, eps=1e-5)
         # GPT-2 initialisation, in strata's order (GPTImpl::reset_parameters).
         std, proj_std = 0.02, 0.02 / math.sqrt(2.0 * n_layer)
@@ -242,7 +245,7 @@ def make_data(args, rank, world):
 def build_model(args):
     """The model in full, built right after manual_seed(--seed) as strata does."""
     torch.manual_seed(args.seed)
-    return GPT(args.size) if args.model == "gpt" else MLP()
+    return GPT(args.size, sdpa=args.attention == "sdpa") if args.model == "gpt" else MLP()
 
 
 def shard_fsdp2(model, mesh=None):
@@ -334,6 +337,8 @@ def run_rank(args, rank, world, wrap, make_optimizer, backward, autocast=context
             "strategy": PEERS[args.peer][1],
             "init": "plain",
             "precision": args.precision,
+            "optimizer": "adamw-fused" if args.fused else "adamw",
+            "attention": args.attention,
             "model": label(args),
             "params": params,
             "world": world,
@@ -376,7 +381,10 @@ def leave():
 
 
 def adamw(args):
-    return lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+    """AdamW as the peer's user would write it: the per-parameter loop (the
+    CPU default), or fused=True (one kernel per dtype and device; a CPU
+    kernel since torch 2.4) with --fused."""
+    return lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01, fused=args.fused or None)
 
 
 # --- the peers -------------------------------------------------------------
@@ -484,6 +492,9 @@ def main():
     p.add_argument("--pool", type=int, default=8, help="distinct random batches, cycled")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--fused", action="store_true", help="AdamW(fused=True): the peer at its best")
+    p.add_argument("--attention", choices=["explicit", "sdpa"], default="explicit",
+                   help="sdpa: F.scaled_dot_product_attention(is_causal=True), as strata's --attention sdpa")
     p.add_argument("--bucket-cap-mb", type=int, default=25, help="pytorch-ddp")
     p.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
                    help="bf16-mixed: fp32 weights, forward and loss under bf16 autocast")

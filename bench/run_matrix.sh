@@ -19,7 +19,10 @@
 #            only on --bf16-models (default "gpt-small mlp": a bf16 matmul
 #            can be 50x slower than fp32 on CPUs without native bf16)
 # Filters: --models "gpt-small gpt-medium mlp", --strategies "ddp fsdp",
-# --precisions "32-true bf16-mixed", --impls "strata pytorch fabric".
+# --precisions "32-true bf16-mixed", --impls "strata pytorch fabric" (the
+# default), and the same at their best: strata-best (strata::optim's fused
+# AdamW, SDPA), pytorch-best and fabric-best (AdamW(fused=True), SDPA);
+# the table's "x fastest peer" is against the fastest peer row.
 # -o DIR keeps the JSON lines. Expects ./build (BUILD_DIR=...) with
 # bench_ddp: cmake --build build --target bench_ddp
 # Usage: bench/run_matrix.sh [--short] [-r REPEATS] [-n RANKS] [-t THREADS] [--models ..] [--strategies ..]
@@ -52,7 +55,7 @@ while [ $# -gt 0 ]; do
     --bf16-models) bf16_models="$2"; shift 2 ;;
     --markdown) markdown=(--markdown); shift ;;
     -o) keep="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "[bench] unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -107,8 +110,17 @@ run_row() {  # impl strategy precision model
     pytorch:fsdp) label="pytorch fsdp2"; cmd=("$python" bench/ddp_peer.py --peer pytorch-fsdp2) ;;
     fabric:ddp) label="fabric ddp"; cmd=("$python" bench/ddp_peer.py --peer fabric-ddp) ;;
     fabric:fsdp) label="fabric model-parallel"; cmd=("$python" bench/ddp_peer.py --peer fabric-model-parallel) ;;
-    *) echo "[bench] unknown impl '$impl' (strata, pytorch, fabric)" >&2; exit 2 ;;
+    # At their best: fused AdamW and scaled_dot_product_attention on both sides.
+    strata-best:*) label="strata fused+sdpa"; cmd=("$bench" --strategy "$strategy" --optimizer adamw-fused) ;;
+    pytorch-best:ddp) label="pytorch ddp fused+sdpa"; cmd=("$python" bench/ddp_peer.py --peer pytorch-ddp --fused) ;;
+    pytorch-best:fsdp) label="pytorch fsdp2 fused+sdpa"; cmd=("$python" bench/ddp_peer.py --peer pytorch-fsdp2 --fused) ;;
+    fabric-best:ddp) label="fabric ddp fused+sdpa"; cmd=("$python" bench/ddp_peer.py --peer fabric-ddp --fused) ;;
+    fabric-best:fsdp) label="fabric model-parallel fused+sdpa"
+      cmd=("$python" bench/ddp_peer.py --peer fabric-model-parallel --fused) ;;
+    *) echo "[bench] unknown impl '$impl' (strata, pytorch, fabric, and each with -best)" >&2; exit 2 ;;
   esac
+  # SDPA is a GPT's; the MLP has no attention.
+  if [[ "$impl" == *-best ]] && [ "$model" != mlp ]; then cmd+=(--attention sdpa); fi
   echo "[bench] $model $strategy $precision: $label ..." >&2
   rc=0
   # shellcheck disable=SC2046

@@ -196,7 +196,9 @@ def speed_table(runs, against=("pytorch",), train_peak=False, matmul_gflops=None
 def matrix_table(runs, matmul_gflops=None, markdown=False):
     """Prints bench/run_matrix.sh's table: one row per (model, strategy,
     precision, impl), the median over repeats of each run's median step,
-    with its ratio to the "pytorch ..." and the "fabric ..." row of the same
+    with its ratio to the fastest "pytorch ..." row, the fastest "fabric ..."
+    row and the fastest peer row of any kind (the peers at their best:
+    fused AdamW and SDPA rows where run_matrix.sh ran them) of the same
     model, strategy and precision. Lines with an "error" follow."""
     errors = [r for r in runs if "error" in r]
     groups = {}
@@ -205,12 +207,14 @@ def matrix_table(runs, matmul_gflops=None, markdown=False):
             continue
         key = (r["model"], r["strategy"], r.get("precision", "32-true"))
         groups.setdefault(key, {}).setdefault(r["impl"], []).append(r)
-    header = ["model", "strategy", "precision", "impl", "step ms", "x pytorch", "x fabric", "throughput", "MFU",
-              "loss after K", "train peak over start MB"]
+    header = ["model", "strategy", "precision", "impl", "step ms", "x pytorch", "x fabric", "x fastest peer",
+              "throughput", "MFU", "loss after K", "train peak over start MB"]
     rows = []
     for (model, strategy, precision), impls in groups.items():
         step = {impl: statistics.median(r["step_ms_median"] for r in rs) for impl, rs in impls.items()}
-        base = {kind: next((i for i in step if i.startswith(kind)), None) for kind in ("pytorch", "fabric")}
+        base = {kind: min((i for i in step if i.startswith(kind)), key=step.get, default=None)
+                for kind in ("pytorch", "fabric")}
+        base["peer"] = min((i for i in step if not i.startswith("strata")), key=step.get, default=None)
         kinds = ("strata", "pytorch", "fabric")
         ordered = sorted(impls, key=lambda i: next((k for k, kind in enumerate(kinds) if i.startswith(kind)), 3))
         for impl in ordered:
@@ -219,7 +223,7 @@ def matrix_table(runs, matmul_gflops=None, markdown=False):
             per_s_key = "tokens_per_s" if "tokens_per_s" in best else "samples_per_s"
             items_per_s = statistics.median(r[per_s_key] for r in rs)
             tput = f"{items_per_s:,.0f} {'tok' if per_s_key == 'tokens_per_s' else 'samples'}/s"
-            ratios = [f"{step[impl] / step[base[k]]:.2f}" if base[k] else "-" for k in ("pytorch", "fabric")]
+            ratios = [f"{step[impl] / step[base[k]]:.2f}" if base[k] else "-" for k in ("pytorch", "fabric", "peer")]
             per_item = flops_per_item(model)
             mfu = f"{per_item * items_per_s / 1e9 / matmul_gflops:.1%}" if per_item and matmul_gflops else "-"
             peak = f"{statistics.median(over_start(r, 'train_peak') for r in rs):.0f}" if "memory" in best else "-"
