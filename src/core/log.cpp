@@ -44,12 +44,22 @@ void set_rank(int rank) { current_rank = rank; }
 int rank() { return current_rank; }
 void set_all_ranks(bool all) { every_rank = all; }
 
+// A worker of strata's launcher has its every line prefixed "[rank R] " by
+// the launcher's forwarder, which marks its workers with
+// STRATA_LAUNCHER_TTY (runtime/launcher.h); such a worker leaves the
+// prefix to it, so that a line carries one. Under other launchers
+// (torchrun, srun, mpirun) the log writes it.
+bool prefixed_by_launcher() {
+  static const bool forwarded = std::getenv("STRATA_LAUNCHER_TTY") != nullptr;
+  return forwarded;
+}
+
 void write(Level level, const std::string& message, bool any_rank) {
   if (static_cast<int>(level) < current_level.load()) return;
   const int r = current_rank.load();
   if (!any_rank && !every_rank.load() && r > 0) return;
   std::string line;
-  if (r >= 0) line = "[rank " + std::to_string(r) + "] ";
+  if (r >= 0 && !prefixed_by_launcher()) line = "[rank " + std::to_string(r) + "] ";
   line += level_tag(level);
   line += message;
   line += '\n';

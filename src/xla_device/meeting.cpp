@@ -17,7 +17,10 @@ namespace strata::xla::detail {
 // naming where each replica is, rather than a wait for the collective
 // timeout (30 minutes by default). The party that completes a meeting
 // clears its peers' marks before it goes on, so a peer not yet awake is
-// never counted as waiting.
+// never counted as waiting; a peer puts its mark on the board under the
+// meeting's lock, before the meeting can complete, so no mark outlives its
+// meeting (one placed after the completion once stopped a fit at step 44,
+// two replicas "waiting" at a vote and a step end that were both passed).
 WaitBoard::WaitBoard(size_t size, std::function<std::string(int)> name)
     : name_(std::move(name)), at_(size, nullptr), what_(size), gone_(size, false) {}
 
@@ -111,13 +114,24 @@ void Meeting::meet(int rank, const std::string& what, const std::function<void()
     if (failure) std::rethrow_exception(failure);
     return;
   }
-  if (on_wait_ || board_) {
+  if (on_wait_) {
     const std::function<void(int)> on_wait = on_wait_;
     lock.unlock();
-    if (on_wait) on_wait(rank);
-    const std::string stuck = board_ ? board_->wait(rank, this, what) : std::string();
-    if (!stuck.empty()) abort_all_(stuck);  // Note [Replicas that wait apart]
+    on_wait(rank);
     lock.lock();
+  }
+  // Note [Replicas that wait apart]: the mark goes on the board under this
+  // meeting's lock, so the last party (which needs the lock to arrive)
+  // cannot complete the meeting, and clear the marks, before the mark is
+  // there. Placed after the meeting completed, it would stay behind and
+  // count this party as waiting here while it waits at the next one.
+  if (board_ && generation_ == generation) {
+    const std::string stuck = board_->wait(rank, this, what);
+    if (!stuck.empty()) {
+      lock.unlock();
+      abort_all_(stuck);  // takes every meeting's lock, this one's too
+      lock.lock();
+    }
   }
   const auto leave = [&] {
     arrived_[me] = false;
