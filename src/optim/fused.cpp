@@ -111,13 +111,20 @@ torch::Tensor closure_loss(const torch::optim::Optimizer::LossClosure& closure) 
 
 }  // namespace
 
-torch::Tensor AdamW::step(LossClosure closure) {
-  if (!fusable(param_groups_)) {
+template <class Base>
+torch::Tensor Fused<Base>::step(LossClosure closure) {
+  if (!fusable(this->param_groups_)) {
     ++loop_steps_;
-    return torch::optim::AdamW::step(std::move(closure));
+    return Base::step(std::move(closure));
   }
   torch::NoGradGuard no_grad;
   torch::Tensor loss = closure_loss(closure);
+  fused_step();
+  return loss;
+}
+
+template <>
+void Fused<torch::optim::AdamW>::fused_step() {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& [key, l] : adam_lists<torch::optim::AdamWParamState>(group, state_, o))
@@ -125,16 +132,10 @@ torch::Tensor AdamW::step(LossClosure closure) {
                         std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(),
                         /*maximize=*/false);
   }
-  return loss;
 }
 
-torch::Tensor Adam::step(LossClosure closure) {
-  if (!fusable(param_groups_)) {
-    ++loop_steps_;
-    return torch::optim::Adam::step(std::move(closure));
-  }
-  torch::NoGradGuard no_grad;
-  torch::Tensor loss = closure_loss(closure);
+template <>
+void Fused<torch::optim::Adam>::fused_step() {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
     for (auto& [key, l] : adam_lists<torch::optim::AdamParamState>(group, state_, o))
@@ -142,16 +143,10 @@ torch::Tensor Adam::step(LossClosure closure) {
                        std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(),
                        /*maximize=*/false);
   }
-  return loss;
 }
 
-torch::Tensor SGD::step(LossClosure closure) {
-  if (!fusable(param_groups_)) {
-    ++loop_steps_;
-    return torch::optim::SGD::step(std::move(closure));
-  }
-  torch::NoGradGuard no_grad;
-  torch::Tensor loss = closure_loss(closure);
+template <>
+void Fused<torch::optim::SGD>::fused_step() {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
     // A parameter's first step with momentum starts its buffer from the
@@ -184,8 +179,11 @@ torch::Tensor SGD::step(LossClosure closure) {
       at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
                       o.nesterov(), /*maximize=*/false, /*is_first_step=*/key.second);
   }
-  return loss;
 }
+
+template class Fused<torch::optim::AdamW>;
+template class Fused<torch::optim::Adam>;
+template class Fused<torch::optim::SGD>;
 
 bool is_fused(const torch::optim::Optimizer& optimizer) {
   return dynamic_cast<const AdamW*>(&optimizer) != nullptr || dynamic_cast<const Adam*>(&optimizer) != nullptr ||

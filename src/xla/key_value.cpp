@@ -56,16 +56,15 @@ void hand_out(Args* args, const std::string& value) {
   args->value_deleter_callback = delete_value;
 }
 
-capi::PJRT_Error* kv_get(capi::PJRT_KeyValueGetCallback_Args* args) {
+// A get waits up to its timeout and reports a key that never came as
+// DEADLINE_EXCEEDED; a try-get looks once and reports NOT_FOUND.
+template <class Args>
+capi::PJRT_Error* read(Args* args, std::chrono::milliseconds timeout, capi::PJRT_Error_Code missing,
+                       const std::string& why_missing) {
   const std::string key(args->key, args->key_size);
   try {
-    auto* store = static_cast<KeyValueStore*>(args->user_arg);
-    const std::optional<std::string> value = store->get(key, std::chrono::milliseconds(args->timeout_in_ms));
-    if (!value)
-      return callback_failure(args->callback_error, capi::PJRT_Error_Code_DEADLINE_EXCEEDED,
-                              "[pjrt] key '" + key + "' was not set within " +
-                                  std::to_string(args->timeout_in_ms) +
-                                  " ms: a process of the client did not start or did not reach it");
+    const std::optional<std::string> value = static_cast<KeyValueStore*>(args->user_arg)->get(key, timeout);
+    if (!value) return callback_failure(args->callback_error, missing, "[pjrt] key '" + key + "' " + why_missing);
     hand_out(args, *value);
     return nullptr;
   } catch (const std::exception& e) {
@@ -74,20 +73,14 @@ capi::PJRT_Error* kv_get(capi::PJRT_KeyValueGetCallback_Args* args) {
   }
 }
 
+capi::PJRT_Error* kv_get(capi::PJRT_KeyValueGetCallback_Args* args) {
+  return read(args, std::chrono::milliseconds(args->timeout_in_ms), capi::PJRT_Error_Code_DEADLINE_EXCEEDED,
+              "was not set within " + std::to_string(args->timeout_in_ms) +
+                  " ms: a process of the client did not start or did not reach it");
+}
+
 capi::PJRT_Error* kv_try_get(capi::PJRT_KeyValueTryGetCallback_Args* args) {
-  const std::string key(args->key, args->key_size);
-  try {
-    auto* store = static_cast<KeyValueStore*>(args->user_arg);
-    const std::optional<std::string> value = store->get(key, std::chrono::milliseconds(0));
-    if (!value)
-      return callback_failure(args->callback_error, capi::PJRT_Error_Code_NOT_FOUND,
-                              "[pjrt] key '" + key + "' is not set");
-    hand_out(args, *value);
-    return nullptr;
-  } catch (const std::exception& e) {
-    return callback_failure(args->callback_error, capi::PJRT_Error_Code_UNAVAILABLE,
-                            "[pjrt] getting key '" + key + "' from the store: " + e.what());
-  }
+  return read(args, std::chrono::milliseconds(0), capi::PJRT_Error_Code_NOT_FOUND, "is not set");
 }
 
 capi::PJRT_Error* kv_put(capi::PJRT_KeyValuePutCallback_Args* args) {

@@ -29,40 +29,40 @@
 
 namespace strata::optim {
 
-/// torch::optim::AdamW (decoupled weight decay) on _fused_adamw_.
-class AdamW : public torch::optim::AdamW {
+/// torch::optim's `Base` whose step runs ATen's fused kernel where one
+/// serves the parameters, and `Base`'s own loop otherwise.
+template <class Base>
+class Fused : public Base {
  public:
-  using torch::optim::AdamW::AdamW;
+  using Base::Base;
+  using typename Base::LossClosure;
   torch::Tensor step(LossClosure closure = nullptr) override;
   /// Steps (of any group) that fell back to torch::optim's loop.
   int64_t loop_steps() const { return loop_steps_; }
 
  private:
+  /// The fused update of every group (gradients defined, no grad mode).
+  void fused_step();
   int64_t loop_steps_ = 0;
 };
 
+/// torch::optim::AdamW (decoupled weight decay) on _fused_adamw_.
+using AdamW = Fused<torch::optim::AdamW>;
 /// torch::optim::Adam (L2 weight decay added to the gradient) on _fused_adam_.
-class Adam : public torch::optim::Adam {
- public:
-  using torch::optim::Adam::Adam;
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  int64_t loop_steps() const { return loop_steps_; }
-
- private:
-  int64_t loop_steps_ = 0;
-};
-
+using Adam = Fused<torch::optim::Adam>;
 /// torch::optim::SGD (momentum, dampening, Nesterov, weight decay) on
 /// _fused_sgd_.
-class SGD : public torch::optim::SGD {
- public:
-  using torch::optim::SGD::SGD;
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  int64_t loop_steps() const { return loop_steps_; }
+using SGD = Fused<torch::optim::SGD>;
 
- private:
-  int64_t loop_steps_ = 0;
-};
+template <>
+void Fused<torch::optim::AdamW>::fused_step();
+template <>
+void Fused<torch::optim::Adam>::fused_step();
+template <>
+void Fused<torch::optim::SGD>::fused_step();
+extern template class Fused<torch::optim::AdamW>;
+extern template class Fused<torch::optim::Adam>;
+extern template class Fused<torch::optim::SGD>;
 
 /// Whether `optimizer` is one of the fused ones above.
 bool is_fused(const torch::optim::Optimizer& optimizer);
