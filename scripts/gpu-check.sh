@@ -72,7 +72,10 @@ while [ $# -gt 0 ]; do
 done
 [ "$bench_only" = 1 ] && xla_probe=0
 log() { echo "[gpu-check $(( $(date +%s) - start ))s] $*" >&2; }
-deadline=$(( start + ${GPU_CHECK_BUDGET:-540} ))
+# A dry run builds on two cores and may take an hour; a device call has 600 s.
+default_budget=540
+[ "$mode" = dry ] && default_budget=7200
+deadline=$(( start + ${GPU_CHECK_BUDGET:-$default_budget} ))
 # limit N: N seconds, or what is left of the budget less a margin for the
 # files, whichever is smaller; 0 when less than 20 s would be left.
 limit() { local left=$(( deadline - $(date +%s) - 15 )); [ "$left" -lt 20 ] && { echo 0; return; }; echo $(( $1 < left ? $1 : left )); }
