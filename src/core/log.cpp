@@ -45,12 +45,15 @@ int rank() { return current_rank; }
 void set_all_ranks(bool all) { every_rank = all; }
 
 // A worker of strata's launcher has its every line prefixed "[rank R] " by
-// the launcher's forwarder, which marks its workers with
-// STRATA_LAUNCHER_TTY (runtime/launcher.h); such a worker leaves the
-// prefix to it, so that a line carries one. Under other launchers
-// (torchrun, srun, mpirun) the log writes it.
+// the launcher's forwarder, which says so with STRATA_LAUNCHER_PREFIX=1
+// (runtime/launcher.h); such a worker leaves the prefix to it, so that a
+// line carries one. Under other launchers (torchrun, srun, mpirun) and
+// `strata launch --no-prefix` the log writes it.
 bool prefixed_by_launcher() {
-  static const bool forwarded = std::getenv("STRATA_LAUNCHER_TTY") != nullptr;
+  static const bool forwarded = [] {
+    const char* value = std::getenv("STRATA_LAUNCHER_PREFIX");
+    return value != nullptr && std::string(value) == "1";
+  }();
   return forwarded;
 }
 

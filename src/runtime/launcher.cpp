@@ -152,6 +152,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
       if (omp_threads) vars["OMP_NUM_THREADS"] = *omp_threads;
       // Note [Redraws through the launcher] (supervisor.cpp)
       vars[kEnvLauncherTty] = terminal ? "1" : "0";
+      vars[kEnvLauncherPrefix] = options.prefix_output ? "1" : "0";  // strata/core/log.cpp
       ExecArgs envp(worker_environment(vars));
       int out[2], err[2];
       STRATA_CHECK_SYSCALL(::pipe2(out, O_CLOEXEC), LaunchError, "[launcher] cannot create a pipe");

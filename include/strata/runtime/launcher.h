@@ -20,6 +20,9 @@ namespace strata::runtime {
 /// a terminal: a worker whose stdout is the launcher's pipe may then redraw
 /// a line in place ("\r" + text), as on a terminal (trainer::ProgressBar).
 inline constexpr const char* kEnvLauncherTty = "STRATA_LAUNCHER_TTY";
+/// Set to "1" for the workers whose lines the launcher prefixes with
+/// "[rank R] " (prefix_output), so that their log leaves the prefix to it.
+inline constexpr const char* kEnvLauncherPrefix = "STRATA_LAUNCHER_PREFIX";
 
 /// Which of a worker's streams a line of output came from.
 enum class OutputStream { kStdout, kStderr };
