@@ -4,7 +4,8 @@
 # suites built into ./build-asan with STRATA_SANITIZE=address, then run by
 # CTest. A use-after-free, double free or buffer overflow in what they
 # exercise (resume, callbacks' state, hostile checkpoints) fails a test.
-# Called by scripts/test.sh; STRATA_SKIP_ASAN=1 there skips it.
+# The link-order probe (Note [libstdc++ before LibTorch]) runs there too:
+# libasan first, libstdc++ next. Called by scripts/test.sh; STRATA_SKIP_ASAN=1 there skips it.
 # Usage: scripts/test-asan.sh [ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ if [ ! -f build-asan/CMakeCache.txt ]; then
     -DSTRATA_PYTHON="$STRATA_PYTHON" >/dev/null
 fi
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake --build build-asan --parallel "$jobs" --target strata_cli strata_trainer_tests strata_checkpoint_tests
+cmake --build build-asan --parallel "$jobs" --target strata_cli strata_trainer_tests strata_checkpoint_tests strata_link_order_probe
 # LibTorch keeps allocations for the life of the process (registries,
 # thread pools): leak reports would be its, not ours.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1:${ASAN_OPTIONS:-}"
