@@ -36,6 +36,9 @@ class Fused : public Base {
  public:
   using Base::Base;
   using typename Base::LossClosure;
+  /// One step: the fused kernel once per (device, dtype) group when every
+  /// parameter with a gradient is a dense float CPU or CUDA tensor, else
+  /// `Base::step` (counted in loop_steps()). Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
   /// Steps (of any group) that fell back to torch::optim's loop.
   int64_t loop_steps() const { return loop_steps_; }
