@@ -82,6 +82,7 @@
 #include "strata/models/mlp.h"
 #include "strata/optim/fused.h"
 #include "strata/runtime/env.h"
+#include "strata/runtime/process.h"
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
 
@@ -154,6 +155,10 @@ bool reset_peak_rss() {
 //   else allocated;
 // - "heap_free": bytes freed into malloc's arenas and kept there. Pages of
 //   it that were touched stay in RSS until glibc trims them;
+// - "pool_in_use", "pool_committed": under the tensor pool (STRATA_HEAP
+//   unset or pool, Note [The tensor pool]), the bytes of the live tensors
+//   it serves and the bytes it holds from the kernel; malloc's figures then
+//   leave tensors out;
 // - "fsdp_held", "fsdp_idle": of heap_in_use, FSDP's buffer cache, all of
 //   it and what waits for the units' next gathers and reductions
 //   (FSDPStrategy::buffer_bytes).
@@ -170,6 +175,7 @@ struct MemoryTrace {
     constexpr double mb = 1024.0 * 1024.0;
     const double peak = proc_status_mb("VmHWM");
     const auto fsdp_buffers = strata::strategies::FSDPStrategy::buffer_bytes();
+    const auto pool = strata::runtime::tensor_heap_stats();
     max_peak = std::max(max_peak, peak);
     rows.push_back({{"step", step},
                     {"phase", phase},
@@ -177,6 +183,8 @@ struct MemoryTrace {
                     {"peak", peak},
                     {"heap_in_use", static_cast<double>(info.uordblks + info.hblkhd) / mb},
                     {"heap_free", static_cast<double>(info.fordblks) / mb},
+                    {"pool_in_use", static_cast<double>(pool.in_use) / mb},
+                    {"pool_committed", static_cast<double>(pool.committed) / mb},
                     {"fsdp_held", static_cast<double>(fsdp_buffers.held) / mb},
                     {"fsdp_idle", static_cast<double>(fsdp_buffers.idle) / mb}});
     reset_peak_rss();

@@ -8,9 +8,11 @@
 # 1. memory, at 2 and 4 ranks: GPT large (12 layers, width 768, 85 M
 #    parameters) with a 64-token context and batch 2 per rank, so that
 #    parameters, gradients and AdamW's moments dominate; DDP, FSDP built
-#    plainly then setup_module, FSDP built inside module_sharded_context, and
-#    FSDP with glibc returning freed memory at once ("lean heap":
-#    MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ at 128 KB).
+#    plainly then setup_module, FSDP built inside module_sharded_context,
+#    all with the default heap (the tensor pool, Note [The tensor pool] in
+#    src/runtime/heap.cpp); then DDP and FSDP with glibc's kept heap
+#    (STRATA_HEAP=keep, the default before the pool) and FSDP with glibc
+#    returning freed memory at once (STRATA_HEAP=lean), 6 timed steps each.
 #    Reports the training state per rank, the peak RSS during training and
 #    during set-up (Note [Memory figures] in bench/bench_ddp.cpp);
 # 2. speed, at 2 ranks: GPT small, batch 16 per rank (bench/run_ddp.sh's
@@ -53,20 +55,24 @@ trap 'rm -rf "$tmp"' EXIT
 
 # 1. Memory: a few steps are enough (the peak comes with the first step's
 # AdamW state); one run per kind.
-memory_config="--model gpt --size $memory_size --seq-len 64 --batch 2 --warmup 1 --steps 2 --threads $threads"
+memory_config="--model gpt --size $memory_size --seq-len 64 --batch 2 --warmup 1 --steps 6 --threads $threads"
 for world in $worlds; do
   for kind in "--strategy ddp" "--strategy fsdp" "--strategy fsdp --sharded-init"; do
     echo "[bench] memory: $kind, $world ranks ..." >&2
     # shellcheck disable=SC2086
     timeout 600 "$bench" $memory_config $kind --devices "$world" | grep '^{' >> "$tmp/memory.jsonl"
   done
-  # FSDP with glibc told to return freed memory at once (no kept heap,
-  # Note [Allocator settings] in src/runtime/process.cpp): the floor the
-  # heap's reuse stands between, and what it costs in step time.
-  echo "[bench] memory: --strategy fsdp with a lean heap, $world ranks ..." >&2
-  # shellcheck disable=SC2086
-  MALLOC_MMAP_THRESHOLD_=131072 MALLOC_TRIM_THRESHOLD_=131072 timeout 600 "$bench" $memory_config --strategy fsdp \
-    --devices "$world" --impl-label "lean heap" | grep '^{' >> "$tmp/memory.jsonl"
+  # The other heaps (Note [Allocator settings] in src/runtime/heap.cpp):
+  # glibc's kept heap, and glibc returning freed memory at once, the floor
+  # the reuse of freed memory stands between, and what that costs in step
+  # time.
+  for heap in "keep ddp" "keep fsdp" "lean fsdp"; do
+    read -r mode strategy <<< "$heap"
+    echo "[bench] memory: --strategy $strategy with STRATA_HEAP=$mode, $world ranks ..." >&2
+    # shellcheck disable=SC2086
+    STRATA_HEAP=$mode timeout 600 "$bench" $memory_config --strategy "$strategy" --devices "$world" \
+      --impl-label "STRATA_HEAP=$mode" | grep '^{' >> "$tmp/memory.jsonl"
+  done
 done
 
 # 2. Speed at 2 ranks, alternating the order between repeats so slow drift

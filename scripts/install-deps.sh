@@ -2,7 +2,8 @@
 # Installs what strata needs to build, test and benchmark. Idempotent and
 # quiet when nothing is missing.
 #  - Debian packages: compiler, CMake, Ninja, ccache, nlohmann-json, CLI11,
-#    zlib, GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime (apt-get runs only when one is missing;
+#    zlib, GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime, mimalloc (the workers' tensor pool)
+#    (apt-get runs only when one is missing;
 #    needs root or sudo).
 #  - A Python venv (scripts/env.sh says where: a cache folder outside the
 #    clone) with scripts/requirements.txt: torch==2.13.0, whose LibTorch
@@ -30,6 +31,7 @@ packages=(
   iproute2                # ip netns: the two-hosts test
   openmpi-bin             # mpirun: the test that starts strata train under Open MPI (tests/cli/engines_test.cpp)
   libcurl4-openssl-dev    # the MLflow logger's REST client (optional at build time)
+  libmimalloc2.0          # the workers' tensor pool (Note [The tensor pool], loaded at run time)
 )
 python_bin="$(command -v python3 || true)"
 if [ -z "$python_bin" ]; then

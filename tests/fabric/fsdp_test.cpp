@@ -8,13 +8,17 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <c10/core/CPUAllocator.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 
 #include "strata/core/error.h"
 #include "strata/core/module_hooks.h"
 #include "strata/fabric/fabric.h"
 #include "strata/models/gpt.h"
+#include "strata/runtime/process.h"
 #include "strata/strategies/recompute.h"
 #include "strata/strategies/fsdp.h"
 #include "support/checks.h"
@@ -595,13 +599,34 @@ STRATA_WORKER(fsdp_buffer_cache) {
              "after zero_grad(set_to_none) at most two of the largest blocks (" + std::to_string(largest) +
                  " bytes) stay resident, all idle; idle " + std::to_string(idle.idle) + ", held " +
                  std::to_string(idle.held));
-    c.expect(held[5] > 2 * largest, "with the gradients zeroed in place the cache held more than two blocks (" +
-                                        std::to_string(held[5]) + " bytes), so the bound above means something");
+    // Where the shards' gradients live (Note [FSDP's buffer cache]): in the
+    // tensor pool when it is installed (a unit's block of them of 1 MB or
+    // more would come from the cache otherwise).
+    const bool pooled = strata::runtime::tensor_pool_installed();
+    c.expect(pooled == (std::getenv("STRATA_HEAP") == nullptr), "the tensor pool is installed by default only");
+    if (pooled) {
+      train(model, optimizer, /*step=*/1, [&](const at::Tensor& l) { f.backward(l); });
+      const c10::DeleterFnPtr pool_deleter = c10::GetCPUAllocator()->raw_deleter();
+      size_t over_cache_minimum = 0;
+      for (const at::Tensor& p : model->parameters()) {
+        c.expect(p.grad().storage().data_ptr().get_deleter() == pool_deleter,
+                 "each shard's gradient comes from the tensor pool");
+        if (p.grad().storage().nbytes() >= (size_t{1} << 20)) ++over_cache_minimum;
+      }
+      c.expect(over_cache_minimum > 0, "some units' gradient blocks are large enough for the cache");
+    } else {
+      c.expect(held[5] > 2 * largest, "with the gradients zeroed in place the cache held more than two blocks (" +
+                                          std::to_string(held[5]) + " bytes), so the bound above means something");
+    }
   });
   return c.result();
 }
 
 TEST(FSDPTest, BufferCacheKeepsTrainingExactAndStaysSteady) {
-  auto run = strata::testing::run_workers(2, "fsdp_buffer_cache");
-  EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+  ::setenv("STRATA_HEAP", "keep", 1);
+  auto kept = strata::testing::run_workers(2, "fsdp_buffer_cache");
+  ::unsetenv("STRATA_HEAP");
+  EXPECT_TRUE(kept.ok()) << kept.launch.summary << "\n" << kept.output;
+  auto pooled = strata::testing::run_workers(2, "fsdp_buffer_cache");
+  EXPECT_TRUE(pooled.ok()) << pooled.launch.summary << "\n" << pooled.output;
 }

@@ -1,9 +1,13 @@
-// The worker's heap (Note [Allocator settings] in process.cpp): kept by
-// default, handed back to the kernel block by block with STRATA_HEAP=lean,
-// and a bad value refused with the variable's name.
+// The worker's heap (Note [Allocator settings], Note [The tensor pool] in
+// src/runtime/heap.cpp): tensors in the mimalloc pool by default, glibc's
+// heap kept, handed back to the kernel block by block with
+// STRATA_HEAP=lean, and a bad value refused with the variable's name.
 #include <gtest/gtest.h>
 
 #include <malloc.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -30,16 +34,110 @@ STRATA_WORKER(heap_mode) {
   return 0;
 }
 
-std::string run_with_heap(const char* mode) {
-  if (mode != nullptr) {
-    ::setenv("STRATA_HEAP", mode, 1);
-  } else {
-    ::unsetenv("STRATA_HEAP");
-  }
-  auto run = strata::testing::run_workers(1, "heap_mode");
+// Where an 8 MB tensor's bytes come from: the pool's count of live bytes
+// and malloc's, before, while it lives and after; its alignment; and that
+// a plain malloc stays glibc's.
+STRATA_WORKER(tensor_heap) {
+  strata::runtime::apply_allocator_settings();
+  auto malloc_in_use = [] {
+    struct mallinfo2 info = ::mallinfo2();
+    return info.uordblks + info.hblkhd;
+  };
+  constexpr size_t kBytes = size_t{8} << 20;
+  const auto pool_before = strata::runtime::tensor_heap_stats();
+  const size_t malloc_before = malloc_in_use();
+  at::Tensor tensor = at::ones({static_cast<int64_t>(kBytes / sizeof(float))});
+  const auto pool_during = strata::runtime::tensor_heap_stats();
+  const size_t malloc_during = malloc_in_use();
+  const auto address = reinterpret_cast<uintptr_t>(tensor.data_ptr());
+  const float sum = tensor.sum().item<float>();
+  tensor = at::Tensor();
+  const auto pool_after = strata::runtime::tensor_heap_stats();
+  auto* volatile block = static_cast<char*>(std::malloc(kBytes));  // volatile: the pair must not be elided
+  block[0] = 1;
+  const size_t malloc_block = malloc_in_use();
+  std::free(block);
+  std::cout << "mode: " << pool_during.mode << "\n"
+            << "installed: " << (strata::runtime::tensor_pool_installed() ? "yes" : "no") << "\n"
+            << "pool held the tensor: " << (pool_during.in_use >= pool_before.in_use + kBytes ? "yes" : "no") << "\n"
+            << "pool had it back: " << (pool_after.in_use == pool_before.in_use ? "yes" : "no") << "\n"
+            << "pool committed it: " << (pool_during.committed >= pool_during.in_use ? "yes" : "no") << "\n"
+            << "malloc held the tensor: " << (malloc_during >= malloc_before + kBytes ? "yes" : "no") << "\n"
+            << "malloc held the block: " << (malloc_block >= malloc_before + kBytes ? "yes" : "no") << "\n"
+            << "aligned to 64: " << (address % 64 == 0 ? "yes" : "no") << "\n"
+            << "sum: " << sum << std::endl;
+  return 0;
+}
+
+// Runs `worker` in one process under STRATA_HEAP=`mode` (nullptr: unset)
+// and STRATA_MIMALLOC=`library` (nullptr: unset); its output.
+std::string run_with_heap(const char* mode, const char* worker = "heap_mode", const char* library = nullptr) {
+  auto set = [](const char* name, const char* value) {
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  };
+  set("STRATA_HEAP", mode);
+  set("STRATA_MIMALLOC", library);
+  auto run = strata::testing::run_workers(1, worker);
   ::unsetenv("STRATA_HEAP");
+  ::unsetenv("STRATA_MIMALLOC");
   EXPECT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
   return run.output;
+}
+
+bool has(const std::string& output, const std::string& line) { return output.find(line) != std::string::npos; }
+
+TEST(AllocatorTest, TensorsComeFromThePoolByDefaultAndMallocStaysGlibcs) {
+  for (const char* mode : {static_cast<const char*>(nullptr), "pool"}) {
+    const std::string out = run_with_heap(mode, "tensor_heap");
+    SCOPED_TRACE(out);
+    EXPECT_TRUE(has(out, "mode: pool\n"));
+    EXPECT_TRUE(has(out, "installed: yes\n"));
+    EXPECT_TRUE(has(out, "pool held the tensor: yes\n"));
+    EXPECT_TRUE(has(out, "pool had it back: yes\n"));
+    EXPECT_TRUE(has(out, "pool committed it: yes\n"));
+    EXPECT_TRUE(has(out, "malloc held the tensor: no\n"));  // the pool is not malloc ...
+    EXPECT_TRUE(has(out, "malloc held the block: yes\n"));   // ... and malloc is still glibc's
+    EXPECT_TRUE(has(out, "aligned to 64: yes\n"));
+    EXPECT_TRUE(has(out, "sum: 2.09715e+06\n"));
+  }
+}
+
+TEST(AllocatorTest, KeepAndLeanLeaveTensorsInGlibcsHeap) {
+  for (const char* mode : {"keep", "lean"}) {
+    const std::string out = run_with_heap(mode, "tensor_heap");
+    SCOPED_TRACE(out);
+    EXPECT_TRUE(has(out, std::string("mode: ") + mode + "\n"));
+    EXPECT_TRUE(has(out, "installed: no\n"));
+    EXPECT_TRUE(has(out, "pool held the tensor: no\n"));
+    EXPECT_TRUE(has(out, "malloc held the tensor: yes\n"));
+    EXPECT_TRUE(has(out, "aligned to 64: yes\n"));
+  }
+}
+
+TEST(AllocatorTest, WithoutMimallocTheDefaultWarnsAndKeepsAndAnExplicitPoolIsRefused) {
+  const char* missing = "/nonexistent/libmimalloc.so.2";
+  const std::string out = run_with_heap(nullptr, "tensor_heap", missing);
+  EXPECT_TRUE(has(out, "mode: keep\n")) << out;
+  EXPECT_TRUE(has(out, "malloc held the tensor: yes\n")) << out;
+  EXPECT_TRUE(has(out, "[runtime] the tensor pool needs mimalloc, which cannot be loaded (/nonexistent/libmimalloc.so.2: "
+                       "cannot open shared object file: No such file or directory): tensors stay in glibc's kept heap"))
+      << out;
+
+  ::setenv("STRATA_HEAP", "pool", 1);
+  ::setenv("STRATA_MIMALLOC", missing, 1);
+  auto run = strata::testing::run_workers(1, "tensor_heap");
+  ::unsetenv("STRATA_HEAP");
+  ::unsetenv("STRATA_MIMALLOC");
+  EXPECT_FALSE(run.ok());
+  EXPECT_TRUE(has(run.output, "[runtime] STRATA_HEAP=pool needs mimalloc, and it cannot be loaded (/nonexistent/"
+                              "libmimalloc.so.2: cannot open shared object file: No such file or directory); install it "
+                              "(Debian: apt-get install libmimalloc2.0, which scripts/install-deps.sh does), or choose "
+                              "STRATA_HEAP=keep or lean"))
+      << run.output;
 }
 
 TEST(AllocatorTest, TheHeapKeepsAMegabyteByDefaultAndLeanHandsItBack) {
@@ -56,9 +154,10 @@ TEST(AllocatorTest, AnUnknownHeapModeIsAConfigErrorNamingTheVariable) {
     FAIL() << "STRATA_HEAP=small was accepted";
   } catch (const strata::ConfigError& e) {
     ::unsetenv("STRATA_HEAP");
-    EXPECT_STREQ(e.what(), "[runtime] STRATA_HEAP is 'small'; use keep (the default: freed memory stays in the heap, "
-                           "fastest) or lean (freed blocks of 128 KB or more go back to the kernel: lower peak "
-                           "memory, slower steps)");
+    EXPECT_STREQ(e.what(), "[runtime] STRATA_HEAP is 'small'; use pool (the default: tensors in a mimalloc pool that "
+                           "reuses freed memory across sizes), keep (glibc keeps all freed memory: fastest, higher "
+                           "peak) or lean (freed blocks of 128 KB or more go back to the kernel: lowest peak, slower "
+                           "steps)");
   }
 }
 

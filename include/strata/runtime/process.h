@@ -4,6 +4,7 @@
 // apart from the strategies, which only ask for them.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "strata/runtime/env.h"
@@ -47,19 +48,37 @@ ThreadChoice choose_worker_threads(const Environment& env, const char* omp_num_t
 /// under strata's own launcher, which exports OMP_NUM_THREADS itself.
 void apply_worker_threads(const Environment& env);
 
-/// Note [Allocator settings]: a training worker's glibc keeps freed memory
-/// (no trim, large mmap threshold); with STRATA_HEAP=lean it hands freed
-/// blocks of 128 KB or more back to the kernel at once instead (lower peak
-/// memory, slower steps). Nothing changes when MALLOC_MMAP_THRESHOLD_ or
-/// MALLOC_TRIM_THRESHOLD_ is set. Throws ConfigError naming STRATA_HEAP
-/// for any other value. Idempotent.
+/// Note [Allocator settings], Note [The tensor pool] (heap.cpp): sets up
+/// the worker's heap from STRATA_HEAP. Unset or "pool": LibTorch's CPU
+/// tensors come from a mimalloc pool (c10::SetCPUAllocator) that reuses
+/// freed memory across sizes and gives back what stays free; where
+/// libmimalloc cannot be loaded, it warns once and falls back to "keep"
+/// ("pool" asked for explicitly throws ConfigError there instead).
+/// "keep": glibc keeps freed memory (no trim, large mmap threshold).
+/// "lean": glibc hands freed blocks of 128 KB or more back to the kernel at
+/// once (lowest peak, slower steps). glibc's settings are left alone when
+/// MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ is set. Throws
+/// ConfigError naming STRATA_HEAP for any other value. The first call
+/// decides; later calls only check the value.
 void apply_allocator_settings();
+
+/// What the worker's tensor heap holds.
+struct TensorHeapStats {
+  std::string mode = "keep";  ///< "pool", "keep" or "lean": what apply_allocator_settings chose
+  size_t in_use = 0;          ///< pool only: bytes of the live tensors it serves
+  size_t committed = 0;       ///< pool only: bytes it holds from the kernel, in use or free
+};
+TensorHeapStats tensor_heap_stats();
+
+/// Whether LibTorch's CPU tensors come from the tensor pool (a cheap
+/// check, for code that places its buffers by it).
+bool tensor_pool_installed();
 
 /// Hands the pages of the heap's free memory back to the kernel
 /// (glibc's malloc_trim), which the settings above otherwise keep: for
 /// after a phase that freed much that later phases will not allocate again
 /// in the same sizes, such as FSDP's set-up, which frees the unsharded
-/// model. Costs a walk over the heap's free blocks; no-op elsewhere.
+/// model. Costs a walk over the heap's free blocks (and the tensor pool's).
 void release_free_memory();
 
 /// Ends a worker process that strata's launcher started by re-executing

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "strata/runtime/process.h"
+
 namespace strata::strategies::detail {
 
 // Note [FSDP's buffer cache]
@@ -38,6 +40,18 @@ namespace strata::strategies::detail {
 // gradients that zero_grad drops: they wait through the next forward,
 // which needs only a unit or two of gathered parameters, without counting
 // in its peak.
+//
+// Under the tensor pool (Note [The tensor pool] in src/runtime/heap.cpp),
+// the default, the shards' gradients (the reduce-scatter's outputs) come
+// from the pool instead (empty_gradient_shards): they are made during
+// backward, while the activations are freed, and live until zero_grad, so
+// in the pool they take the pages the activations gave up, where in the
+// cache they came on top of them: GPT large's training peak at 2 ranks
+// fell by about 50 MB (docs/benchmarks.md, "FSDP's memory"). The blocks
+// that come back within the step (gathered parameters, gradient blocks)
+// stay here: the pool serves blocks over 16 MB from mappings of their own,
+// given back when freed, which page-faulted each unit's blocks in again
+// every step (1.4x slower steps, measured).
 struct BufferCache::Block {
   void* data;
   size_t bytes;   // the size asked for (the key)
@@ -159,6 +173,11 @@ size_t BufferCache::held_bytes() const {
 at::Tensor empty_buffer(at::IntArrayRef sizes, const at::TensorOptions& options) {
   if (options.device().is_cpu()) return BufferCache::host().empty(sizes, c10::typeMetaToScalarType(options.dtype()));
   return at::empty(sizes, options);
+}
+
+at::Tensor empty_gradient_shards(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (options.device().is_cpu() && runtime::tensor_pool_installed()) return at::empty(sizes, options);
+  return empty_buffer(sizes, options);
 }
 
 }  // namespace strata::strategies::detail

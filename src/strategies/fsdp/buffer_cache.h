@@ -64,4 +64,9 @@ class BufferCache final : public c10::Allocator {
 /// any other device (whose own allocator caches, as CUDA's does).
 at::Tensor empty_buffer(at::IntArrayRef sizes, const at::TensorOptions& options);
 
+/// For the reduce-scatter's output, which becomes the shards' gradients
+/// and lives until zero_grad: LibTorch's allocator when it is the tensor
+/// pool (Note [FSDP's buffer cache]), empty_buffer otherwise.
+at::Tensor empty_gradient_shards(at::IntArrayRef sizes, const at::TensorOptions& options);
+
 }  // namespace strata::strategies::detail

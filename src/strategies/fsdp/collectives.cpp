@@ -73,7 +73,7 @@ ReduceScatterWork start_reduce_scatter(comm::Group& group, const std::vector<Sha
   }
   ReduceScatterWork reduce;
   reduce.input = std::move(grad_block);
-  reduce.output = empty_buffer({shard_numel}, reduce.input.options());
+  reduce.output = empty_gradient_shards({shard_numel}, reduce.input.options());
   reduce.work = group.reduce_scatter_segmented_async(reduce.input, reduce.output, segments, comm::ReduceOp::kMean);
   return reduce;
 }
