@@ -29,6 +29,13 @@ namespace strata::optim {
 // (tests/optim/fused_test.cpp) bounds the difference at 1e-5, where a wrong
 // formula (coupled against decoupled weight decay) is off by far more.
 //
+// The learning rate reaches the kernels as a scalar tensor, made for each
+// call from the group's options (where schedulers write it), so a
+// schedule changes a tensor's value rather than a constant of the call:
+// the form a captured step (the xla device, docs/xla.md) needs to keep
+// one program for every rate. On the CPU the kernel reads it back as the
+// same double, so the results are those of the double argument, exactly.
+//
 // State lives in torch::optim's own objects (AdamWParamState, ...): step is
 // its int64 counter, and the kernels read it through a float scalar tensor
 // made for the call, so a checkpoint of either optimizer is the other's.
@@ -53,6 +60,13 @@ bool fusable(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
 using GroupKey = std::pair<c10::Device, c10::ScalarType>;
 
 GroupKey key_of(const at::Tensor& p) { return {p.device(), p.scalar_type()}; }
+
+/// The learning rate as the kernels' tensor argument (Note [Fused against
+/// the loop]): a double on the CPU, whose kernel reads it back exactly; a
+/// float on the device, as its kernels take it, where they compute in float.
+at::Tensor lr_tensor(double lr, const c10::Device& device) {
+  return at::scalar_tensor(lr, at::TensorOptions().dtype(device.is_cpu() ? at::kDouble : at::kFloat).device(device));
+}
 
 struct DeviceGroupLess {
   static auto rank(const GroupKey& k) {
@@ -127,7 +141,8 @@ void Fused<torch::optim::AdamW>::fused_step() {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& [key, l] : adam_lists<torch::optim::AdamWParamState>(group, state_, o))
-      at::_fused_adamw_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps, o.lr(),
+      at::_fused_adamw_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps,
+                        lr_tensor(o.lr(), key.first),
                         std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(),
                         /*maximize=*/false);
   }
@@ -138,7 +153,8 @@ void Fused<torch::optim::Adam>::fused_step() {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
     for (auto& [key, l] : adam_lists<torch::optim::AdamParamState>(group, state_, o))
-      at::_fused_adam_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps, o.lr(),
+      at::_fused_adam_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps,
+                       lr_tensor(o.lr(), key.first),
                        std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(),
                        /*maximize=*/false);
   }
@@ -175,7 +191,8 @@ void Fused<torch::optim::SGD>::fused_step() {
       if (buffer.defined()) lists.buffers.push_back(buffer);
     }
     for (auto& [key, l] : calls)
-      at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+      at::_fused_sgd_(l.params, l.grads, l.buffers, o.weight_decay(), o.momentum(), lr_tensor(o.lr(), key.first.first),
+                      o.dampening(),
                       o.nesterov(), /*maximize=*/false, /*is_first_step=*/key.second);
   }
 }

@@ -135,6 +135,28 @@ TEST(FusedOptimizerTest, TheBoundSeparatesAnotherFormula) {
 // A checkpoint of the fused optimizer is the loop's, both through strata's
 // optimizer state and through torch::serialize: stop after 10 steps, move
 // the state across, and 10 more steps agree with 20 uninterrupted ones.
+// The rate reaches the kernels as a tensor made from the group's options
+// each step, so a schedule that rewrites it is followed; plain SGD agrees
+// with the loop bit for bit, so the rates must be the same doubles.
+TEST(FusedOptimizerTest, AScheduleThatRewritesTheRateIsFollowedExactly) {
+  auto reference = net();
+  auto fused_model = copy_of(*reference);
+  auto constant_model = copy_of(*reference);
+  torch::optim::SGD loop(reference->parameters(), SGDOptions(0.05));
+  optim::SGD fused(fused_model->parameters(), SGDOptions(0.05));
+  optim::SGD constant(constant_model->parameters(), SGDOptions(0.05));
+  for (int s = 0; s < 10; ++s) {
+    const double rate = 0.05 * (1.0 - s / 10.0) + 1e-3 * s * s;
+    static_cast<SGDOptions&>(loop.param_groups()[0].options()).lr(rate);
+    static_cast<SGDOptions&>(fused.param_groups()[0].options()).lr(rate);
+    train(*reference, loop, 1, s);
+    train(*fused_model, fused, 1, s);
+    train(*constant_model, constant, 1, s);
+  }
+  EXPECT_EQ(relative_difference(*reference, *fused_model), 0.0);
+  EXPECT_GT(relative_difference(*reference, *constant_model), 1e-3) << "the schedule changed the training";
+}
+
 TEST(FusedOptimizerTest, CheckpointsMoveBetweenFusedAndLoop) {
   auto uninterrupted = net();
   auto fused_first = copy_of(*uninterrupted);
