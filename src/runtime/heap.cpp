@@ -60,9 +60,9 @@ namespace {
 // the kept heap, with the same peaks.
 //
 // Measured on GPT large, context 64, batch 2 (docs/benchmarks.md, "FSDP's
-// memory"): FSDP's training peak over the start fell from 1005 MB (kept
-// heap) to 856 MB at 2 ranks and from 776 to 559 MB at 4, with fewer page
-// faults than the kept heap; lean's are 813 and 515 MB. DDP's fell by 4%.
+// memory by default"): FSDP's training peak over the start fell from 1104
+// MB (kept heap) to 856 MB at 2 ranks and from 715 to 568 MB at 4, with
+// steps no slower; lean's are 814 and 518 MB. DDP's fell by 4-5%.
 //
 // Blocks are 64-byte aligned, as c10's own allocator makes them (its
 // vectorized kernels assume it). Tensors made before the pool was
