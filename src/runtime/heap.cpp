@@ -71,6 +71,10 @@ namespace {
 // back to the kept glibc heap and says so once; STRATA_HEAP=pool asked for
 // explicitly is an error there instead. STRATA_MIMALLOC names another
 // build of the library (a path, or a name dlopen searches for).
+//
+// Under AddressSanitizer (scripts/test-asan.sh) the default is the kept
+// glibc heap instead: ASan sees only what goes through malloc, so tensors
+// in the pool would hide their overflows and uses after free from it.
 
 struct Mimalloc {
   void* (*malloc_aligned)(size_t, size_t) = nullptr;
@@ -88,6 +92,18 @@ std::atomic<bool> g_pool_installed{false};
 std::once_flag g_settings_once;
 
 constexpr size_t kTensorAlignment = 64;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kUnderAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kUnderAddressSanitizer = true;
+#else
+constexpr bool kUnderAddressSanitizer = false;
+#endif
+#else
+constexpr bool kUnderAddressSanitizer = false;
+#endif
 
 // Opens libmimalloc (STRATA_MIMALLOC names another build of it) and finds
 // the functions the pool calls; "" on success, otherwise why not.
@@ -179,6 +195,8 @@ void apply_allocator_settings() {
     keep_glibc_heap(mode == "lean");
     if (mode == "lean" || mode == "keep") {
       g_mode = mode;
+    } else if (mode.empty() && kUnderAddressSanitizer) {
+      g_mode = "keep";  // ASan checks what malloc serves (Note [The tensor pool])
     } else {
       install_tensor_pool(/*asked=*/mode == "pool");
     }
