@@ -65,6 +65,8 @@ STRATA_WORKER(tensor_heap) {
             << "malloc held the tensor: " << (malloc_during >= malloc_before + kBytes ? "yes" : "no") << "\n"
             << "malloc held the block: " << (malloc_block >= malloc_before + kBytes ? "yes" : "no") << "\n"
             << "aligned to 64: " << (address % 64 == 0 ? "yes" : "no") << "\n"
+            << "decommit delay: " << (std::getenv("MIMALLOC_DECOMMIT_DELAY") ? std::getenv("MIMALLOC_DECOMMIT_DELAY") : "unset")
+            << "\n"
             << "sum: " << sum << std::endl;
   return 0;
 }
@@ -102,8 +104,15 @@ TEST(AllocatorTest, TensorsComeFromThePoolByDefaultAndMallocStaysGlibcs) {
     EXPECT_TRUE(has(out, "malloc held the tensor: no\n"));  // the pool is not malloc ...
     EXPECT_TRUE(has(out, "malloc held the block: yes\n"));   // ... and malloc is still glibc's
     EXPECT_TRUE(has(out, "aligned to 64: yes\n"));
+    EXPECT_TRUE(has(out, "decommit delay: 2000\n"));  // longer than a step (Note [The tensor pool])
     EXPECT_TRUE(has(out, "sum: 2.09715e+06\n"));
   }
+  // A delay the user chose stays.
+  ::setenv("MIMALLOC_DECOMMIT_DELAY", "100", 1);
+  const std::string chosen = run_with_heap(nullptr, "tensor_heap");
+  ::unsetenv("MIMALLOC_DECOMMIT_DELAY");
+  EXPECT_TRUE(has(chosen, "mode: pool\n")) << chosen;
+  EXPECT_TRUE(has(chosen, "decommit delay: 100\n")) << chosen;
 }
 
 TEST(AllocatorTest, KeepAndLeanLeaveTensorsInGlibcsHeap) {
