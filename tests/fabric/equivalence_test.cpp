@@ -112,7 +112,9 @@ RunResult train(Fabric& fabric, const RunConfig& c) {
 
 // "ddp", "fsdp" (each Block a unit), "fsdp-ac" (and each Block
 // recomputed in backward), "fsdp-ac-nowrap" (one unit, Blocks recomputed),
-// "fsdp-keep" (units stay gathered from forward to backward, no prefetch).
+// "fsdp-keep" (units stay gathered from forward to backward, no prefetch),
+// "fsdp-overlap" (backward overlaps its collectives, as on a GPU; the CPU's
+// default runs them in order, Note [Overlap in backward]).
 std::shared_ptr<strata::strategies::Strategy> make_strategy(const std::string& spec) {
   using strata::strategies::FSDPOptions;
   using strata::strategies::ModuleTypes;
@@ -121,6 +123,7 @@ std::shared_ptr<strata::strategies::Strategy> make_strategy(const std::string& s
   if (spec != "fsdp-ac-nowrap") options.with_auto_wrap_policy(ModuleTypes{"Block"});
   if (spec.rfind("fsdp-ac", 0) == 0) options.with_activation_checkpointing_policy({"Block"});
   if (spec == "fsdp-keep") options.with_reshard_after_forward(false).with_prefetch(false);
+  if (spec == "fsdp-overlap") options.with_overlap_backward(true);
   return std::make_shared<strata::strategies::FSDPStrategy>(strata::strategies::cpu_accelerator(), std::nullopt,
                                                            options);
 }
@@ -187,6 +190,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple("fsdp-ac-nowrap", 3, int64_t{1}, 0.0, 0.0),
                       std::make_tuple("fsdp", 2, int64_t{2}, 0.0, 0.0),
                       std::make_tuple("fsdp-keep", 2, int64_t{1}, 0.0, 0.0),
+                      std::make_tuple("fsdp-overlap", 2, int64_t{1}, 0.0, 0.0),
+                      std::make_tuple("fsdp-overlap", 3, int64_t{2}, 0.5, 0.0),
                       std::make_tuple("fsdp", 3, int64_t{2}, 0.5, 0.0),
                       std::make_tuple("fsdp-ac", 3, int64_t{1}, 0.0, 0.01)),
     [](const auto& info) {

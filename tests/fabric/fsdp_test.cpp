@@ -285,6 +285,11 @@ STRATA_WORKER(fsdp_contract) {
     what = error_message([&] { f.no_backward_sync(*stranger); });
     c.expect(contains(what, "[fsdp] no_backward_sync got a module that was not set up"),
              "no_backward_sync of another module is refused: " + what);
+    c.expect(!strategy.overlaps_backward(*model),
+             "on CPU workers backward runs its collectives in order by default (Note [Overlap in backward])");
+    what = error_message([&] { strategy.overlaps_backward(*stranger); });
+    c.expect(contains(what, "[fsdp] overlaps_backward: the module was not set up by this strategy"),
+             "overlaps_backward of another module is refused: " + what);
     auto [input, target] = batch(f.global_rank(), world);
     std::vector<double> losses;
     for (int step = 0; step < 6; ++step) {

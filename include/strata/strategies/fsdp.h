@@ -89,6 +89,14 @@ struct FSDPOptions {
   bool reshard_after_forward = true;
   /// Gather the next unit's parameters while the current unit computes.
   bool prefetch = true;
+  /// Overlap backward with its communication: gather the previous unit's
+  /// parameters during a unit's backward (with prefetch) and keep one
+  /// unit's gradient reduction running while backward goes on. Unset: on
+  /// where the collectives run beside the computation (a GPU, the xla
+  /// device), off on CPU workers, where every core computes, so overlap
+  /// bought no time and cost two units' blocks of peak memory (Note
+  /// [Overlap in backward] in src/strategies/fsdp/schedule.cpp).
+  std::optional<bool> overlap_backward;
   /// dtype parameters are gathered and computed in; default: the
   /// precision's compute dtype (bf16 for bf16-mixed, fp32 otherwise).
   std::optional<c10::ScalarType> compute_dtype;
@@ -112,6 +120,7 @@ struct FSDPOptions {
   FSDPOptions& with_sequential_save(bool s) { sequential_save = s; return *this; }
   FSDPOptions& with_reshard_after_forward(bool r) { reshard_after_forward = r; return *this; }
   FSDPOptions& with_prefetch(bool p) { prefetch = p; return *this; }
+  FSDPOptions& with_overlap_backward(bool o) { overlap_backward = o; return *this; }
   FSDPOptions& with_compute_dtype(c10::ScalarType d) { compute_dtype = d; return *this; }
   FSDPOptions& with_reduce_dtype(c10::ScalarType d) { reduce_dtype = d; return *this; }
   FSDPOptions& with_sync_module_states(bool s) { sync_module_states = s; return *this; }
@@ -179,6 +188,10 @@ class FSDPStrategy : public Strategy {
   /// in the order their forward first ran (registration order before the
   /// first forward).
   std::vector<FSDPUnitInfo> units() const;
+  /// Whether `module`'s backward overlaps its collectives
+  /// (FSDPOptions::overlap_backward, resolved for its device); ConfigError
+  /// for a module this strategy did not set up.
+  bool overlaps_backward(const torch::nn::Module& module) const;
   /// Host memory of FSDP's buffer cache (its units' gathered parameters
   /// and gather and reduce buffers, kept between uses; Note [FSDP's buffer
   /// cache]): `held`, all its blocks; `idle`, those waiting for the next

@@ -59,10 +59,11 @@ void collect(torch::nn::Module& module, const std::string& prefix, size_t unit,
 }  // namespace
 
 FSDPState::FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions& options,
-                     c10::ScalarType compute, c10::ScalarType reduce)
+                     c10::ScalarType compute, c10::ScalarType reduce, c10::Device device)
     : context_{std::move(group), 1, compute, reduce, options.reshard_after_forward},
       rank_(context_.group.rank()),
       prefetch_(options.prefetch),
+      overlap_backward_(options.overlap_backward.value_or(!device.is_cpu())),
       root_module_(std::move(root_module)),
       grad_hooks_([this](size_t i) { return post_backward(i); }) {
   context_.world = context_.group.size();

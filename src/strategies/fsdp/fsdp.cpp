@@ -151,10 +151,10 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   // pieces from presharded_, which keeps the other modules' pieces.
   modules_.push_back(module);
   c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
-  auto state =
-      std::make_shared<FSDPState>(module, group_, options_, compute, options_.reduce_dtype.value_or(compute));
+  const c10::Device device = shard_device(*this);
+  auto state = std::make_shared<FSDPState>(module, group_, options_, compute, options_.reduce_dtype.value_or(compute),
+                                           device);
   {
-    const c10::Device device = shard_device(*this);
     detail::SetupDeviceScope on_device(device);
     buffers_to(*module, device);
     state->build(options_, presharded_.get());
@@ -274,6 +274,14 @@ void FSDPStrategy::teardown() {
 FSDPStrategy::BufferBytes FSDPStrategy::buffer_bytes() {
   const detail::BufferCache& cache = detail::BufferCache::host();
   return {cache.held_bytes(), cache.idle_bytes()};
+}
+
+bool FSDPStrategy::overlaps_backward(const torch::nn::Module& module) const {
+  const detail::FSDPState* state = state_of(module);
+  STRATA_CHECK(state != nullptr, ConfigError,
+               "[fsdp] overlaps_backward: the module was not set up by this strategy; pass what setup_module "
+               "returned");
+  return state->overlaps_backward();
 }
 
 std::vector<FSDPUnitInfo> FSDPStrategy::units() const {

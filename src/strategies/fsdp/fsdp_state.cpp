@@ -68,7 +68,7 @@ void FSDPState::post_forward(size_t u, TensorList& outputs) {
 }
 
 void FSDPState::pre_backward(size_t u) {
-  if (!units_[u].pre_backward() || !prefetch_) return;
+  if (!units_[u].pre_backward() || !prefetch_ || !overlap_backward_) return;  // Note [Overlap in backward]
   std::optional<size_t> previous = prefetch_target(u, /*backward=*/true);
   if (previous && units_[*previous].sharded_state() == ShardedState::kStorageFreed) units_[*previous].unshard();
 }

@@ -26,10 +26,13 @@ namespace strata::strategies::detail {
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
   /// An empty state for `root_module` (build makes the units), whose units
-  /// gather in `compute` and reduce in `reduce`.
+  /// gather in `compute` and reduce in `reduce`, on `device` (which decides
+  /// FSDPOptions::overlap_backward when unset).
   FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions& options, c10::ScalarType compute,
-            c10::ScalarType reduce);
+            c10::ScalarType reduce, c10::Device device);
   FSDPState(const FSDPState&) = delete;
+  /// Note [Overlap in backward]: FSDPOptions::overlap_backward, resolved.
+  bool overlaps_backward() const { return overlap_backward_; }
   FSDPState& operator=(const FSDPState&) = delete;
 
   // ---- construction (construction.cpp) ----
@@ -108,6 +111,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   UnitContext context_;  ///< shared by units_, so declared before them
   int rank_ = 0;
   bool prefetch_ = true;
+  bool overlap_backward_ = true;  ///< Note [Overlap in backward]
   bool sync_ = true;  ///< gradients reduced in this backward (no_backward_sync turns it off)
   ModulePtr root_module_;
   GradHooks grad_hooks_;  ///< Note [Gradient hooks]
