@@ -62,7 +62,9 @@ namespace {
 // Measured on GPT large, context 64, batch 2 (docs/benchmarks.md, "FSDP's
 // memory by default"): FSDP's training peak over the start fell from 1104
 // MB (kept heap) to 856 MB at 2 ranks and from 715 to 568 MB at 4, with
-// steps no slower; lean's are 814 and 518 MB. DDP's fell by 4-5%.
+// steps no slower; lean's were 814 and 518 MB. DDP's fell by 4-5%. (Backward
+// in order on CPU workers, Note [Overlap in backward], took them to 801
+// and 512 MB since.)
 //
 // Blocks are 64-byte aligned, as c10's own allocator makes them (its
 // vectorized kernels assume it). Tensors made before the pool was
