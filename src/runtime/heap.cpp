@@ -191,7 +191,7 @@ void apply_allocator_settings() {
   STRATA_CHECK(mode.empty() || mode == "pool" || mode == "keep" || mode == "lean", ConfigError,
                "[runtime] STRATA_HEAP is '", mode.substr(0, 64),
                "'; use pool (the default: tensors in a mimalloc pool that reuses freed memory across sizes), keep "
-               "(glibc keeps all freed memory: fastest, higher peak) or lean (freed blocks of 128 KB or more go "
+               "(glibc keeps its freed memory: a higher peak) or lean (freed blocks of 128 KB or more go "
                "back to the kernel: lowest peak, slower steps)");
   std::call_once(g_settings_once, [&] {
     keep_glibc_heap(mode == "lean");

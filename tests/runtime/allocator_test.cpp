@@ -164,8 +164,8 @@ TEST(AllocatorTest, AnUnknownHeapModeIsAConfigErrorNamingTheVariable) {
   } catch (const strata::ConfigError& e) {
     ::unsetenv("STRATA_HEAP");
     EXPECT_STREQ(e.what(), "[runtime] STRATA_HEAP is 'small'; use pool (the default: tensors in a mimalloc pool that "
-                           "reuses freed memory across sizes), keep (glibc keeps all freed memory: fastest, higher "
-                           "peak) or lean (freed blocks of 128 KB or more go back to the kernel: lowest peak, slower "
+                           "reuses freed memory across sizes), keep (glibc keeps its freed memory: a higher peak) or "
+                           "lean (freed blocks of 128 KB or more go back to the kernel: lowest peak, slower "
                            "steps)");
   }
 }
