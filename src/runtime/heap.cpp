@@ -84,7 +84,6 @@ struct Mimalloc {
   size_t (*usable_size)(const void*) = nullptr;
   void (*collect)(bool) = nullptr;
   void (*process_info)(size_t*, size_t*, size_t*, size_t*, size_t*, size_t*, size_t*, size_t*) = nullptr;
-  int (*version)() = nullptr;
 };
 
 Mimalloc g_mimalloc;
@@ -123,7 +122,7 @@ std::string open_mimalloc(Mimalloc& mi) {
   };
   if (!find("mi_malloc_aligned", mi.malloc_aligned) || !find("mi_free", mi.free) ||
       !find("mi_usable_size", mi.usable_size) || !find("mi_collect", mi.collect) ||
-      !find("mi_process_info", mi.process_info) || !find("mi_version", mi.version)) {
+      !find("mi_process_info", mi.process_info)) {
     return "libmimalloc lacks the mi_* functions the pool calls (mimalloc 2.0 or newer has them)";
   }
   return "";

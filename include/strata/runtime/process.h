@@ -68,6 +68,9 @@ struct TensorHeapStats {
   size_t in_use = 0;          ///< pool only: bytes of the live tensors it serves
   size_t committed = 0;       ///< pool only: bytes it holds from the kernel, in use or free
 };
+/// The heap apply_allocator_settings chose and, under the pool, its live
+/// and committed bytes (for memory reports: bench_ddp --memory-trace).
+/// "keep" and zeros before apply_allocator_settings ran.
 TensorHeapStats tensor_heap_stats();
 
 /// Whether LibTorch's CPU tensors come from the tensor pool (a cheap
