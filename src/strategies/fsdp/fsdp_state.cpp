@@ -53,8 +53,18 @@ void FSDPState::pre_forward(size_t u) {
   }
 }
 
+// Note [The last unit stays gathered]
+// The unit whose forward started last in the last step is the first whose
+// backward runs: only the root's remainder of forward (for a GPT: the
+// final norm, the head and the loss) and its backward come between. Freeing
+// its storage after forward would make backward gather it again at once;
+// it stays gathered instead, one all-gather fewer a step, as FSDP2 keeps
+// the root. The training peak does not grow: backward starts with the unit
+// gathered either way, and the root's remainder holds no more than that
+// unit's own backward does. The first step has no order yet and frees it.
 void FSDPState::post_forward(size_t u, TensorList& outputs) {
-  if (!units_[u].post_forward(outputs)) return;
+  const bool backward_next = !last_forward_order_.empty() && last_forward_order_.back() == u;
+  if (!units_[u].post_forward(outputs, /*keep_gathered=*/backward_next)) return;
   // The gradient of the unit's outputs arrives just before the unit's own
   // backward: gather its parameters again then (at the first of them).
   std::weak_ptr<FSDPState> weak = weak_from_this();

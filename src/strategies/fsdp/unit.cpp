@@ -92,7 +92,7 @@ bool Unit::pre_forward() {
   return true;
 }
 
-bool Unit::post_forward(const TensorList& outputs) {
+bool Unit::post_forward(const TensorList& outputs, bool keep_gathered) {
   bool backward_follows = false;
   for (const at::Tensor& output : outputs) {
     backward_follows = backward_follows || (output.defined() && output.requires_grad());
@@ -103,7 +103,7 @@ bool Unit::post_forward(const TensorList& outputs) {
     reshard();
     return false;
   }
-  if (!root_ && context_.reshard_after_forward) free_storage();
+  if (!root_ && !keep_gathered && context_.reshard_after_forward) free_storage();
   return true;
 }
 

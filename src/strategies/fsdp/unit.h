@@ -123,8 +123,9 @@ class Unit {
   bool pre_forward();
   /// After the forward that produced `outputs`: reshards when no backward
   /// follows (evaluation) and returns false; otherwise frees the storage
-  /// when the context asks (never the root's) and returns true.
-  bool post_forward(const TensorList& outputs);
+  /// when the context asks (never the root's, nor with `keep_gathered`:
+  /// Note [The last unit stays gathered] in fsdp_state.cpp) and returns true.
+  bool post_forward(const TensorList& outputs, bool keep_gathered = false);
   /// Before the unit's backward (the first gradient of its outputs):
   /// gathers the parameters again; false when its backward was over already.
   bool pre_backward();
