@@ -98,6 +98,7 @@ struct BenchConfig {
   std::string strategy = "ddp";  ///< "ddp" or "fsdp" (each GPT Block a unit)
   bool activation_checkpointing = false;  ///< FSDP: recompute each Block in backward
   bool sharded_init = false;  ///< FSDP: build the model inside module_sharded_context
+  std::string overlap_backward = "auto";  ///< FSDP: FSDPOptions::overlap_backward (auto: the device's default)
   int devices = 2;
   int threads = 1;
   int64_t batch = 16;  ///< per rank
@@ -231,6 +232,7 @@ std::shared_ptr<strata::strategies::Strategy> make_strategy(const BenchConfig& c
   FSDPOptions options;
   options.with_auto_wrap_policy(ModuleTypes{"Block"});
   if (c.activation_checkpointing) options.with_activation_checkpointing_policy({"Block"});
+  if (c.overlap_backward != "auto") options.with_overlap_backward(c.overlap_backward == "on");
   if (c.strategy == "xla_fsdp") return std::make_shared<XlaFSDPStrategy>(accelerator, precision, options);
   return std::make_shared<FSDPStrategy>(accelerator, precision, options);
 }
@@ -361,6 +363,7 @@ nlohmann::json run_worker(strata::Fabric& fabric, const BenchConfig& c) {
   nlohmann::json out = {{"impl", c.impl},
                         {"strategy", c.strategy + (c.activation_checkpointing ? "+ac" : "")},
                         {"init", c.sharded_init ? "sharded" : "plain"},
+                        {"overlap_backward", c.overlap_backward},
                         {"precision", fabric.strategy().precision().name()},
                         {"optimizer", c.optimizer},
                         {"attention", c.attention},
@@ -413,6 +416,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--activation-checkpointing", c.activation_checkpointing, "FSDP: recompute each Block in backward");
   app.add_flag("--sharded-init", c.sharded_init, "FSDP: build the model inside module_sharded_context");
+  app.add_option("--overlap-backward", c.overlap_backward,
+                 "FSDP: on (prefetch in backward, one reduce-scatter in flight), off (in order), or auto (off on CPU "
+                 "workers, on elsewhere)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--devices", c.devices, "Workers to launch (ignored under strata launch)")->capture_default_str();
   app.add_option("--threads", c.threads, "Intra-op threads per rank")->capture_default_str();
   app.add_option("--batch", c.batch, "Batch per rank")->capture_default_str();
@@ -441,10 +449,11 @@ int main(int argc, char** argv) {
   try {
     STRATA_CHECK(c.threads >= 1 && c.batch >= 1 && c.steps >= 1 && c.warmup >= 0 && c.pool >= 1,
                  ConfigError, "[bench] --threads, --batch, --steps and --pool must be >= 1, --warmup >= 0");
-    STRATA_CHECK(c.strategy == "fsdp" || c.strategy == "xla_fsdp" || (!c.activation_checkpointing && !c.sharded_init),
+    STRATA_CHECK(c.strategy == "fsdp" || c.strategy == "xla_fsdp" ||
+                     (!c.activation_checkpointing && !c.sharded_init && c.overlap_backward == "auto"),
                  ConfigError,
-                 "[bench] --activation-checkpointing and --sharded-init need --strategy fsdp (got --strategy ",
-                 c.strategy, ")");
+                 "[bench] --activation-checkpointing, --sharded-init and --overlap-backward need --strategy fsdp (got "
+                 "--strategy ", c.strategy, ")");
     strata::FabricOptions options = strata::FabricOptions().with_devices(c.devices).with_strategy(make_strategy(c));
     if (on_xla(c)) options.with_accelerator("xla");
     strata::Fabric fabric(options);
