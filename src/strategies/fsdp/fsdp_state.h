@@ -31,9 +31,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions& options, c10::ScalarType compute,
             c10::ScalarType reduce, c10::Device device);
   FSDPState(const FSDPState&) = delete;
+  FSDPState& operator=(const FSDPState&) = delete;
   /// Note [Overlap in backward]: FSDPOptions::overlap_backward, resolved.
   bool overlaps_backward() const { return overlap_backward_; }
-  FSDPState& operator=(const FSDPState&) = delete;
 
   // ---- construction (construction.cpp) ----
   /// Makes the units by the wrap policy and shards the parameters (those
