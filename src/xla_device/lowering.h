@@ -506,5 +506,8 @@ void register_autocast();
 void register_checks(torch::Library& library);
 /// The lowered random kernels: dropout (kernels_random.cpp).
 void register_random(torch::Library& library);
+/// The activations and their backwards, and where
+/// (kernels_activation.cpp).
+void register_activation(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering
