@@ -511,6 +511,8 @@ void register_random(torch::Library& library);
 void register_activation(torch::Library& library);
 /// Batch norm and its backward, group norm's backward (kernels_norm.cpp).
 void register_norm(torch::Library& library);
+/// The losses and their backwards (kernels_loss.cpp).
+void register_loss(torch::Library& library);
 /// The fused LSTM and GRU cells as decompositions into ATen ops, on
 /// `library` (PrivateUse1) and on AutogradPrivateUse1 (kernels_rnn.cpp).
 void register_rnn(torch::Library& library);
