@@ -513,6 +513,11 @@ void register_activation(torch::Library& library);
 void register_norm(torch::Library& library);
 /// The losses and their backwards (kernels_loss.cpp).
 void register_loss(torch::Library& library);
+/// max, min, argmax, argmin, gather, scatter_add, cumsum, sort, topk
+/// (kernels_index.cpp).
+void register_index(torch::Library& library);
+/// The comparisons, logical_not, all and any (kernels_compare.cpp).
+void register_compare(torch::Library& library);
 /// The fused LSTM and GRU cells as decompositions into ATen ops, on
 /// `library` (PrivateUse1) and on AutogradPrivateUse1 (kernels_rnn.cpp).
 void register_rnn(torch::Library& library);

@@ -432,6 +432,8 @@ void register_lowerings(torch::Library& library) {
   lowering::register_activation(library);
   lowering::register_norm(library);
   lowering::register_loss(library);
+  lowering::register_index(library);
+  lowering::register_compare(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));
