@@ -223,6 +223,17 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                                        " has no lowering for the xla device, and STRATA_XLA_FALLBACK=error forbids "
                                        "running it on the CPU; unset STRATA_XLA_FALLBACK to let it run there "
                                        "(slower), or keep the op off the device"));
+  // Note [Ops with no CPU kernel]: LibTorch implements some ops for
+  // accelerators only (CUDA's fused cells and their backwards, cuDNN's
+  // ops); the CPU fallback would fail inside LibTorch with "Could not run
+  // ... with arguments from the 'CPU' backend". Such an op is refused here,
+  // by name, before anything is counted or synced.
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU))
+    throw XlaError(strata::detail::cat("[xla] ", name,
+                                       " has no lowering for the xla device, and LibTorch has no CPU kernel for it to "
+                                       "fall back to (it is implemented for accelerators only); compute it from other "
+                                       "ops, run it on the CPU with tensors moved there, or register a PrivateUse1 "
+                                       "kernel for it"));
   if (count_fallback(name))
     log::warning("[xla] ", name,
                  " has no lowering for the xla device yet and runs on the CPU (inputs copied to the host, outputs "

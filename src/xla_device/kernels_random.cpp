@@ -1,6 +1,7 @@
 // The xla device's random kernels: dropout (native_dropout and its
-// backward) recorded into the step's graph, its bits drawn on the device by
-// rng_bit_generator from a key fed as a graph parameter.
+// backward) and bernoulli_ (feature dropout's noise), recorded into the
+// step's graph, their bits drawn on the device by rng_bit_generator from a
+// key fed as a graph parameter.
 //
 // Note [Random bits on the device]
 // A dropout mask is made where it is used, inside the step's program: a
@@ -16,6 +17,7 @@
 // 1 / (1 - p), and the backward multiplies by the very mask the forward
 // returned.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/bernoulli.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/native_dropout.h>
 #include <ATen/ops/native_dropout_backward.h>
@@ -98,11 +100,32 @@ at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mas
   return at::native::call_fallback_fn<&cpu_fallback, at::_ops::native_dropout_backward>::call(grad, mask, scale);
 }
 
+// self filled with 1 where a uniform value is below p, else 0 (LibTorch's
+// rule): the noise of feature dropout (dropout2d, dropout3d), drawn as a
+// dropout mask is (Note [Random bits on the device]). An explicit generator
+// other than the device's own takes the fallback, which draws from it.
+at::Tensor& bernoulli_(at::Tensor& self, double p, std::optional<at::Generator> generator) {
+  try {
+    Recorder r("aten::bernoulli_.float");
+    if (generator.has_value() && generator->defined() && generator->device().type() != kXla) throw NotLowered{};
+    if (!(p >= 0.0 && p <= 1.0) || self.numel() == 0) throw NotLowered{};  // LibTorch's own error
+    const ElementType t = element_type(self.scalar_type());
+    const std::vector<int64_t> dims = vec(self.sizes());
+    NodePtr keep = r.compare(uniform(r, fresh_key(self.device()), dims), r.splat(p, ElementType::kF32, dims),
+                             shlo::Direction::kLT);
+    r.write(self, r.convert(keep, t));
+    return self;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::bernoulli__float>::call(self, p, generator);
+}
+
 }  // namespace
 
 void register_random(torch::Library& library) {
   library.impl("native_dropout", TORCH_FN(native_dropout));
   library.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
+  library.impl("bernoulli_.float", TORCH_FN(bernoulli_));
 }
 
 }  // namespace strata::xla::detail::lowering

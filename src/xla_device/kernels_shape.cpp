@@ -1,7 +1,7 @@
 // Lowered kernels of the shape and indexing ops the example GPT reaches:
-// batched matrix products, cat, triu, arange, masked_fill_, index_select
-// (embedding lookups) and embedding_dense_backward (Note [What is lowered]
-// in lowerings.cpp).
+// batched matrix products, cat, triu and tril, arange, masked_fill_,
+// index_select (embedding lookups) and embedding_dense_backward (Note
+// [What is lowered] in lowerings.cpp).
 #include <ATen/ExpandUtils.h>  // at::infer_size (not reached through ops/ in every LibTorch)
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/masked_fill.h>
+#include <ATen/ops/tril.h>
 #include <ATen/ops/triu.h>
 #include <ATen/ops/arange.h>
 
@@ -56,19 +57,33 @@ at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& 
   STRATA_LOWER("aten::cat.out", cat_out, tensors, dim, out);
 }
 
-// self where column - row >= diagonal, else 0 (over the last two dims).
+// self where column - row >= diagonal (triu) or <= diagonal (tril), else
+// 0 (over the last two dims).
+void lower_triangle(Recorder& r, const Result& res, const at::Tensor& self, int64_t diagonal, bool upper,
+                    const at::Tensor& out) {
+  if (res.dims.size() < 2) throw NotLowered{};
+  const int64_t rank = static_cast<int64_t>(res.dims.size());
+  NodePtr rows = r.iota(ElementType::kS64, res.dims, rank - 2), cols = r.iota(ElementType::kS64, res.dims, rank - 1);
+  NodePtr shifted = r.binary(Binary::kAdd, rows, r.splat(static_cast<double>(diagonal), ElementType::kS64, res.dims));
+  NodePtr keep = r.compare(cols, shifted, upper ? shlo::Direction::kGE : shlo::Direction::kLE);
+  NodePtr x = r.convert(r.tensor(self), res.dtype);
+  r.write(out, r.select(keep, x, r.convert(r.splat(0.0, ElementType::kS64, res.dims), res.dtype)));
+}
+
 at::Tensor& triu_out(const at::Tensor& self, int64_t diagonal, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     const Result res = result_of([&] { return at::triu(meta(self), diagonal); }, &out);
-    if (res.dims.size() < 2) throw NotLowered{};
-    const int64_t rank = static_cast<int64_t>(res.dims.size());
-    NodePtr rows = r.iota(ElementType::kS64, res.dims, rank - 2), cols = r.iota(ElementType::kS64, res.dims, rank - 1);
-    NodePtr shifted = r.binary(Binary::kAdd, rows, r.splat(static_cast<double>(diagonal), ElementType::kS64, res.dims));
-    NodePtr keep = r.compare(cols, shifted, shlo::Direction::kGE);
-    NodePtr x = r.convert(r.tensor(self), res.dtype);
-    r.write(out, r.select(keep, x, r.convert(r.splat(0.0, ElementType::kS64, res.dims), res.dtype)));
+    lower_triangle(r, res, self, diagonal, true, out);
   };
   STRATA_LOWER("aten::triu.out", triu_out, self, diagonal, out);
+}
+
+at::Tensor& tril_out(const at::Tensor& self, int64_t diagonal, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::tril(meta(self), diagonal); }, &out);
+    lower_triangle(r, res, self, diagonal, false, out);
+  };
+  STRATA_LOWER("aten::tril.out", tril_out, self, diagonal, out);
 }
 
 // start + i * step for i in [0, ceil((end - start) / step)), in out's dtype;
@@ -182,6 +197,7 @@ void register_shape(torch::Library& library) {
   library.impl("bmm.out", TORCH_FN(bmm_out));
   library.impl("cat.out", TORCH_FN(cat_out));
   library.impl("triu.out", TORCH_FN(triu_out));
+  library.impl("tril.out", TORCH_FN(tril_out));
   library.impl("arange.start_out", TORCH_FN(arange_out));
   library.impl("masked_fill_.Scalar", TORCH_FN(masked_fill_));
   library.impl("index_select", TORCH_FN(index_select));

@@ -226,7 +226,52 @@ class Recorder {
   // offset included) is a sub-box of it: a slice, a reshape and a
   // transpose. qkv.split(...) and the head transposes of attention are
   // such views; dims of stride 0 (expand) are broadcast afterwards. Any
-  // other layout takes the fallback.
+  // other layout takes the fallback. Writes into such a view are the same
+  // box with the sub-box replaced (Note [Writes into a view]).
+  struct Box {
+    std::vector<int64_t> laid;      // the dims that move, outermost first
+    std::vector<int64_t> original;  // the same dims in the tensor's order
+    std::vector<int64_t> extents;   // the box the storage's first `used` elements form
+    std::vector<int64_t> start, limit;  // the view in the box
+    int64_t used = 0;
+    bool broadcasts = false;  // some dim of size > 1 has stride 0
+  };
+
+  // The box of `t`'s layout; false when it is not a sub-box of its storage.
+  static bool box_of(const at::Tensor& t, Box& b) {
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.size(d) > 1 && t.stride(d) > 0) b.laid.push_back(d);
+      if (t.size(d) > 1 && t.stride(d) == 0) b.broadcasts = true;
+      if (t.stride(d) < 0) return false;
+    }
+    b.original = b.laid;
+    std::stable_sort(b.laid.begin(), b.laid.end(), [&](int64_t x, int64_t y) { return t.stride(x) > t.stride(y); });
+    int64_t rest = t.storage_offset();
+    for (size_t i = 0; i < b.laid.size(); ++i) {
+      const int64_t stride = t.stride(b.laid[i]), size = t.size(b.laid[i]);
+      if (i > 0 && t.stride(b.laid[i - 1]) % stride != 0) return false;
+      const int64_t extent = i == 0 ? 0 : t.stride(b.laid[i - 1]) / stride;
+      b.start.push_back(rest / stride);
+      rest %= stride;
+      b.limit.push_back(b.start.back() + size);
+      b.extents.push_back(i == 0 ? b.limit.back() : extent);
+      if (i > 0 && b.limit.back() > extent) return false;
+    }
+    if (b.laid.empty()) {
+      b.extents = {rest + 1};
+      b.start = {rest};
+      b.limit = {rest + 1};
+      b.used = rest + 1;
+      return true;
+    }
+    b.extents.push_back(t.stride(b.laid.back()));
+    b.start.push_back(rest);
+    b.limit.push_back(rest + 1);
+    b.used = 1;
+    for (int64_t e : b.extents) b.used *= e;
+    return true;
+  }
+
   // The value of an xla tensor, of its own shape and dtype.
   NodePtr tensor(const at::Tensor& t) {
     if (t.defined() && t.device().type() != kXla && t.numel() > 0) throw_other_device(op_, t);
@@ -243,52 +288,18 @@ class Recorder {
       if (offset + t.numel() > n) throw NotLowered{};
       return reshape(slice(base, {offset}, {offset + t.numel()}), vec(t.sizes()));
     }
-    // The dims of size > 1 that move in memory, from the outermost to the
-    // innermost; the broadcast ones (stride 0) are added back last.
-    std::vector<int64_t> laid;
-    bool broadcasts = false;
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      if (t.size(d) > 1 && t.stride(d) > 0) laid.push_back(d);
-      if (t.size(d) > 1 && t.stride(d) == 0) broadcasts = true;
-      if (t.stride(d) < 0) throw NotLowered{};
-    }
-    const std::vector<int64_t> original = laid;
-    std::stable_sort(laid.begin(), laid.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
-    // The storage as a box of `extents` (each dim's stride divides the one
-    // outside it), the view a sub-box of it at `start`.
-    std::vector<int64_t> extents, start, limit;
-    int64_t rest = t.storage_offset();
-    for (size_t i = 0; i < laid.size(); ++i) {
-      const int64_t stride = t.stride(laid[i]), size = t.size(laid[i]);
-      if (i > 0 && t.stride(laid[i - 1]) % stride != 0) throw NotLowered{};
-      const int64_t extent = i == 0 ? 0 : t.stride(laid[i - 1]) / stride;
-      start.push_back(rest / stride);
-      rest %= stride;
-      limit.push_back(start.back() + size);
-      extents.push_back(i == 0 ? limit.back() : extent);
-      if (i > 0 && limit.back() > extent) throw NotLowered{};
-    }
-    const int64_t inner = laid.empty() ? 1 : t.stride(laid.back());
-    extents.push_back(inner);
-    start.push_back(rest);
-    limit.push_back(rest + 1);
-    int64_t used = 1;
-    for (int64_t e : extents) used *= e;
-    if (laid.empty()) used = rest + 1;
-    if (used > n) throw NotLowered{};
-    NodePtr box = reshape(slice(base, {0}, {used}), laid.empty() ? std::vector<int64_t>{used} : extents);
-    if (laid.empty()) {
-      start = {rest};
-      limit = {rest + 1};
-    }
+    Box b;
+    if (!box_of(t, b) || b.used > n) throw NotLowered{};
+    NodePtr box = reshape(slice(base, {0}, {b.used}), b.extents);
     std::vector<int64_t> laid_sizes, perm;
-    for (int64_t d : laid) laid_sizes.push_back(t.size(d));
-    NodePtr value = reshape(slice(box, start, limit), laid_sizes);
-    for (int64_t d : original)
-      perm.push_back(static_cast<int64_t>(std::find(laid.begin(), laid.end(), d) - laid.begin()));
+    for (int64_t d : b.laid) laid_sizes.push_back(t.size(d));
+    NodePtr value = reshape(slice(box, b.start, b.limit), laid_sizes);
+    for (int64_t d : b.original)
+      perm.push_back(static_cast<int64_t>(std::find(b.laid.begin(), b.laid.end(), d) - b.laid.begin()));
     value = transpose(value, perm);
-    if (!broadcasts) return reshape(value, vec(t.sizes()));
+    if (!b.broadcasts) return reshape(value, vec(t.sizes()));
     const std::vector<int64_t> dims = vec(t.sizes());
+    const std::vector<int64_t> original = b.original;
     return op("broadcast", {value}, {dtype, dims}, [dims, original](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.broadcast_in_dim(in[0], dims, original);
     });
@@ -317,20 +328,46 @@ class Recorder {
   // `value`, converted to out's dtype.
   //
   // Note [Writes into a view]
-  // A contiguous view of a larger storage (a slot of DDP's bucket, a row of
-  // a matrix) is elements [o, o + n) of its storage's value: the write
-  // binds the storage to its value with those elements replaced (slices
-  // around the new part, joined), read and rebound under the storage's
-  // lock, so writes from two threads into two views of one storage both
-  // stay. Other layouts take the fallback.
+  // An output of any layout that reads as a box (Note [Strided views as
+  // slices]) and has no two elements in one place is written:
+  //   - dense (its elements fill [o, o + n) of the storage, in any order of
+  //     dims: the output TensorIterator gives a functional op on a
+  //     transposed input, a transposed tensor written in place) is the
+  //     value transposed into memory order, flattened: the storage's whole
+  //     value when it covers the storage, else elements [o, o + n) replaced
+  //     (slices around the new part, joined);
+  //   - any other sub-box (a narrow, a strided slice, a column written in
+  //     place) is the storage's box with the sub-box replaced
+  //     (dynamic_update_slice at constant starts).
+  // Partial writes read and rebind the storage under its lock, so writes
+  // from two threads into two views of one storage both stay. Expanded
+  // outputs (stride 0) take the fallback, which refuses them as LibTorch
+  // does.
   void write(const at::Tensor& out, NodePtr value) {
     const std::vector<int64_t> dims = value->type().dims;
     if (out.device().type() != kXla) throw NotLowered{};
     if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
     const ElementType dtype = element_type(out.scalar_type());
-    if (out.numel() == 0 || !out.is_contiguous()) throw NotLowered{};
+    if (out.numel() == 0) throw NotLowered{};
+    value = convert(value, dtype);
+    if (out.is_contiguous()) {
+      write_flat(out, reshape(value, {out.numel()}), dtype);
+    } else if (out.is_non_overlapping_and_dense()) {
+      std::vector<int64_t> perm(static_cast<size_t>(out.dim()));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return out.stride(a) > out.stride(b); });
+      write_flat(out, reshape(transpose(value, perm), {out.numel()}), dtype);
+    } else {
+      write_box(out, value, dtype);
+    }
+    count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
+  }
+
+ private:
+  // `value` (1-d, numel elements of out's dtype) bound to elements
+  // [o, o + numel) of out's storage (Note [Writes into a view]).
+  void write_flat(const at::Tensor& out, NodePtr value, ElementType dtype) {
     const int64_t n = out.numel();
-    value = reshape(convert(value, dtype), {n});
     const size_t needed = static_cast<size_t>(n) * out.element_size();
     LazyBuffer& storage = lazy_buffer(out);
     if (out.storage_offset() == 0 && storage.nbytes() == needed) {
@@ -345,7 +382,6 @@ class Recorder {
                                                                      allocator(), /*resizable=*/true));
       lazy_buffer(out).set_pending(std::move(value));
     } else {
-      // Note [Writes into a view]
       const int64_t o = out.storage_offset();
       const bool written = storage.rewrite(dtype, [&](const NodePtr& base) -> NodePtr {
         const int64_t total = base->type().dims.at(0);
@@ -358,10 +394,37 @@ class Recorder {
       });
       if (!written) throw NotLowered{};
     }
-    count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
   }
 
- private:
+  // `value` (out's shape and dtype) written into the sub-box `out` is of
+  // its storage's box (Note [Writes into a view]).
+  void write_box(const at::Tensor& out, NodePtr value, ElementType dtype) {
+    Box b;
+    if (!box_of(out, b) || b.broadcasts) throw NotLowered{};
+    std::vector<int64_t> moving, perm, update_dims;
+    for (int64_t d : b.original) moving.push_back(out.size(d));
+    for (int64_t d : b.laid)
+      perm.push_back(static_cast<int64_t>(std::find(b.original.begin(), b.original.end(), d) - b.original.begin()));
+    for (size_t i = 0; i < b.start.size(); ++i) update_dims.push_back(b.limit[i] - b.start[i]);
+    NodePtr update = reshape(transpose(reshape(value, moving), perm), update_dims);
+    const std::vector<int64_t> start = b.start;
+    const bool written = lazy_buffer(out).rewrite(dtype, [&](const NodePtr& base) -> NodePtr {
+      const int64_t total = base->type().dims.at(0);
+      if (b.used > total) return nullptr;
+      NodePtr box = reshape(slice(base, {0}, {b.used}), b.extents);
+      NodePtr updated = op("dynamic_update_slice", {box, update}, box->type(),
+                           [start](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                             std::vector<shlo::Value> at;
+                             for (int64_t s : start) at.push_back(f.constant({ElementType::kS64, {}}, {static_cast<double>(s)}));
+                             return f.dynamic_update_slice(in[0], in[1], at);
+                           });
+      NodePtr flat = reshape(updated, {b.used});
+      if (b.used == total) return flat;
+      return concat({flat, slice(base, {b.used}, {total})}, 0);
+    });
+    if (!written) throw NotLowered{};
+  }
+
   RecordingScope recording_;
   const char* op_;
   int64_t nodes_ = 0;
@@ -443,5 +506,20 @@ void register_autocast();
 void register_checks(torch::Library& library);
 /// The lowered random kernels: dropout (kernels_random.cpp).
 void register_random(torch::Library& library);
+/// The activations and their backwards, and where
+/// (kernels_activation.cpp).
+void register_activation(torch::Library& library);
+/// Batch norm and its backward, group norm's backward (kernels_norm.cpp).
+void register_norm(torch::Library& library);
+/// The losses and their backwards (kernels_loss.cpp).
+void register_loss(torch::Library& library);
+/// max, min, argmax, argmin, gather, scatter_add, cumsum, sort, topk
+/// (kernels_index.cpp).
+void register_index(torch::Library& library);
+/// The comparisons, logical_not, all and any (kernels_compare.cpp).
+void register_compare(torch::Library& library);
+/// The fused LSTM and GRU cells as decompositions into ATen ops, on
+/// `library` (PrivateUse1) and on AutogradPrivateUse1 (kernels_rnn.cpp).
+void register_rnn(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

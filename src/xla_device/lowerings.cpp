@@ -9,12 +9,13 @@
 //   - each xla input is read from its storage's whole value: contiguous, a
 //     transpose such as w.t(), or a strided sub-box of the storage such as
 //     a split or a narrow (Note [Strided views as slices] in lowering.h);
-//   - the output (out=, or self for in-place) is contiguous and covers its
-//     storage, so its new value is the storage's whole new value;
+//   - the output (out=, or self for in-place) is dense in any order of
+//     dims, or a sub-box of its storage (a narrow, a strided slice, a
+//     column), and has no two elements in one place (Note [Writes into a
+//     view] in lowering.h);
 //   - the other inputs are Scalars or 0-dim CPU tensors (wrapped numbers).
-// Views keep resolving against their base's storage: an output view that
-// is not a whole storage (a narrow, a select written in place) takes the
-// fallback.
+// Views keep resolving against their base's storage: a write into a view
+// rebinds the base's storage to its value with the view's part replaced.
 //
 // Note [Shapes and dtypes from meta tensors]
 // Each kernel runs its op on meta copies of its inputs (wrapped numbers
@@ -405,32 +406,16 @@ at::Tensor& zero_(at::Tensor& self) {
 
 }  // namespace
 
-// Note [Copies into permuted layouts]
-// A copy into a dense tensor whose dims are laid out in another order
-// (the bf16 copy of a transposed weight that autocast makes: `to` keeps
-// the source's strides) is the value transposed into memory order, written
-// through a contiguous alias of the same storage.
+// A copy into a tensor of any layout a write takes (the bf16 copy of a
+// transposed weight that autocast makes: `to` keeps the source's strides;
+// a copy_ into a narrowed view) is the source cast and broadcast to the
+// destination's shape (Note [Writes into a view] in lowering.h).
 bool lower_copy(const at::Tensor& src, const at::Tensor& dst) {
   try {
     Recorder r("aten::_copy_from");
     const ElementType dtype = element_type(dst.scalar_type());
     if (dst.numel() == 0) throw NotLowered{};
-    NodePtr value = r.broadcast(r.convert(r.tensor(src), dtype), vec(dst.sizes()));
-    if (dst.is_contiguous() || !dst.is_non_overlapping_and_dense() || dst.storage_offset() != 0) {
-      r.write(dst, value);
-      return true;
-    }
-    std::vector<int64_t> perm(static_cast<size_t>(dst.dim()));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return dst.stride(a) > dst.stride(b); });
-    std::vector<int64_t> sizes, strides(perm.size());
-    for (int64_t d : perm) sizes.push_back(dst.size(d));
-    int64_t stride = 1;
-    for (size_t i = sizes.size(); i-- > 0;) {
-      strides[i] = stride;
-      stride *= sizes[i];
-    }
-    r.write(dst.as_strided(sizes, strides, 0), r.transpose(value, perm));
+    r.write(dst, r.broadcast(r.convert(r.tensor(src), dtype), vec(dst.sizes())));
     return true;
   } catch (const NotLowered&) {
     return false;
@@ -443,6 +428,12 @@ void register_lowerings(torch::Library& library) {
   lowering::register_autocast();
   lowering::register_checks(library);
   lowering::register_random(library);
+  lowering::register_rnn(library);
+  lowering::register_activation(library);
+  lowering::register_norm(library);
+  lowering::register_loss(library);
+  lowering::register_index(library);
+  lowering::register_compare(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));

@@ -157,6 +157,12 @@ class Function {
   /// after each dim (negative ones cut), `interior` between elements.
   Value pad(const Value& x, const Value& value, const std::vector<int64_t>& low,
             const std::vector<int64_t>& high, const std::vector<int64_t>& interior);
+  // Sort (stablehlo_sort.cpp).
+  /// `values` (of one shape) sorted along `dim` by the first of them,
+  /// ascending (descending), stably, NaN after every number ascending and
+  /// before it descending (torch.sort's order); the others travel with
+  /// their keys. Returns them all, in order.
+  std::vector<Value> sort(const std::vector<Value>& values, int64_t dim, bool descending);
   /// A `sizes` slice of `x` at the integer scalars `start` (one per dim,
   /// clamped by XLA so the slice stays inside `x`).
   Value dynamic_slice(const Value& x, const std::vector<Value>& start, const std::vector<int64_t>& sizes);

@@ -1,0 +1,331 @@
+// Lowered kernels of the reductions with indices (max and min, with their
+// indices along a dim or over all elements; argmax, argmin), of gather and
+// scatter_add along a dim, of cumsum, and of sort and topk: Note [What is
+// lowered] in lowerings.cpp.
+//
+// Note [Min as a max]
+// The emitter's argmax returns the first maximum, NaN counting as the
+// largest (torch.max's rule). The minimum is the maximum of an
+// order-reversed copy: -x for floats (NaN stays NaN and still wins, as in
+// torch.min; -0 and 0 tie, the first index wins on both sides), ~x for
+// signed integers (order-reversing without overflow), reversed back after.
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/argmin.h>
+#include <ATen/ops/cumsum.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gather.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
+#include <ATen/ops/scatter_add.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/topk.h>
+
+#include <numeric>
+
+#include "lowering.h"
+
+namespace strata::xla::detail::lowering {
+namespace {
+
+bool is_signed_integer(ElementType t) {
+  return t == ElementType::kS8 || t == ElementType::kS16 || t == ElementType::kS32 || t == ElementType::kS64;
+}
+
+// Note [Min as a max]: x order-reversed (and its own inverse).
+NodePtr reversed(Recorder& r, const NodePtr& x) {
+  const ElementType t = x->type().dtype;
+  if (is_floating(t)) return r.unary("negate", x, &shlo::Function::negate);
+  if (is_signed_integer(t)) return r.unary("not", x, &shlo::Function::logical_not);
+  throw NotLowered{};
+}
+
+// {value, index (s64)} of the first max (or min) of `x` along `dim`.
+std::pair<NodePtr, NodePtr> arg_extreme(Recorder& r, NodePtr x, int64_t dim, bool max) {
+  if (!max) x = reversed(r, x);
+  std::vector<int64_t> dims = x->type().dims;
+  dims.erase(dims.begin() + dim);
+  const ElementType t = x->type().dtype;
+  auto both = [&](int which, ElementType dtype) {
+    return r.op(which == 0 ? "argmax_value" : "argmax_index", {x}, {dtype, dims},
+                [dim, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                  return f.argmax(in[0], dim)[static_cast<size_t>(which)];
+                });
+  };
+  NodePtr value = both(0, t), index = both(1, ElementType::kS64);
+  return {max ? value : reversed(r, value), index};
+}
+
+// `self` as its value in its own dtype, flattened to 1-d when `dim` is
+// absent (a reduction over all elements); the dim reduced.
+std::pair<NodePtr, int64_t> reduction_input(Recorder& r, const at::Tensor& self, std::optional<int64_t> dim) {
+  if (self.numel() == 0) throw NotLowered{};  // LibTorch's own error
+  NodePtr x = r.tensor(self);
+  if (!dim.has_value()) return {r.reshape(x, {self.numel()}), 0};
+  if (self.dim() == 0) return {r.reshape(x, {1}), 0};
+  return {x, c10::maybe_wrap_dim(*dim, self.dim())};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> extreme_dim_out(const char* name, bool max, const at::Tensor& self, int64_t dim,
+                                                     bool keepdim, at::Tensor& values, at::Tensor& indices) {
+  Recorder r(name);
+  if (values.scalar_type() != self.scalar_type() || indices.scalar_type() != at::kLong) throw NotLowered{};
+  const auto [x, d] = reduction_input(r, self, dim);
+  const auto [value, index] = arg_extreme(r, x, d, max);
+  std::vector<int64_t> dims = vec(self.sizes());
+  if (!dims.empty()) {
+    if (keepdim) dims[static_cast<size_t>(d)] = 1;
+    else dims.erase(dims.begin() + d);
+  }
+  r.write(values, r.reshape(value, dims));
+  r.write(indices, r.reshape(index, dims));
+  return {values, indices};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> max_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& max,
+                                                 at::Tensor& max_values) {
+  try {
+    return extreme_dim_out("aten::max.dim_max", true, self, dim, keepdim, max, max_values);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::max_dim_max>::call(self, dim, keepdim, max,
+                                                                                  max_values);
+}
+
+std::tuple<at::Tensor&, at::Tensor&> min_dim_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& min,
+                                                 at::Tensor& min_indices) {
+  try {
+    return extreme_dim_out("aten::min.dim_min", false, self, dim, keepdim, min, min_indices);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::min_dim_min>::call(self, dim, keepdim, min,
+                                                                                  min_indices);
+}
+
+// The index of the first max (min) along `dim`, or over all elements.
+void lower_arg(Recorder& r, bool max, const at::Tensor& self, std::optional<int64_t> dim, bool keepdim,
+               const at::Tensor& out) {
+  if (out.scalar_type() != at::kLong) throw NotLowered{};
+  const auto [x, d] = reduction_input(r, self, dim);
+  std::vector<int64_t> dims;
+  if (dim.has_value()) {
+    dims = vec(self.sizes());
+    if (!dims.empty()) {
+      if (keepdim) dims[static_cast<size_t>(d)] = 1;
+      else dims.erase(dims.begin() + d);
+    }
+  } else if (keepdim) {
+    dims.assign(static_cast<size_t>(self.dim()), 1);
+  }
+  r.write(out, r.reshape(arg_extreme(r, x, d, max).second, dims));
+}
+
+at::Tensor& argmax_out(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim, at::Tensor& out) {
+  auto lower = [&](Recorder& r) { lower_arg(r, true, self, dim, keepdim, out); };
+  STRATA_LOWER("aten::argmax.out", argmax_out, self, dim, keepdim, out);
+}
+
+at::Tensor& argmin_out(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim, at::Tensor& out) {
+  auto lower = [&](Recorder& r) { lower_arg(r, false, self, dim, keepdim, out); };
+  STRATA_LOWER("aten::argmin.out", argmin_out, self, dim, keepdim, out);
+}
+
+// The max (min) of all elements, NaN if any is.
+at::Tensor& extreme_out(const char* name, bool max, const at::Tensor& self, at::Tensor& out) {
+  Recorder r(name);
+  if (out.scalar_type() != self.scalar_type()) throw NotLowered{};
+  const auto [x, d] = reduction_input(r, self, std::nullopt);
+  r.write(out, r.reshape(arg_extreme(r, x, d, max).first, {}));
+  return out;
+}
+
+at::Tensor& max_unary_out(const at::Tensor& self, at::Tensor& out) {
+  try {
+    return extreme_out("aten::max.unary_out", true, self, out);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::max_unary_out>::call(self, out);
+}
+
+at::Tensor& min_unary_out(const at::Tensor& self, at::Tensor& out) {
+  try {
+    return extreme_out("aten::min.unary_out", false, self, out);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::min_unary_out>::call(self, out);
+}
+
+at::Tensor max(const at::Tensor& self) {
+  at::Tensor out = at::empty({}, self.options());
+  return max_unary_out(self, out);
+}
+
+at::Tensor min(const at::Tensor& self) {
+  at::Tensor out = at::empty({}, self.options());
+  return min_unary_out(self, out);
+}
+
+// Note [Gather and scatter along a dim]
+// torch.gather and scatter_add address one element per index: the full
+// coordinates of each index element are its own position with `dim`
+// replaced by the index, a [..., rank] tensor of s64 built from iotas;
+// StableHLO's gather (scatter) then takes (adds) single elements at them.
+// Out-of-range indices are clamped by gather and dropped by scatter (XLA),
+// where LibTorch raises: validate on the host where that matters.
+NodePtr coordinates(Recorder& r, const NodePtr& index, int64_t dim) {
+  const std::vector<int64_t> dims = index->type().dims;
+  const int64_t rank = static_cast<int64_t>(dims.size());
+  std::vector<int64_t> one = dims;
+  one.push_back(1);
+  std::vector<NodePtr> parts;
+  for (int64_t d = 0; d < rank; ++d)
+    parts.push_back(r.reshape(d == dim ? r.convert(index, ElementType::kS64) : r.iota(ElementType::kS64, dims, d), one));
+  return r.concat(parts, rank);
+}
+
+at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparse_grad,
+                       at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::gather(meta(self), dim, meta(index), sparse_grad); }, &out);
+    if (self.dim() == 0 || index.dim() != self.dim()) throw NotLowered{};
+    const int64_t d = c10::maybe_wrap_dim(dim, self.dim()), rank = self.dim();
+    NodePtr x = r.tensor(self), at = coordinates(r, r.tensor(index), d);
+    shlo::GatherDims g;
+    g.collapsed_slice_dims.resize(static_cast<size_t>(rank));
+    std::iota(g.collapsed_slice_dims.begin(), g.collapsed_slice_dims.end(), 0);
+    g.start_index_map = g.collapsed_slice_dims;
+    g.index_vector_dim = rank;
+    const std::vector<int64_t> sizes(static_cast<size_t>(rank), 1);
+    r.write(out, r.op("gather", {x, at}, {x->type().dtype, res.dims}, [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.gather(in[0], in[1], g, sizes);
+    }));
+  };
+  STRATA_LOWER("aten::gather.out", gather_out, self, dim, index, sparse_grad, out);
+}
+
+// self with src[i...] added at the coordinates of index[i...] (src read
+// over index's shape).
+at::Tensor& scatter_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
+                            at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::scatter_add(meta(self), dim, meta(index), meta(src)); }, &out);
+    if (self.dim() == 0 || index.dim() != self.dim() || src.dim() != self.dim()) throw NotLowered{};
+    const int64_t d = c10::maybe_wrap_dim(dim, self.dim()), rank = self.dim();
+    NodePtr x = r.convert(r.tensor(self), res.stored);
+    NodePtr at = coordinates(r, r.tensor(index), d);
+    std::vector<int64_t> zeros(static_cast<size_t>(rank), 0);
+    NodePtr updates = r.convert(r.slice(r.tensor(src), zeros, vec(index.sizes())), res.stored);
+    shlo::ScatterDims s;
+    s.inserted_window_dims.resize(static_cast<size_t>(rank));
+    std::iota(s.inserted_window_dims.begin(), s.inserted_window_dims.end(), 0);
+    s.scatter_dims_to_operand_dims = s.inserted_window_dims;
+    s.index_vector_dim = rank;
+    r.write(out, r.op("scatter", {x, at, updates}, x->type(), [s](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.scatter(in[0], in[1], in[2], s, shlo::ReduceOp::kSum);
+    }));
+  };
+  STRATA_LOWER("aten::scatter_add.out", scatter_add_out, self, dim, index, src, out);
+}
+
+// The running sum along `dim`, as a masked sum: each output element sums
+// the inputs at or before it (n^2 terms for a dim of n, so only dims of up
+// to 64 elements are lowered; a longer one takes the fallback). The sums
+// run in XLA's order, not LibTorch's left-to-right one.
+at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    const Result res = result_of([&] { return at::cumsum(meta(self), dim, dtype); }, &out);
+    if (self.dim() == 0) throw NotLowered{};
+    const int64_t d = c10::maybe_wrap_dim(dim, self.dim()), n = self.size(d);
+    if (n > 64) throw NotLowered{};
+    NodePtr x = r.convert(r.tensor(self), res.dtype);
+    // out[..., j, ...] = sum over i <= j of x[..., i, ...]: x broadcast
+    // along a new dim j after d, masked where i > j, summed over i.
+    std::vector<int64_t> wide = res.dims;
+    wide.insert(wide.begin() + d + 1, n);
+    std::vector<int64_t> mapping;
+    for (int64_t k = 0; k < static_cast<int64_t>(res.dims.size()); ++k) mapping.push_back(k <= d ? k : k + 1);
+    NodePtr spread = r.op("broadcast", {x}, {res.dtype, wide}, [wide, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.broadcast_in_dim(in[0], wide, mapping);
+    });
+    NodePtr keep = r.compare(r.iota(ElementType::kS64, wide, d), r.iota(ElementType::kS64, wide, d + 1),
+                             shlo::Direction::kLE);
+    NodePtr masked = r.select(keep, spread, r.splat(0.0, res.dtype, wide));
+    r.write(out, r.sum(masked, {d}));
+  };
+  STRATA_LOWER("aten::cumsum.out", cumsum_out, self, dim, dtype, out);
+}
+
+// {values, indices} of self sorted along `dim` (stable; NaN largest, as
+// torch.sort: Note [Sort's comparator] in src/xla/stablehlo_sort.cpp).
+std::pair<NodePtr, NodePtr> sorted(Recorder& r, const at::Tensor& self, int64_t dim, bool descending) {
+  if (self.numel() == 0) throw NotLowered{};
+  NodePtr x = r.tensor(self);
+  if (self.dim() == 0) x = r.reshape(x, {1});
+  const std::vector<int64_t> dims = x->type().dims;
+  const int64_t d = self.dim() == 0 ? 0 : c10::maybe_wrap_dim(dim, self.dim());
+  NodePtr index = r.iota(ElementType::kS64, dims, d);
+  auto take = [&](int which, ElementType dtype) {
+    return r.op(which == 0 ? "sort_values" : "sort_indices", {x, index}, {dtype, dims},
+                [d, descending, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                  return f.sort(in, d, descending)[static_cast<size_t>(which)];
+                });
+  };
+  return {take(0, x->type().dtype), take(1, ElementType::kS64)};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> sort_out(const at::Tensor& self, std::optional<bool> stable, int64_t dim,
+                                              bool descending, at::Tensor& values, at::Tensor& indices) {
+  try {
+    Recorder r("aten::sort.values_stable");
+    if (values.scalar_type() != self.scalar_type() || indices.scalar_type() != at::kLong) throw NotLowered{};
+    const auto [v, i] = sorted(r, self, dim, descending);
+    r.write(values, r.reshape(v, vec(self.sizes())));
+    r.write(indices, r.reshape(i, vec(self.sizes())));
+    return {values, indices};
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::sort_values_stable>::call(self, stable, dim,
+                                                                                         descending, values, indices);
+}
+
+// The k largest (smallest) along `dim`, sorted: the first k of a stable
+// sort. Equal values come in index order (LibTorch's CPU kernel leaves
+// their order unspecified).
+std::tuple<at::Tensor&, at::Tensor&> topk_out(const at::Tensor& self, int64_t k, int64_t dim, bool largest,
+                                              bool sorted_, at::Tensor& values, at::Tensor& indices) {
+  try {
+    Recorder r("aten::topk.values");
+    if (values.scalar_type() != self.scalar_type() || indices.scalar_type() != at::kLong || self.dim() == 0)
+      throw NotLowered{};
+    const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
+    if (k < 0 || k > self.size(d) || k == 0) throw NotLowered{};
+    const auto [v, i] = sorted(r, self, d, largest);
+    std::vector<int64_t> start(static_cast<size_t>(self.dim()), 0), limit = vec(self.sizes());
+    limit[static_cast<size_t>(d)] = k;
+    r.write(values, r.slice(v, start, limit));
+    r.write(indices, r.slice(i, start, limit));
+    return {values, indices};
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::topk_values>::call(self, k, dim, largest, sorted_,
+                                                                                  values, indices);
+}
+
+}  // namespace
+
+void register_index(torch::Library& library) {
+  library.impl("sort.values_stable", TORCH_FN(sort_out));
+  library.impl("topk.values", TORCH_FN(topk_out));
+  library.impl("max.dim_max", TORCH_FN(max_dim_out));
+  library.impl("min.dim_min", TORCH_FN(min_dim_out));
+  library.impl("argmax.out", TORCH_FN(argmax_out));
+  library.impl("argmin.out", TORCH_FN(argmin_out));
+  library.impl("max", TORCH_FN(max));
+  library.impl("min", TORCH_FN(min));
+  library.impl("max.unary_out", TORCH_FN(max_unary_out));
+  library.impl("min.unary_out", TORCH_FN(min_unary_out));
+  library.impl("gather.out", TORCH_FN(gather_out));
+  library.impl("scatter_add.out", TORCH_FN(scatter_add_out));
+  library.impl("cumsum.out", TORCH_FN(cumsum_out));
+}
+
+}  // namespace strata::xla::detail::lowering

@@ -1,0 +1,171 @@
+// The lowered reductions with indices, gather, scatter_add and cumsum
+// (src/xla_device/kernels_index.cpp), bernoulli_ and feature dropout
+// (kernels_random.cpp), and scaled_dot_product_attention's math form,
+// against LibTorch's CPU kernels with no fallback. Skips, saying so,
+// without the CPU PJRT plugin.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "strata/xla/device.h"
+#include "xla_device/xla_device_test.h"
+
+namespace {
+
+using strata::xla::metrics;
+
+class XlaIndexTest : public strata::testing::XlaDeviceFixture {};
+
+// Same dtype and shape; equal where both are NaN; within tol elsewhere.
+::testing::AssertionResult close(const at::Tensor& xla, const at::Tensor& cpu, double tol) {
+  at::Tensor a = xla.cpu();
+  if (a.scalar_type() != cpu.scalar_type() || a.sizes() != cpu.sizes())
+    return ::testing::AssertionFailure() << "dtype/shape " << a.scalar_type() << a.sizes() << " vs "
+                                         << cpu.scalar_type() << cpu.sizes();
+  at::Tensor x = a.to(torch::kDouble), y = cpu.to(torch::kDouble);
+  if (!torch::equal(x.isnan(), y.isnan())) return ::testing::AssertionFailure() << "NaNs differ: " << a << cpu;
+  x = x.nan_to_num(0), y = y.nan_to_num(0);
+  const double scale = std::max(1.0, y.abs().max().item<double>());
+  const double diff = (x - y).abs().max().item<double>();
+  if (diff <= tol * scale) return ::testing::AssertionSuccess() << diff;
+  return ::testing::AssertionFailure() << "max difference " << diff << " over " << tol * scale;
+}
+
+struct Case {
+  std::string what;
+  at::Tensor xla, cpu;
+  double tol;
+};
+
+TEST_F(XlaIndexTest, ReductionsWithIndicesGatherScatterAndCumsumMatchTheCpu) {
+  torch::manual_seed(61);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Ties (first index wins), a NaN (it wins, for max and min), ints.
+  const at::Tensor a = torch::tensor({{1.0, 3.0, 3.0, -2.0}, {0.5, nan, 4.0, nan}, {-1.0, -1.0, 2.0, -0.0}});
+  const at::Tensor i = torch::tensor({{3, -7, 3, 2}, {5, 5, -9, 0}}, at::kInt);
+  const at::Tensor m = torch::randn({3, 5}), h = m.to(at::kBFloat16);
+  const at::Tensor idx = torch::tensor({{0, 2, 2, 1, 0}, {1, 1, 0, 2, 2}}, at::kLong);
+  const at::Tensor src = torch::randn({2, 5});
+  const at::Tensor xa = on(a), xi = on(i), xm = on(m), xh = on(h), xidx = on(idx), xsrc = on(src);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  auto values = [](const std::tuple<at::Tensor, at::Tensor>& t) { return std::get<0>(t); };
+  auto indices = [](const std::tuple<at::Tensor, at::Tensor>& t) { return std::get<1>(t); };
+  std::vector<Case> cases = {
+      {"max dim 1 values", values(xa.max(1)), values(a.max(1)), 0},
+      {"max dim 1 indices", indices(xa.max(1)), indices(a.max(1)), 0},
+      {"min dim 0 keepdim values", values(xa.min(0, true)), values(a.min(0, true)), 0},
+      {"min dim 0 keepdim indices", indices(xa.min(0, true)), indices(a.min(0, true)), 0},
+      {"max of ints", values(xi.max(-1)), values(i.max(-1)), 0},
+      {"min of ints indices", indices(xi.min(1)), indices(i.min(1)), 0},
+      {"max of a transposed bf16 view", values(xh.t().max(1)), values(h.t().max(1)), 0},
+      {"argmax", xm.argmax(1), m.argmax(1), 0},
+      {"argmax of all", xm.argmax(), m.argmax(), 0},
+      {"argmax keepdim", xm.argmax(0, true), m.argmax(0, true), 0},
+      {"argmin", xa.argmin(1), a.argmin(1), 0},
+      {"max of all", xm.max(), m.max(), 0},
+      {"max of all with a NaN", xa.max(), a.max(), 0},
+      {"min of all ints", xi.min(), i.min(), 0},
+      {"gather dim 0", xm.gather(0, xidx), m.gather(0, idx), 0},
+      {"gather dim 1", xm.gather(1, xidx.narrow(1, 0, 3)), m.gather(1, idx.narrow(1, 0, 3)), 0},
+      {"scatter_add dim 0, repeated indices", xm.scatter_add(0, xidx, xsrc), m.scatter_add(0, idx, src), 1e-6},
+      {"scatter_add_ dim 1 of a smaller index", xm.clone().scatter_add_(1, xidx.narrow(1, 0, 2) * 2, xsrc),
+       m.clone().scatter_add_(1, idx.narrow(1, 0, 2) * 2, src), 1e-6},
+      {"cumsum dim 1", xm.cumsum(1), m.cumsum(1), 1e-6},
+      {"cumsum dim 0 of ints", xi.cumsum(0), i.cumsum(0), 0},
+      {"cumsum of a transposed view", xm.t().cumsum(1), m.t().cumsum(1), 1e-6},
+      {"sort values", values(xm.sort(1)), values(m.sort(1)), 0},
+      {"sort indices", indices(xm.sort(1)), indices(m.sort(1)), 0},
+      {"sort descending with NaN and ties, stable", values(xa.sort(true, 1, true)), values(a.sort(true, 1, true)), 0},
+      {"sort descending indices", indices(xa.sort(true, 1, true)), indices(a.sort(true, 1, true)), 0},
+      {"sort ascending with NaN and ties indices", indices(xa.sort(true, 0, false)), indices(a.sort(true, 0, false)), 0},
+      {"sort of ints", values(xi.sort(1)), values(i.sort(1)), 0},
+      {"topk values", values(xm.topk(2, 1)), values(m.topk(2, 1)), 0},
+      {"topk indices", indices(xm.topk(2, 1)), indices(m.topk(2, 1)), 0},
+      {"topk smallest dim 0", values(xm.topk(2, 0, false)), values(m.topk(2, 0, false)), 0},
+  };
+  const auto recorded = metrics();
+  for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";
+  strata::xla::mark_step();
+  for (const auto& c : cases) EXPECT_TRUE(close(c.xla, c.cpu, c.tol)) << c.what;
+}
+
+TEST_F(XlaIndexTest, ComparisonsMasksAndLogicalReductionsMatchTheCpu) {
+  torch::manual_seed(64);
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const at::Tensor a = torch::tensor({{1.0, -inf, 2.0}, {-inf, -inf, -inf}, {nan, 0.0, 3.0}});
+  const at::Tensor b = torch::tensor({{1.0, 0.0, 2.5}, {-inf, 1.0, -2.0}, {nan, -0.0, 3.0}});
+  const at::Tensor i = torch::tensor({{1, 0, 2}, {0, 0, 0}, {3, 0, 1}}, at::kInt);
+  const at::Tensor xa = on(a), xb = on(b), xi = on(i);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  std::vector<Case> cases = {
+      {"eq", xa == xb, a == b, 0},
+      {"ne", xa != xb, a != b, 0},
+      {"lt", xa < xb, a < b, 0},
+      {"le of a transposed view", xa.t() <= xb, a.t() <= b, 0},
+      {"gt int with float", xi > xa, i > a, 0},
+      {"ge", xa >= xb, a >= b, 0},
+      {"eq -inf", xa.eq(-inf), a.eq(-inf), 0},
+      {"lt 0.5 of int", xi.lt(0.5), i.lt(0.5), 0},
+      {"logical_not", xi.logical_not(), i.logical_not(), 0},
+      {"all dim 1", xa.eq(-inf).all(1), a.eq(-inf).all(1), 0},
+      {"all dim 1 keepdim", xi.all(1, true), i.all(1, true), 0},
+      {"all", xi.all(), i.all(), 0},
+      {"any dim 0", xi.any(0), i.any(0), 0},
+      {"any", xa.isnan().any(), a.isnan().any(), 0},
+      {"tril", xa.tril(), a.tril(), 0},
+      {"tril -1 of bool", torch::ones({3, 4}, torch::TensorOptions(device_).dtype(at::kBool)).tril(-1),
+       torch::ones({3, 4}, at::kBool).tril(-1), 0},
+  };
+  const auto recorded = metrics();
+  for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";
+  strata::xla::mark_step();
+  for (const auto& c : cases) EXPECT_TRUE(close(c.xla, c.cpu, c.tol)) << c.what;
+}
+
+// The draws are the device's own (Note [Random bits on the device]), so
+// the law is checked: the share of ones, and feature dropout's zeroing of
+// whole channels with the survivors scaled by 1 / (1 - p).
+TEST_F(XlaIndexTest, BernoulliAndFeatureDropoutFollowTheLaw) {
+  torch::manual_seed(62);
+  strata::xla::reset_metrics();
+  const at::Tensor draws = torch::empty({4000}, device_).bernoulli_(0.3);
+  const at::Tensor x = on(torch::rand({8, 16, 3, 3}) + 1);
+  const at::Tensor y = torch::nn::functional::dropout2d(x, torch::nn::functional::Dropout2dFuncOptions().p(0.25));
+  const auto recorded = metrics();
+  for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";
+  strata::xla::mark_step();
+  const at::Tensor d = draws.cpu();
+  EXPECT_TRUE(torch::equal(d * (1 - d), torch::zeros({4000}))) << "only zeros and ones";
+  EXPECT_NEAR(d.mean().item<double>(), 0.3, 0.03);  // 4 standard deviations: sqrt(0.21 / 4000) = 0.007
+  const at::Tensor ratio = (y.cpu() / x.cpu()).view({8, 16, 9});
+  const at::Tensor kept = ratio.select(2, 0) != 0;
+  EXPECT_TRUE(torch::allclose(ratio, kept.unsqueeze(2).to(at::kFloat).expand({8, 16, 9}) / 0.75))
+      << "each channel is all dropped or all kept and scaled";
+  EXPECT_NEAR(kept.to(at::kFloat).mean().item<double>(), 0.75, 0.15);  // 128 channels: 4 standard deviations
+}
+
+TEST_F(XlaIndexTest, ScaledDotProductAttentionTakesItsMathFormAndMatchesTheCpu) {
+  torch::manual_seed(63);
+  const at::Tensor q = torch::randn({2, 2, 4, 8}, torch::requires_grad()), k = torch::randn({2, 2, 4, 8}),
+                   v = torch::randn({2, 2, 4, 8});
+  const at::Tensor xq = q.detach().to(device_).requires_grad_(), xk = on(k), xv = on(v);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  const at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  const at::Tensor xy = at::scaled_dot_product_attention(xq, xk, xv, {}, 0.0, /*is_causal=*/true);
+  const at::Tensor g = torch::randn(y.sizes());
+  y.backward(g);
+  xy.backward(on(g));
+  const auto recorded = metrics();
+  for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";
+  strata::xla::mark_step();
+  EXPECT_TRUE(close(xy, y, 1e-5));
+  EXPECT_TRUE(close(xq.grad(), q.grad(), 1e-5));
+}
+
+}  // namespace
