@@ -29,6 +29,12 @@ strategies::ModulePtr Fabric::setup_module(strategies::ModulePtr module) {
   return strategy().setup_module(std::move(module));
 }
 
+strategies::ModulePtr Fabric::borrow(torch::nn::Module& module) {
+  strategies::ModulePtr pointer = strategies::module_pointer(module);
+  strategy().check_borrowed(pointer, "fabric");
+  return pointer;
+}
+
 strategies::ModulePtr Fabric::setup(strategies::ModulePtr module,
                                     const std::vector<torch::optim::Optimizer*>& optimizers) {
   return strategy().setup_module_and_optimizers(std::move(module), optimizers);

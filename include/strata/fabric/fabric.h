@@ -107,6 +107,24 @@ class Fabric {
     setup_module(strategies::ModulePtr(module.ptr()));
     return module;
   }
+  /// Typed form for a shared_ptr to a module class (`std::make_shared<NetImpl>()`).
+  template <class M, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M> &&
+                                              !std::is_same_v<M, torch::nn::Module>>>
+  std::shared_ptr<M> setup_module(std::shared_ptr<M> module) {
+    setup_module(strategies::ModulePtr(module));
+    return module;
+  }
+  /// A module held by value (`Net model; fabric.setup_module(model);`, as
+  /// LibTorch's examples hold theirs): set up in place, not owned, so the
+  /// caller keeps it alive while training it (Note [Modules held by value]
+  /// in strategies/strategy.h). Returns `module`. ConfigError under a
+  /// strategy that shards parameters (fsdp): hold it in a ModuleHolder or
+  /// a shared_ptr there.
+  template <class M, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M>>>
+  M& setup_module(M& module) {
+    setup_module(borrow(module));
+    return module;
+  }
   /// setup_module, then setup_optimizer for each optimizer (Lightning's
   /// setup(model, *optimizers)). FSDP refuses: its optimizers must be built
   /// from the module setup_module returns.
@@ -116,6 +134,12 @@ class Fabric {
   template <class Holder, class... Optimizers, class = decltype(std::declval<Holder&>().ptr())>
   Holder setup(Holder module, Optimizers&... optimizers) {
     setup(strategies::ModulePtr(module.ptr()), {static_cast<torch::optim::Optimizer*>(&optimizers)...});
+    return module;
+  }
+  /// A module held by value, as setup_module(M&).
+  template <class M, class... Optimizers, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M>>>
+  M& setup(M& module, Optimizers&... optimizers) {
+    setup(borrow(module), {static_cast<torch::optim::Optimizer*>(&optimizers)...});
     return module;
   }
   /// Scope for building the model (Lightning's init_module): the
@@ -230,6 +254,8 @@ class Fabric {
 
  private:
   nlohmann::json run_launch(const std::function<nlohmann::json()>& call);
+  /// module_pointer(module), refused where the strategy cannot borrow it.
+  strategies::ModulePtr borrow(torch::nn::Module& module);
 
   FabricOptions options_;
   strategies::ResolvedPlacement placement_;

@@ -238,6 +238,24 @@ class Trainer {
   /// tensor on other ranks.
   at::Tensor predict(std::shared_ptr<TrainModule> module, const DataSource& data,
                      const std::string& ckpt_path = "");
+  /// The same four for a module held by value (`LitNet module;
+  /// trainer.fit(module, data);`): used in place, not owned, so keep it
+  /// alive for the calls that use it (Note [Modules held by value] in
+  /// strategies/strategy.h; a module that goes first is forgotten by the
+  /// Trainer). ConfigError under a strategy that shards parameters (fsdp).
+  void fit(TrainModule& module, const DataSource& train, const std::optional<DataSource>& val = std::nullopt,
+           const std::string& ckpt_path = "") {
+    fit(borrow(module), train, val, ckpt_path);
+  }
+  trainer::Metrics validate(TrainModule& module, const DataSource& data, const std::string& ckpt_path = "") {
+    return validate(borrow(module), data, ckpt_path);
+  }
+  trainer::Metrics test(TrainModule& module, const DataSource& data, const std::string& ckpt_path = "") {
+    return test(borrow(module), data, ckpt_path);
+  }
+  at::Tensor predict(TrainModule& module, const DataSource& data, const std::string& ckpt_path = "") {
+    return predict(borrow(module), data, ckpt_path);
+  }
 
   // ---- state, for callbacks and modules ------------------------------------
   /// The epoch running, or after fit the epochs begun: as Lightning, an
@@ -347,6 +365,12 @@ class Trainer {
   /// 0's result of the same call (Note [One launch protocol]). With ranks
   /// as threads, runs it on every rank and returns true.
   bool launch(const std::shared_ptr<TrainModule>& module, const RankCall& call, nlohmann::json& remote);
+  /// strategies::module_pointer(module), refused where the strategy cannot borrow it.
+  std::shared_ptr<TrainModule> borrow(TrainModule& module);
+  /// Called by a module this Trainer uses as it is destroyed (a module held
+  /// by value): the Trainer lets go of it without touching it.
+  void forget_module(const TrainModule& module);
+  friend class TrainModule;
   /// launch() for ranks as threads: rank r's Trainer and module made at
   /// the first call.
   nlohmann::json run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call);
