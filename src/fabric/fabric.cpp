@@ -54,6 +54,11 @@ std::shared_ptr<data::Loader> Fabric::setup_dataloader(std::shared_ptr<data::Loa
   return strategy().process_dataloader(std::move(loader));
 }
 
+std::shared_ptr<data::Loader> Fabric::setup_dataloader(std::shared_ptr<const data::Dataset> dataset,
+                                                       const data::DataOptions& options) {
+  return setup_dataloader(data::make_distributed_loader(std::move(dataset), options, world_size(), global_rank()));
+}
+
 std::vector<std::shared_ptr<data::Loader>> Fabric::setup_dataloaders(
     const std::vector<std::shared_ptr<data::Loader>>& loaders) {
   std::vector<std::shared_ptr<data::Loader>> out;

@@ -33,6 +33,8 @@
 #include <variant>
 #include <vector>
 
+#include "strata/data/loader.h"
+#include "strata/data/torch_dataset.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
@@ -151,9 +153,25 @@ class Fabric {
   void setup_optimizer(torch::optim::Optimizer& optimizer);
   void setup_optimizers(const std::vector<torch::optim::Optimizer*>& optimizers);
   /// Wraps a loader so that batches arrive on device(), prefetched in the
-  /// background. Build the loader with make_distributed_loader (or give it
-  /// a DistributedSampler) so each rank reads its own slice.
+  /// background. Build the loader with data::make_distributed_loader (or
+  /// give it a DistributedSampler) so each rank reads its own slice.
   std::shared_ptr<data::Loader> setup_dataloader(std::shared_ptr<data::Loader> loader);
+  /// This rank's loader of `dataset` (data::make_distributed_loader with
+  /// this job's world size and rank: options.batch_size is the global
+  /// batch, the same examples at any world size), prefetched to device().
+  /// Inside launch(). A rank's batch may be a smaller share of its global
+  /// batch at an uneven end (Note [Unequal shares]): weight its loss by
+  /// batch.share(world_size()). ConfigError for a batch_size the world
+  /// size does not divide.
+  std::shared_ptr<data::Loader> setup_dataloader(std::shared_ptr<const data::Dataset> dataset,
+                                                 const data::DataOptions& options = {});
+  /// A `torch::data` dataset (a Dataset<Self> of Example<>, or one
+  /// `.map()`ped with transforms such as Stack<>), moved in: adapted by
+  /// data::TorchDataset, then as above.
+  template <class TorchData, class = std::enable_if_t<data::is_torch_dataset_v<TorchData>>>
+  std::shared_ptr<data::Loader> setup_dataloader(TorchData dataset, const data::DataOptions& options = {}) {
+    return setup_dataloader(data::from_torch(std::move(dataset)), options);
+  }
   std::vector<std::shared_ptr<data::Loader>> setup_dataloaders(
       const std::vector<std::shared_ptr<data::Loader>>& loaders);
 

@@ -53,6 +53,7 @@
 
 #include "strata/data/dataset.h"
 #include "strata/data/loader.h"
+#include "strata/data/torch_dataset.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
@@ -74,21 +75,8 @@ struct BatchLimit {
   int64_t of(int64_t size) const;
 };
 
-/// How the Trainer builds a loader from a dataset.
-struct DataOptions {
-  /// Examples per step over all ranks: each of N ranks takes batch_size / N
-  /// (which must divide), so a loader position means the same examples at
-  /// any world size.
-  int64_t batch_size = 1;
-  bool shuffle = false;  ///< reshuffle every epoch (the same order on every rank)
-  uint64_t seed = 0;     ///< seed of the shuffle
-  bool drop_last = false;
-
-  DataOptions& with_batch_size(int64_t b) { batch_size = b; return *this; }
-  DataOptions& with_shuffle(bool s) { shuffle = s; return *this; }
-  DataOptions& with_seed(uint64_t s) { seed = s; return *this; }
-  DataOptions& with_drop_last(bool d) { drop_last = d; return *this; }
-};
+/// How the Trainer builds a loader from a dataset (data/loader.h).
+using DataOptions = data::DataOptions;
 
 /// The data of one loop: a dataset the Trainer splits among the ranks (a
 /// distributed sampler; needed by predict, and to resume at another world
@@ -97,6 +85,11 @@ class DataSource {
  public:
   DataSource(std::shared_ptr<const data::Dataset> dataset, DataOptions options = {})
       : dataset_(std::move(dataset)), options_(options) {}
+  /// A `torch::data` dataset (data/torch_dataset.h), moved in and split
+  /// among the ranks as any dataset.
+  template <class TorchData, class = std::enable_if_t<data::is_torch_dataset_v<TorchData>>>
+  DataSource(TorchData dataset, DataOptions options = {})
+      : DataSource(data::from_torch(std::move(dataset)), options) {}
   DataSource(std::shared_ptr<data::Loader> loader) : loader_(std::move(loader)) {}
   const std::shared_ptr<const data::Dataset>& dataset() const { return dataset_; }
   const DataOptions& options() const { return options_; }
