@@ -26,7 +26,9 @@ nlohmann::json Fabric::run_launch(const std::function<nlohmann::json()>& call) {
 }
 
 strategies::ModulePtr Fabric::setup_module(strategies::ModulePtr module) {
-  return strategy().setup_module(std::move(module));
+  strategies::ModulePtr set_up = strategy().setup_module(std::move(module));
+  if (set_up) strategy().apply_sync_batchnorm(*set_up);
+  return set_up;
 }
 
 strategies::ModulePtr Fabric::borrow(torch::nn::Module& module) {
@@ -37,7 +39,9 @@ strategies::ModulePtr Fabric::borrow(torch::nn::Module& module) {
 
 strategies::ModulePtr Fabric::setup(strategies::ModulePtr module,
                                     const std::vector<torch::optim::Optimizer*>& optimizers) {
-  return strategy().setup_module_and_optimizers(std::move(module), optimizers);
+  strategies::ModulePtr set_up = strategy().setup_module_and_optimizers(std::move(module), optimizers);
+  if (set_up) strategy().apply_sync_batchnorm(*set_up);
+  return set_up;
 }
 
 strategies::Scope Fabric::init_module(std::optional<bool> empty_init) {

@@ -344,6 +344,7 @@ struct DDPStrategy::Reducer {
 DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::optional<Precision> precision,
                          DDPOptions options)
     : Strategy(std::move(accelerator), std::move(precision)), options_(std::move(options)) {
+  sync_batchnorm_ = options_.sync_batchnorm;
   STRATA_CHECK(options_.bucket_cap_mb > 0, ConfigError, "[ddp] bucket_cap_mb must be > 0, got ",
                options_.bucket_cap_mb);
   STRATA_CHECK(options_.checkpoint_io.is_null() || options_.checkpoint_io.empty(), ConfigError,
@@ -404,6 +405,7 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
   });
   for (size_t i = 0; i < params.size(); ++i) replica->hooks->add(params[i], i);
   replicas_.push_back(std::move(replica));
+  apply_sync_batchnorm(*module);
   return module;
 }
 

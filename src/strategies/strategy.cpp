@@ -19,6 +19,7 @@
 #include "strata/data/device_loader.h"
 #include "strata/runtime/process.h"
 #include "strata/xla/device.h"
+#include "sync_batchnorm.h"
 
 namespace strata::strategies {
 namespace {
@@ -59,7 +60,7 @@ Strategy::Strategy(std::shared_ptr<Accelerator> accelerator, std::optional<Preci
     : accelerator_(accelerator ? std::move(accelerator) : cpu_accelerator()),
       precision_(precision ? *precision : Precision::parse("32-true", accelerator_->name())) {}
 
-Strategy::~Strategy() = default;
+Strategy::~Strategy() { detail::release_sync_batchnorm(this); }
 
 std::shared_ptr<Strategy> Strategy::replica() const {
   throw ConfigError("[" + name() + "] runs one rank per process; it cannot run ranks as threads (the '" +
@@ -372,6 +373,7 @@ void Strategy::teardown() {
     if (!borrowed(module)) module->to(c10::Device(c10::kCPU));  // Note [Modules held by value]
   }
   modules_.clear();
+  detail::release_sync_batchnorm(this);
   close_loaders();
   if (launched_) group_.synchronize();
   group_ = comm::Group();

@@ -158,6 +158,7 @@ void Trainer::setup_strategy() {
     // The accelerator and precision are the strategy's own; the module is
     // placed (DDP: moved, synchronised, hooked; FSDP: sharded).
     strategy_->connect(strategy_->setup_module(strategy_->lightning_module()));
+    strategy_->apply_sync_batchnorm(*strategy_->lightning_module());
     module_set_up_ = true;
   }
   if (stage_ == "fit" && optimizers_.empty()) {

@@ -26,6 +26,9 @@ struct DDPOptions {
   /// from rank 0's buffers (PyTorch DDP's broadcast_buffers, default on:
   /// Note [Buffers from rank 0] in ddp.cpp).
   bool broadcast_buffers = true;
+  /// Lightning's sync_batchnorm: BatchNorm layers normalise over the
+  /// global batch of all ranks (Strategy::sync_batchnorm).
+  bool sync_batchnorm = false;
   /// Gradient bucket size (PyTorch's DDP default: 25 MB).
   int64_t bucket_cap_mb = 25;
   /// Accepted for Lightning's signature; strata lists its own devices from the
@@ -37,6 +40,7 @@ struct DDPOptions {
   DDPOptions& with_debug(bool d) { debug = d; return *this; }
   DDPOptions& with_sync_module_states(bool s) { sync_module_states = s; return *this; }
   DDPOptions& with_broadcast_buffers(bool b) { broadcast_buffers = b; return *this; }
+  DDPOptions& with_sync_batchnorm(bool s) { sync_batchnorm = s; return *this; }
   DDPOptions& with_bucket_cap_mb(int64_t mb) { bucket_cap_mb = mb; return *this; }
   DDPOptions& with_parallel_devices(std::vector<c10::Device> d) { parallel_devices = std::move(d); return *this; }
 };
@@ -57,7 +61,8 @@ class DDPStrategy : public Strategy {
   void setup_environment() override;
   /// Moves the module to the device, broadcasts its parameters and buffers
   /// from rank 0 (sync_module_states; the buffers also with
-  /// broadcast_buffers) and registers the gradient hooks.
+  /// broadcast_buffers), registers the gradient hooks and, with
+  /// sync_batchnorm, its BatchNorm layers (apply_sync_batchnorm).
   /// Several modules may be set up (a GAN's generator and critic): each
   /// gets its own buckets; a module set up already is returned as it is.
   ModulePtr setup_module(ModulePtr module) override;

@@ -160,6 +160,23 @@ class Strategy {
   /// past the caller's use (shards_parameters()); `who` ("fabric",
   /// "trainer") starts the message, which says how to hold the module.
   void check_borrowed(const ModulePtr& module, const std::string& who) const;
+  /// Lightning's sync_batchnorm: whether the BatchNorm layers of modules
+  /// set up normalise, in training, with the mean and variance of the
+  /// global batch over all ranks (and update their running statistics
+  /// from it). Default off; DDP's and FSDP's options, and the Trainer's
+  /// flag, turn it on.
+  virtual bool sync_batchnorm() const { return sync_batchnorm_; }
+  /// Turns sync_batchnorm on or off for modules set up from now on.
+  void set_sync_batchnorm(bool on) { sync_batchnorm_ = on; }
+  /// With sync_batchnorm() on a job of several ranks, registers the
+  /// BatchNorm1d/2d/3d layers of `module` (set up already) so that they
+  /// normalise over all ranks in training (Note [Synchronised batch norm]
+  /// in sync_batchnorm.cpp); returns how many it registered (a layer
+  /// registered already counts once). A no-op otherwise. DDP's
+  /// setup_module calls it, and Fabric and the Trainer call it after every
+  /// strategy's setup_module. ConfigError on a lazy device (xla), where
+  /// batch norm is not synchronised.
+  size_t apply_sync_batchnorm(torch::nn::Module& module);
   /// Checks and prepares an optimizer of the module returned by setup_module.
   virtual void setup_optimizer(torch::optim::Optimizer& optimizer);
   /// setup_module, then setup_optimizer for each optimizer.
@@ -346,6 +363,7 @@ class Strategy {
   std::vector<ModulePtr> modules_;  ///< modules set up, for teardown
   std::vector<std::weak_ptr<data::Loader>> loaders_;  ///< device loaders to close at teardown
   ModulePtr connected_;  ///< the Trainer's module (connect())
+  bool sync_batchnorm_ = false;
 };
 
 }  // namespace strata::strategies

@@ -151,6 +151,10 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   /// Prints Lightning's model summary table (trainer/model_summary.h) at
   /// the start of fit, on global rank 0.
   bool enable_model_summary = true;
+  /// Lightning's sync_batchnorm: the module's BatchNorm layers normalise
+  /// over the global batch of all ranks (Strategy::sync_batchnorm; set on
+  /// the strategy, a name or an object, as Lightning does).
+  bool sync_batchnorm = false;
   /// Note [Stopping on a signal] (runtime/stop_signal.h): during fit,
   /// SIGINT, SIGTERM and SIGUSR1 stop every rank after the step it is in;
   /// the callbacks' on_train_end hooks run (ModelCheckpoint saves that
@@ -181,6 +185,7 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   TrainerOptions& with_enable_checkpointing(bool e) { enable_checkpointing = e; return *this; }
   TrainerOptions& with_enable_progress_bar(bool e) { enable_progress_bar = e; return *this; }
   TrainerOptions& with_enable_model_summary(bool e) { enable_model_summary = e; return *this; }
+  TrainerOptions& with_sync_batchnorm(bool s) { sync_batchnorm = s; return *this; }
   TrainerOptions& with_stop_on_signals(bool s) { stop_on_signals = s; return *this; }
   TrainerOptions& with_callback(trainer::CallbackPtr c) { callbacks.push_back(std::move(c)); return *this; }
   TrainerOptions& with_callbacks(std::vector<trainer::CallbackPtr> c) { callbacks = std::move(c); return *this; }
