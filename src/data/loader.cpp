@@ -138,4 +138,20 @@ void DataLoader::load_state(const LoaderState& state) {
   resume_pending_ = true;
 }
 
+// ---- make_distributed_loader ------------------------------------------------------
+
+std::shared_ptr<DataLoader> make_distributed_loader(std::shared_ptr<const Dataset> dataset,
+                                                    const DataOptions& options, int world_size, int rank) {
+  STRATA_CHECK(dataset != nullptr, ConfigError, "[data] make_distributed_loader got a null dataset");
+  STRATA_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, ConfigError, "[data] rank ", rank,
+               " is not one of the ", world_size, " ranks");
+  STRATA_CHECK(options.batch_size >= 1 && options.batch_size % world_size == 0, ConfigError, "[data] batch_size ",
+               options.batch_size, " must be a positive multiple of the world size (", world_size,
+               "): each rank takes batch_size / world_size examples per step");
+  DistributedSampler sampler(dataset->size(), world_size, rank, options.shuffle, options.seed, options.drop_last,
+                             /*repeat_to_even=*/false);
+  return std::make_shared<DataLoader>(std::move(dataset), sampler,
+                                      static_cast<size_t>(options.batch_size / world_size), options.drop_last);
+}
+
 }  // namespace strata::data

@@ -26,12 +26,22 @@ nlohmann::json Fabric::run_launch(const std::function<nlohmann::json()>& call) {
 }
 
 strategies::ModulePtr Fabric::setup_module(strategies::ModulePtr module) {
-  return strategy().setup_module(std::move(module));
+  strategies::ModulePtr set_up = strategy().setup_module(std::move(module));
+  if (set_up) strategy().apply_sync_batchnorm(*set_up);
+  return set_up;
+}
+
+strategies::ModulePtr Fabric::borrow(torch::nn::Module& module) {
+  strategies::ModulePtr pointer = strategies::module_pointer(module);
+  strategy().check_borrowed(pointer, "fabric");
+  return pointer;
 }
 
 strategies::ModulePtr Fabric::setup(strategies::ModulePtr module,
                                     const std::vector<torch::optim::Optimizer*>& optimizers) {
-  return strategy().setup_module_and_optimizers(std::move(module), optimizers);
+  strategies::ModulePtr set_up = strategy().setup_module_and_optimizers(std::move(module), optimizers);
+  if (set_up) strategy().apply_sync_batchnorm(*set_up);
+  return set_up;
 }
 
 strategies::Scope Fabric::init_module(std::optional<bool> empty_init) {
@@ -46,6 +56,11 @@ void Fabric::setup_optimizers(const std::vector<torch::optim::Optimizer*>& optim
 
 std::shared_ptr<data::Loader> Fabric::setup_dataloader(std::shared_ptr<data::Loader> loader) {
   return strategy().process_dataloader(std::move(loader));
+}
+
+std::shared_ptr<data::Loader> Fabric::setup_dataloader(std::shared_ptr<const data::Dataset> dataset,
+                                                       const data::DataOptions& options) {
+  return setup_dataloader(data::make_distributed_loader(std::move(dataset), options, world_size(), global_rank()));
 }
 
 std::vector<std::shared_ptr<data::Loader>> Fabric::setup_dataloaders(

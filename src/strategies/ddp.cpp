@@ -38,6 +38,23 @@
 // any power of two) ranks, scaling before or after the sum gives the same
 // bits; at other world sizes the mean differs from sum-then-scale in the
 // last bit, and equals what PyTorch's DDP computes.
+//
+// Note [Buffers from rank 0]
+// PyTorch's DDP (broadcast_buffers=True) broadcasts rank 0's buffers before
+// a forward that follows a synchronised training forward, so BatchNorm's
+// running statistics never drift apart: every rank's forward starts from
+// rank 0's, and rank 0's own evolve as in its one-process run. C++ modules
+// have no forward hook, so the broadcast runs at the end of backward(),
+// after the gradients are averaged: that is before the next forward, and
+// only after a synchronised step (under no_backward_sync no broadcast, as
+// in PyTorch, where the forward after a no_sync forward skips it too). At
+// setup the buffers are broadcast as well, so the first forward starts
+// from rank 0's. Not before backward: a module in eval mode saves its
+// running statistics for backward, and overwriting them in place would
+// fail autograd's version check. One broadcast per dtype and device of the
+// buffers (flattened together), on every rank in the modules' set-up
+// order. Not on a lazy device (xla): Lightning's XLAStrategy broadcasts
+// no buffers, and a step's collectives are recorded into its program.
 #include "strata/strategies/ddp.h"
 
 #include <torch/nn/module.h>
@@ -53,6 +70,43 @@
 namespace strata::strategies {
 
 constexpr int64_t kFirstBucketBytes = 1024 * 1024;
+
+namespace {
+
+// Overwrites `buffers` with rank 0's: one broadcast per dtype and device,
+// in the order the buffers come (Note [Buffers from rank 0]).
+void broadcast_from_rank_zero(comm::Group& group, const std::vector<at::Tensor>& buffers) {
+  torch::NoGradGuard no_grad;
+  std::vector<bool> done(buffers.size(), false);
+  for (size_t first = 0; first < buffers.size(); ++first) {
+    if (done[first] || !buffers[first].defined()) continue;
+    std::vector<at::Tensor> same_kind;
+    for (size_t i = first; i < buffers.size(); ++i) {
+      const at::Tensor& b = buffers[i];
+      if (done[i] || !b.defined() || b.scalar_type() != buffers[first].scalar_type() ||
+          b.device() != buffers[first].device()) {
+        continue;
+      }
+      done[i] = true;
+      same_kind.push_back(b);
+    }
+    if (same_kind.size() == 1 && same_kind.front().is_contiguous()) {
+      group.broadcast(same_kind.front(), 0);
+      continue;
+    }
+    std::vector<at::Tensor> flat;
+    for (const at::Tensor& b : same_kind) flat.push_back(b.reshape({-1}));
+    at::Tensor joined = at::cat(flat);
+    group.broadcast(joined, 0);
+    int64_t offset = 0;
+    for (at::Tensor b : same_kind) {
+      b.copy_(joined.narrow(0, offset, b.numel()).view(b.sizes()));
+      offset += b.numel();
+    }
+  }
+}
+
+}  // namespace
 
 struct DDPStrategy::Reducer {
   struct Bucket {
@@ -290,6 +344,7 @@ struct DDPStrategy::Reducer {
 DDPStrategy::DDPStrategy(std::shared_ptr<Accelerator> accelerator, std::optional<Precision> precision,
                          DDPOptions options)
     : Strategy(std::move(accelerator), std::move(precision)), options_(std::move(options)) {
+  sync_batchnorm_ = options_.sync_batchnorm;
   STRATA_CHECK(options_.bucket_cap_mb > 0, ConfigError, "[ddp] bucket_cap_mb must be > 0, got ",
                options_.bucket_cap_mb);
   STRATA_CHECK(options_.checkpoint_io.is_null() || options_.checkpoint_io.empty(), ConfigError,
@@ -310,6 +365,10 @@ struct DDPStrategy::Replica {
   std::unique_ptr<GradHooks> hooks;
 };
 
+bool DDPStrategy::broadcasts_buffers() const {
+  return options_.broadcast_buffers && world_size() > 1 && !lazy_device();
+}
+
 DDPStrategy::Replica* DDPStrategy::replica_of(const torch::nn::Module& module) const {
   for (const auto& replica : replicas_) {
     if (replica->module.get() == &module) return replica.get();
@@ -328,6 +387,8 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
     torch::NoGradGuard no_grad;
     for (at::Tensor p : module->parameters()) group_.broadcast(p, 0);
     for (at::Tensor b : module->buffers()) group_.broadcast(b, 0);
+  } else if (broadcasts_buffers()) {
+    broadcast_from_rank_zero(group_, module->buffers());
   }
   // Tied parameters appear once in parameters(): one hook each.
   std::vector<at::Tensor> params;
@@ -344,6 +405,7 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
   });
   for (size_t i = 0; i < params.size(); ++i) replica->hooks->add(params[i], i);
   replicas_.push_back(std::move(replica));
+  apply_sync_batchnorm(*module);
   return module;
 }
 
@@ -357,8 +419,10 @@ void DDPStrategy::backward(const at::Tensor& loss) {
   // backward did not reach reduces zeros and leaves its gradients as they
   // were (Note [Gradient buckets]).
   for (const auto& replica : replicas_) {
+    const bool synchronised = replica->reducer->sync_enabled;
     replica->reducer->finish();
     replica->hooks->end_backward();
+    if (synchronised && broadcasts_buffers()) broadcast_from_rank_zero(group_, replica->module->buffers());
   }
   report_step_communication(++step_, options_.debug);
 }

@@ -19,6 +19,7 @@
 #include "strata/data/device_loader.h"
 #include "strata/runtime/process.h"
 #include "strata/xla/device.h"
+#include "sync_batchnorm.h"
 
 namespace strata::strategies {
 namespace {
@@ -59,7 +60,7 @@ Strategy::Strategy(std::shared_ptr<Accelerator> accelerator, std::optional<Preci
     : accelerator_(accelerator ? std::move(accelerator) : cpu_accelerator()),
       precision_(precision ? *precision : Precision::parse("32-true", accelerator_->name())) {}
 
-Strategy::~Strategy() = default;
+Strategy::~Strategy() { detail::release_sync_batchnorm(this); }
 
 std::shared_ptr<Strategy> Strategy::replica() const {
   throw ConfigError("[" + name() + "] runs one rank per process; it cannot run ranks as threads (the '" +
@@ -152,6 +153,32 @@ void Strategy::backward(const at::Tensor& loss) {
 }
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+
+namespace {
+// The deleter of a borrowed ModulePtr: the caller owns the module.
+struct Borrowed {
+  void operator()(torch::nn::Module*) const {}
+};
+}  // namespace
+
+ModulePtr module_pointer(torch::nn::Module& module) {
+  if (ModulePtr owner = module.weak_from_this().lock()) return owner;
+  return ModulePtr(&module, Borrowed());
+}
+
+bool borrowed(const ModulePtr& module) { return std::get_deleter<Borrowed>(module) != nullptr; }
+
+void Strategy::check_borrowed(const ModulePtr& module, const std::string& who) const {
+  if (!module || !borrowed(module) || !shards_parameters()) return;
+  std::string type = module->name();  // its class, without namespaces
+  const size_t colon = type.rfind("::", type.find('<'));
+  if (colon != std::string::npos) type = type.substr(colon + 2);
+  throw ConfigError(::strata::detail::cat(
+      "[", who, "] setup_module got a module held by value (", type, "); ", name(),
+      " keeps its submodules as units until teardown, after a module declared inside the launched function is "
+      "gone. Hold it in a ModuleHolder (TORCH_MODULE(Net); Net model;) or a std::shared_ptr "
+      "(std::make_shared<", type, ">(...)) and pass that"));
+}
 
 void Strategy::require_set_up(const torch::nn::Module& module, const std::string& what) const {
   for (const ModulePtr& m : modules_) {
@@ -342,8 +369,11 @@ void Strategy::mark_step() {
 }
 
 void Strategy::teardown() {
-  for (const ModulePtr& module : modules_) module->to(c10::Device(c10::kCPU));
+  for (const ModulePtr& module : modules_) {
+    if (!borrowed(module)) module->to(c10::Device(c10::kCPU));  // Note [Modules held by value]
+  }
   modules_.clear();
+  detail::release_sync_batchnorm(this);
   close_loaders();
   if (launched_) group_.synchronize();
   group_ = comm::Group();

@@ -11,7 +11,9 @@ namespace strata {
 TrainModule::TrainModule() = default;
 
 TrainModule::~TrainModule() {
-  // A Trainer that outlives its module must not reach back into it.
+  // A Trainer that outlives its module (one held by value: Note [Modules
+  // held by value] in strategies/strategy.h) must not reach back into it.
+  if (trainer_ != nullptr) trainer_->forget_module(*this);
   trainer_ = nullptr;
 }
 

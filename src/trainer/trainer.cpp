@@ -129,6 +129,8 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   placement_ = strategies::resolve_placement(options_, "trainer");
   options_.devices = placement_.devices;
   strategy_ = placement_.strategy;
+  // Lightning's Trainer(sync_batchnorm=True) gives its strategy the layer sync.
+  if (o.sync_batchnorm) strategy_->set_sync_batchnorm(true);
 
   callbacks_ = o.callbacks;
   auto has = [&](auto* probe) {

@@ -82,6 +82,20 @@ Trainer::Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> s
   results_ = std::make_unique<trainer::detail::Results>();
 }
 
+std::shared_ptr<TrainModule> Trainer::borrow(TrainModule& module) {
+  strategies::ModulePtr pointer = strategies::module_pointer(module);
+  strategy_->check_borrowed(pointer, "trainer");
+  return std::static_pointer_cast<TrainModule>(pointer);
+}
+
+void Trainer::forget_module(const TrainModule& module) {
+  if (module_.get() != &module) return;
+  if (strategy_->lightning_module().get() == &module) strategy_->connect(nullptr);
+  // Borrowed (Note [Modules held by value]). module_set_up_ stays: the
+  // strategy set this one up, so another is refused (kOneModule).
+  module_.reset();
+}
+
 bool Trainer::launch(const std::shared_ptr<TrainModule>& module, const RankCall& call, nlohmann::json& remote) {
   if (placement_.thread_ranks() && strategies::detail::current_thread_rank() == nullptr) {
     remote = run_on_thread_ranks(module, call);
@@ -102,7 +116,7 @@ bool Trainer::launch(const std::shared_ptr<TrainModule>& module, const RankCall&
 
 nlohmann::json Trainer::run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call) {
   STRATA_CHECK(module != nullptr, ConfigError, "[trainer] got a null module");
-  STRATA_CHECK(!module_ || module_ == module, ConfigError, kOneModule);
+  STRATA_CHECK(module_ ? module_ == module : !module_set_up_, ConfigError, kOneModule);
   if (!thread_ranks_) {
     auto ranks = std::make_unique<ThreadRanks>();
     ranks->job = std::make_unique<strategies::ThreadRankJob>(placement_, "trainer");
@@ -144,6 +158,7 @@ void Trainer::setup_strategy() {
     // The accelerator and precision are the strategy's own; the module is
     // placed (DDP: moved, synchronised, hooked; FSDP: sharded).
     strategy_->connect(strategy_->setup_module(strategy_->lightning_module()));
+    strategy_->apply_sync_batchnorm(*strategy_->lightning_module());
     module_set_up_ = true;
   }
   if (stage_ == "fit" && optimizers_.empty()) {
@@ -155,7 +170,7 @@ void Trainer::setup_strategy() {
 
 void Trainer::attach(std::shared_ptr<TrainModule> module, const std::string& stage) {
   STRATA_CHECK(module != nullptr, ConfigError, "[trainer] ", stage, " got a null module");
-  STRATA_CHECK(!module_ || module_ == module, ConfigError, kOneModule);
+  STRATA_CHECK(module_ ? module_ == module : !module_set_up_, ConfigError, kOneModule);
   STRATA_CHECK(stage_.empty(), ConfigError, "[trainer] ", stage, " was called while ", stage_,
                " is running; the loops do not nest");
   module_ = module;

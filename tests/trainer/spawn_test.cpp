@@ -24,20 +24,24 @@ using namespace strata::testing;
 constexpr int64_t kSteps = 6;
 constexpr int64_t kBatch = 12;  // global
 
-/// LitGPT that counts its training steps and, in mode "fail", throws on
-/// rank 1 at its third step.
+/// LitGPT that counts its training steps and, in mode "fail" ("fail_c10"),
+/// throws a std::runtime_error (a c10::Error, which carries a backtrace)
+/// on rank 1 at its third step.
 class CountingGPT : public LitGPT {
  public:
-  explicit CountingGPT(bool fail) : fail_(fail) {}
+  explicit CountingGPT(std::string mode) : mode_(std::move(mode)) {}
   at::Tensor training_step(const strata::data::Batch& b, int64_t i) override {
     ++steps;
-    if (fail_ && trainer()->global_rank() == 1 && steps == 3) throw std::runtime_error("planted failure at step 3");
+    if (trainer()->global_rank() == 1 && steps == 3) {
+      if (mode_ == "fail") throw std::runtime_error("planted failure at step 3");
+      TORCH_CHECK(mode_ != "fail_c10", "planted c10 failure at step ", steps);
+    }
     return LitGPT::training_step(b, i);
   }
   int64_t steps = 0;
 
  private:
-  bool fail_;
+  std::string mode_;
 };
 
 strata::TrainerOptions options(int devices) {
@@ -55,15 +59,15 @@ strata::DataSource data() {
   return strata::DataSource(gpt_dataset(), strata::DataOptions().with_batch_size(kBatch).with_shuffle(true));
 }
 
-// args: DIR MODE ("train" or "fail"). Rank 0 of the workers writes the
+// args: DIR MODE ("train", "fail" or "fail_c10"). Rank 0 of the workers writes the
 // trained parameters; the launching process writes what it saw.
 STRATA_WORKER(trainer_spawn) {
   const std::string dir = args.at(0);
-  const bool fail = args.at(1) == "fail";
+  const std::string mode = args.at(1);
   const bool launched = strata::runtime::Environment::from_env().launched();
   strata::Trainer trainer(options(2));
   at::manual_seed(1234);
-  auto module = std::make_shared<CountingGPT>(fail);
+  auto module = std::make_shared<CountingGPT>(mode);
   nlohmann::json seen{{"launched", launched}};
   try {
     trainer.fit(module, data());
@@ -129,7 +133,7 @@ TEST(TrainerSpawnTest, TwoDevicesWithoutALauncherStartTwoWorkersThatTrainAsOnePr
   // The same fit in this process alone.
   strata::Trainer single(options(1));
   at::manual_seed(1234);
-  auto module = std::make_shared<CountingGPT>(false);
+  auto module = std::make_shared<CountingGPT>("train");
   single.fit(module, data());
   ASSERT_EQ(module->steps, kSteps);
   auto expected = full_state(*module, single.strategy(), "model.");
@@ -162,7 +166,8 @@ TEST(TrainerSpawnTest, AWorkerFailureReachesTheLaunchingProcessAsALaunchError) {
   nlohmann::json launcher = read_json(dir.path + "/launcher.json");
   ASSERT_TRUE(launcher.contains("launch_error")) << launcher.dump();
   const std::string message = launcher["launch_error"].get<std::string>();
-  EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+  EXPECT_EQ(message, "[trainer] the workers failed: rank 1 exited with code 1; last error: error: planted failure "
+                     "at step 3");
   // The outcome travels as data (Note [Launch outcomes]).
   ASSERT_TRUE(launcher.contains("failed_rank")) << launcher.dump();
   EXPECT_EQ(launcher["failed_rank"].get<int>(), 1);
@@ -172,6 +177,17 @@ TEST(TrainerSpawnTest, AWorkerFailureReachesTheLaunchingProcessAsALaunchError) {
   // The worker's own error text reaches the output for the user.
   EXPECT_NE((outcome.out + outcome.err).find("planted failure at step 3"), std::string::npos)
       << outcome.out << outcome.err;
+}
+
+TEST(TrainerSpawnTest, AWorkersC10ErrorIsSummarisedByItsMessageNotItsBacktrace) {
+  TempDir dir("spawn-fail-c10");
+  Outcome outcome = run_scenario(dir.path, "fail_c10");
+  ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
+  nlohmann::json launcher = read_json(dir.path + "/launcher.json");
+  ASSERT_TRUE(launcher.contains("launch_error")) << launcher.dump();
+  EXPECT_EQ(launcher["launch_error"].get<std::string>(),
+            "[trainer] the workers failed: rank 1 exited with code 1; last error: error: planted c10 failure at "
+            "step 3");
 }
 
 }  // namespace

@@ -175,4 +175,30 @@ class DataLoader : public Loader {
   bool resume_pending_ = false;
 };
 
+/// How a loader over a dataset is made for a job (make_distributed_loader,
+/// Fabric::setup_dataloader, the Trainer's DataSource). Fluent setters.
+struct DataOptions {
+  /// Examples per step over all ranks: each of N ranks takes batch_size / N
+  /// (which must divide), so a loader position means the same examples at
+  /// any world size.
+  int64_t batch_size = 1;
+  bool shuffle = false;  ///< reshuffle every epoch (the same order on every rank)
+  uint64_t seed = 0;     ///< seed of the shuffle
+  bool drop_last = false;
+
+  DataOptions& with_batch_size(int64_t b) { batch_size = b; return *this; }
+  DataOptions& with_shuffle(bool s) { shuffle = s; return *this; }
+  DataOptions& with_seed(uint64_t s) { seed = s; return *this; }
+  DataOptions& with_drop_last(bool d) { drop_last = d; return *this; }
+};
+
+/// Rank `rank`'s loader of `dataset` in a job of `world_size` ranks: a
+/// DistributedSampler that repeats no example (Note [Unequal shares]) and
+/// batch_size / world_size examples per batch, so batch k of the ranks
+/// together is batch k of one process with batch_size. Throws ConfigError
+/// ("[data] ...") for a null dataset, or a batch_size that is not a
+/// positive multiple of world_size.
+std::shared_ptr<DataLoader> make_distributed_loader(std::shared_ptr<const Dataset> dataset,
+                                                    const DataOptions& options, int world_size, int rank);
+
 }  // namespace strata::data

@@ -33,6 +33,8 @@
 #include <variant>
 #include <vector>
 
+#include "strata/data/loader.h"
+#include "strata/data/torch_dataset.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
@@ -107,6 +109,24 @@ class Fabric {
     setup_module(strategies::ModulePtr(module.ptr()));
     return module;
   }
+  /// Typed form for a shared_ptr to a module class (`std::make_shared<NetImpl>()`).
+  template <class M, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M> &&
+                                              !std::is_same_v<M, torch::nn::Module>>>
+  std::shared_ptr<M> setup_module(std::shared_ptr<M> module) {
+    setup_module(strategies::ModulePtr(module));
+    return module;
+  }
+  /// A module held by value (`Net model; fabric.setup_module(model);`, as
+  /// LibTorch's examples hold theirs): set up in place, not owned, so the
+  /// caller keeps it alive while training it (Note [Modules held by value]
+  /// in strategies/strategy.h). Returns `module`. ConfigError under a
+  /// strategy that shards parameters (fsdp): hold it in a ModuleHolder or
+  /// a shared_ptr there.
+  template <class M, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M>>>
+  M& setup_module(M& module) {
+    setup_module(borrow(module));
+    return module;
+  }
   /// setup_module, then setup_optimizer for each optimizer (Lightning's
   /// setup(model, *optimizers)). FSDP refuses: its optimizers must be built
   /// from the module setup_module returns.
@@ -118,6 +138,12 @@ class Fabric {
     setup(strategies::ModulePtr(module.ptr()), {static_cast<torch::optim::Optimizer*>(&optimizers)...});
     return module;
   }
+  /// A module held by value, as setup_module(M&).
+  template <class M, class... Optimizers, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M>>>
+  M& setup(M& module, Optimizers&... optimizers) {
+    setup(borrow(module), {static_cast<torch::optim::Optimizer*>(&optimizers)...});
+    return module;
+  }
   /// Scope for building the model (Lightning's init_module): the
   /// strategy's module_init_context. Under FSDP, empty_init=true builds on
   /// the meta device (no memory, no initialisation; setup_module then
@@ -127,9 +153,25 @@ class Fabric {
   void setup_optimizer(torch::optim::Optimizer& optimizer);
   void setup_optimizers(const std::vector<torch::optim::Optimizer*>& optimizers);
   /// Wraps a loader so that batches arrive on device(), prefetched in the
-  /// background. Build the loader with make_distributed_loader (or give it
-  /// a DistributedSampler) so each rank reads its own slice.
+  /// background. Build the loader with data::make_distributed_loader (or
+  /// give it a DistributedSampler) so each rank reads its own slice.
   std::shared_ptr<data::Loader> setup_dataloader(std::shared_ptr<data::Loader> loader);
+  /// This rank's loader of `dataset` (data::make_distributed_loader with
+  /// this job's world size and rank: options.batch_size is the global
+  /// batch, the same examples at any world size), prefetched to device().
+  /// Inside launch(). A rank's batch may be a smaller share of its global
+  /// batch at an uneven end (Note [Unequal shares]): weight its loss by
+  /// batch.share(world_size()). ConfigError for a batch_size the world
+  /// size does not divide.
+  std::shared_ptr<data::Loader> setup_dataloader(std::shared_ptr<const data::Dataset> dataset,
+                                                 const data::DataOptions& options = {});
+  /// A `torch::data` dataset (a Dataset<Self> of Example<>, or one
+  /// `.map()`ped with transforms such as Stack<>), moved in: adapted by
+  /// data::TorchDataset, then as above.
+  template <class TorchData, class = std::enable_if_t<data::is_torch_dataset_v<TorchData>>>
+  std::shared_ptr<data::Loader> setup_dataloader(TorchData dataset, const data::DataOptions& options = {}) {
+    return setup_dataloader(data::from_torch(std::move(dataset)), options);
+  }
   std::vector<std::shared_ptr<data::Loader>> setup_dataloaders(
       const std::vector<std::shared_ptr<data::Loader>>& loaders);
 
@@ -230,6 +272,8 @@ class Fabric {
 
  private:
   nlohmann::json run_launch(const std::function<nlohmann::json()>& call);
+  /// module_pointer(module), refused where the strategy cannot borrow it.
+  strategies::ModulePtr borrow(torch::nn::Module& module);
 
   FabricOptions options_;
   strategies::ResolvedPlacement placement_;

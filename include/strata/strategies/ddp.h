@@ -21,6 +21,14 @@ struct DDPOptions {
   bool debug = false;
   /// Broadcast parameters and buffers from rank 0 in setup_module.
   bool sync_module_states = true;
+  /// Broadcast rank 0's buffers (BatchNorm's running statistics) to every
+  /// rank after each synchronised backward, so that every forward starts
+  /// from rank 0's buffers (PyTorch DDP's broadcast_buffers, default on:
+  /// Note [Buffers from rank 0] in ddp.cpp).
+  bool broadcast_buffers = true;
+  /// Lightning's sync_batchnorm: BatchNorm layers normalise over the
+  /// global batch of all ranks (Strategy::sync_batchnorm).
+  bool sync_batchnorm = false;
   /// Gradient bucket size (PyTorch's DDP default: 25 MB).
   int64_t bucket_cap_mb = 25;
   /// Accepted for Lightning's signature; strata lists its own devices from the
@@ -31,6 +39,8 @@ struct DDPOptions {
 
   DDPOptions& with_debug(bool d) { debug = d; return *this; }
   DDPOptions& with_sync_module_states(bool s) { sync_module_states = s; return *this; }
+  DDPOptions& with_broadcast_buffers(bool b) { broadcast_buffers = b; return *this; }
+  DDPOptions& with_sync_batchnorm(bool s) { sync_batchnorm = s; return *this; }
   DDPOptions& with_bucket_cap_mb(int64_t mb) { bucket_cap_mb = mb; return *this; }
   DDPOptions& with_parallel_devices(std::vector<c10::Device> d) { parallel_devices = std::move(d); return *this; }
 };
@@ -46,13 +56,19 @@ class DDPStrategy : public Strategy {
   const DDPOptions& options() const { return options_; }
   bool debug() const { return options_.debug; }
   bool sync_module_states() const { return options_.sync_module_states; }
+  bool broadcast_buffers() const { return options_.broadcast_buffers; }
 
   void setup_environment() override;
   /// Moves the module to the device, broadcasts its parameters and buffers
-  /// from rank 0 (sync_module_states) and registers the gradient hooks.
+  /// from rank 0 (sync_module_states; the buffers also with
+  /// broadcast_buffers), registers the gradient hooks and, with
+  /// sync_batchnorm, its BatchNorm layers (apply_sync_batchnorm).
   /// Several modules may be set up (a GAN's generator and critic): each
   /// gets its own buckets; a module set up already is returned as it is.
   ModulePtr setup_module(ModulePtr module) override;
+  /// Backpropagates, averages the gradients and, with broadcast_buffers,
+  /// gives every rank rank 0's buffers of each module set up (not under
+  /// no_backward_sync: Note [Buffers from rank 0] in ddp.cpp).
   void backward(const at::Tensor& loss) override;
   Scope no_backward_sync(torch::nn::Module& module, bool enabled = true) override;
   void teardown() override;
@@ -74,6 +90,8 @@ class DDPStrategy : public Strategy {
   struct Reducer;
   struct Replica;
   Replica* replica_of(const torch::nn::Module& module) const;
+  /// broadcast_buffers on a job of several ranks, on an eager device.
+  bool broadcasts_buffers() const;
   DDPOptions options_;
   std::vector<std::unique_ptr<Replica>> replicas_;  ///< one per module set up, in set-up order
   int64_t step_ = 0;

@@ -106,6 +106,11 @@ struct FSDPOptions {
   bool sync_module_states = true;
   /// Check every collective across ranks and report communication per step.
   bool debug = false;
+  /// Lightning's sync_batchnorm: BatchNorm layers normalise over the global
+  /// batch of all ranks (Strategy::sync_batchnorm; Fabric and the Trainer
+  /// register the layers after setup_module, a direct user calls
+  /// apply_sync_batchnorm).
+  bool sync_batchnorm = false;
   /// Accepted for Lightning's signature; when set, its size must equal the
   /// local world size.
   std::optional<std::vector<c10::Device>> parallel_devices;
@@ -125,6 +130,7 @@ struct FSDPOptions {
   FSDPOptions& with_reduce_dtype(c10::ScalarType d) { reduce_dtype = d; return *this; }
   FSDPOptions& with_sync_module_states(bool s) { sync_module_states = s; return *this; }
   FSDPOptions& with_debug(bool d) { debug = d; return *this; }
+  FSDPOptions& with_sync_batchnorm(bool s) { sync_batchnorm = s; return *this; }
   FSDPOptions& with_parallel_devices(std::vector<c10::Device> d) { parallel_devices = std::move(d); return *this; }
 };
 
@@ -148,6 +154,7 @@ class FSDPStrategy : public Strategy {
   std::string name() const override { return "fsdp"; }
   bool shards_parameters() const override { return true; }
   const FSDPOptions& options() const { return options_; }
+  bool sync_batchnorm() const override { return options_.sync_batchnorm || Strategy::sync_batchnorm(); }
   /// "full" or "sharded".
   std::string state_dict_type() const { return to_string(options_.state_dict_type); }
   bool sequential_save() const { return options_.sequential_save; }

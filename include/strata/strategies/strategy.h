@@ -65,6 +65,24 @@ class Scope {
 /// this scope; tools that only need names and shapes use it too.
 Scope meta_device_scope();
 
+/// Note [Modules held by value]
+/// LibTorch's examples hold a model by value (`Net model;`) as often as in
+/// a ModuleHolder or a shared_ptr. A strategy keeps the modules it set up
+/// (ModulePtr) until teardown; for a module no shared_ptr owns,
+/// module_pointer gives a pointer that does not own it (borrowed): the
+/// caller keeps the module alive while it trains it. A value declared
+/// inside Fabric's launched function is gone before the strategy's
+/// teardown, so teardown never touches a borrowed module (it stays on its
+/// device), and strategies that keep parts of a module past the caller's
+/// use (FSDP's units) refuse one (check_borrowed).
+
+/// A ModulePtr to `module`: its owner when a shared_ptr holds it (a
+/// ModuleHolder's module, std::make_shared), else a borrowed pointer that
+/// does not own it (Note [Modules held by value]).
+ModulePtr module_pointer(torch::nn::Module& module);
+/// True when `module` is a borrowed pointer made by module_pointer.
+bool borrowed(const ModulePtr& module);
+
 /// Base of every strategy. Holds the accelerator, the precision, this
 /// process's environment and the process group.
 class Strategy {
@@ -137,6 +155,28 @@ class Strategy {
   /// Prepares `module` for training (moves it, synchronises it, registers
   /// the gradient hooks) and returns the module to train with.
   virtual ModulePtr setup_module(ModulePtr module);
+  /// Throws ConfigError when `module` is borrowed (a module held by value:
+  /// Note [Modules held by value]) and this strategy keeps parts of it
+  /// past the caller's use (shards_parameters()); `who` ("fabric",
+  /// "trainer") starts the message, which says how to hold the module.
+  void check_borrowed(const ModulePtr& module, const std::string& who) const;
+  /// Lightning's sync_batchnorm: whether the BatchNorm layers of modules
+  /// set up normalise, in training, with the mean and variance of the
+  /// global batch over all ranks (and update their running statistics
+  /// from it). Default off; DDP's and FSDP's options, and the Trainer's
+  /// flag, turn it on.
+  virtual bool sync_batchnorm() const { return sync_batchnorm_; }
+  /// Turns sync_batchnorm on or off for modules set up from now on.
+  void set_sync_batchnorm(bool on) { sync_batchnorm_ = on; }
+  /// With sync_batchnorm() on a job of several ranks, registers the
+  /// BatchNorm1d/2d/3d layers of `module` (set up already) so that they
+  /// normalise over all ranks in training (Note [Synchronised batch norm]
+  /// in sync_batchnorm.cpp); returns how many it registered (a layer
+  /// registered already counts once). A no-op otherwise. DDP's
+  /// setup_module calls it, and Fabric and the Trainer call it after every
+  /// strategy's setup_module. ConfigError on a lazy device (xla), where
+  /// batch norm is not synchronised.
+  size_t apply_sync_batchnorm(torch::nn::Module& module);
   /// Checks and prepares an optimizer of the module returned by setup_module.
   virtual void setup_optimizer(torch::optim::Optimizer& optimizer);
   /// setup_module, then setup_optimizer for each optimizer.
@@ -237,7 +277,7 @@ class Strategy {
   virtual void remove_checkpoint(const std::string& path, const std::string& folder);
 
   /// Releases the process group and loader threads; moves modules back to
-  /// the CPU.
+  /// the CPU (not borrowed ones: Note [Modules held by value]).
   virtual void teardown();
 
   // ---- the Trainer's strategy (Lightning's Strategy API) -------------------------------------
@@ -323,6 +363,7 @@ class Strategy {
   std::vector<ModulePtr> modules_;  ///< modules set up, for teardown
   std::vector<std::weak_ptr<data::Loader>> loaders_;  ///< device loaders to close at teardown
   ModulePtr connected_;  ///< the Trainer's module (connect())
+  bool sync_batchnorm_ = false;
 };
 
 }  // namespace strata::strategies

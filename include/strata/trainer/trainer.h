@@ -53,6 +53,7 @@
 
 #include "strata/data/dataset.h"
 #include "strata/data/loader.h"
+#include "strata/data/torch_dataset.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
@@ -74,21 +75,8 @@ struct BatchLimit {
   int64_t of(int64_t size) const;
 };
 
-/// How the Trainer builds a loader from a dataset.
-struct DataOptions {
-  /// Examples per step over all ranks: each of N ranks takes batch_size / N
-  /// (which must divide), so a loader position means the same examples at
-  /// any world size.
-  int64_t batch_size = 1;
-  bool shuffle = false;  ///< reshuffle every epoch (the same order on every rank)
-  uint64_t seed = 0;     ///< seed of the shuffle
-  bool drop_last = false;
-
-  DataOptions& with_batch_size(int64_t b) { batch_size = b; return *this; }
-  DataOptions& with_shuffle(bool s) { shuffle = s; return *this; }
-  DataOptions& with_seed(uint64_t s) { seed = s; return *this; }
-  DataOptions& with_drop_last(bool d) { drop_last = d; return *this; }
-};
+/// How the Trainer builds a loader from a dataset (data/loader.h).
+using DataOptions = data::DataOptions;
 
 /// The data of one loop: a dataset the Trainer splits among the ranks (a
 /// distributed sampler; needed by predict, and to resume at another world
@@ -97,6 +85,11 @@ class DataSource {
  public:
   DataSource(std::shared_ptr<const data::Dataset> dataset, DataOptions options = {})
       : dataset_(std::move(dataset)), options_(options) {}
+  /// A `torch::data` dataset (data/torch_dataset.h), moved in and split
+  /// among the ranks as any dataset.
+  template <class TorchData, class = std::enable_if_t<data::is_torch_dataset_v<TorchData>>>
+  DataSource(TorchData dataset, DataOptions options = {})
+      : DataSource(data::from_torch(std::move(dataset)), options) {}
   DataSource(std::shared_ptr<data::Loader> loader) : loader_(std::move(loader)) {}
   const std::shared_ptr<const data::Dataset>& dataset() const { return dataset_; }
   const DataOptions& options() const { return options_; }
@@ -158,6 +151,10 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   /// Prints Lightning's model summary table (trainer/model_summary.h) at
   /// the start of fit, on global rank 0.
   bool enable_model_summary = true;
+  /// Lightning's sync_batchnorm: the module's BatchNorm layers normalise
+  /// over the global batch of all ranks (Strategy::sync_batchnorm; set on
+  /// the strategy, a name or an object, as Lightning does).
+  bool sync_batchnorm = false;
   /// Note [Stopping on a signal] (runtime/stop_signal.h): during fit,
   /// SIGINT, SIGTERM and SIGUSR1 stop every rank after the step it is in;
   /// the callbacks' on_train_end hooks run (ModelCheckpoint saves that
@@ -188,6 +185,7 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   TrainerOptions& with_enable_checkpointing(bool e) { enable_checkpointing = e; return *this; }
   TrainerOptions& with_enable_progress_bar(bool e) { enable_progress_bar = e; return *this; }
   TrainerOptions& with_enable_model_summary(bool e) { enable_model_summary = e; return *this; }
+  TrainerOptions& with_sync_batchnorm(bool s) { sync_batchnorm = s; return *this; }
   TrainerOptions& with_stop_on_signals(bool s) { stop_on_signals = s; return *this; }
   TrainerOptions& with_callback(trainer::CallbackPtr c) { callbacks.push_back(std::move(c)); return *this; }
   TrainerOptions& with_callbacks(std::vector<trainer::CallbackPtr> c) { callbacks = std::move(c); return *this; }
@@ -238,6 +236,24 @@ class Trainer {
   /// tensor on other ranks.
   at::Tensor predict(std::shared_ptr<TrainModule> module, const DataSource& data,
                      const std::string& ckpt_path = "");
+  /// The same four for a module held by value (`LitNet module;
+  /// trainer.fit(module, data);`): used in place, not owned, so keep it
+  /// alive for the calls that use it (Note [Modules held by value] in
+  /// strategies/strategy.h; a module that goes first is forgotten by the
+  /// Trainer). ConfigError under a strategy that shards parameters (fsdp).
+  void fit(TrainModule& module, const DataSource& train, const std::optional<DataSource>& val = std::nullopt,
+           const std::string& ckpt_path = "") {
+    fit(borrow(module), train, val, ckpt_path);
+  }
+  trainer::Metrics validate(TrainModule& module, const DataSource& data, const std::string& ckpt_path = "") {
+    return validate(borrow(module), data, ckpt_path);
+  }
+  trainer::Metrics test(TrainModule& module, const DataSource& data, const std::string& ckpt_path = "") {
+    return test(borrow(module), data, ckpt_path);
+  }
+  at::Tensor predict(TrainModule& module, const DataSource& data, const std::string& ckpt_path = "") {
+    return predict(borrow(module), data, ckpt_path);
+  }
 
   // ---- state, for callbacks and modules ------------------------------------
   /// The epoch running, or after fit the epochs begun: as Lightning, an
@@ -347,6 +363,12 @@ class Trainer {
   /// 0's result of the same call (Note [One launch protocol]). With ranks
   /// as threads, runs it on every rank and returns true.
   bool launch(const std::shared_ptr<TrainModule>& module, const RankCall& call, nlohmann::json& remote);
+  /// strategies::module_pointer(module), refused where the strategy cannot borrow it.
+  std::shared_ptr<TrainModule> borrow(TrainModule& module);
+  /// Called by a module this Trainer uses as it is destroyed (a module held
+  /// by value): the Trainer lets go of it without touching it.
+  void forget_module(const TrainModule& module);
+  friend class TrainModule;
   /// launch() for ranks as threads: rank r's Trainer and module made at
   /// the first call.
   nlohmann::json run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call);
