@@ -33,6 +33,12 @@
 //
 //   auto h = strata::call(fc1, x);   // instead of fc1->forward(x)
 //
+// FSDP does not need either to shard a module: it gathers a unit on the
+// first use of its parameters (Note [Gather on first use] in
+// src/strategies/fsdp/first_use.h). A forward seen whole is its fast path
+// (freed right after the forward), and activation checkpointing needs it
+// to run the forward again in backward.
+//
 // Hooks never run twice around one forward: a module whose own forward
 // calls hooked_forward may also be called through strata::call or by a
 // Sequential.
@@ -104,46 +110,69 @@ bool hooks_pending(const torch::nn::Module& module);
 
 namespace detail {
 
+/// A tensor, or a std::tuple of tensors and such tuples (an LSTM returns
+/// std::tuple<Tensor, std::tuple<Tensor, Tensor>>).
 template <class T>
-struct IsTensorTuple : std::false_type {};
+struct IsTensorTree : std::bool_constant<std::same_as<T, at::Tensor>> {};
 template <class... Ts>
-struct IsTensorTuple<std::tuple<Ts...>> : std::bool_constant<(std::same_as<Ts, at::Tensor> && ...)> {};
+struct IsTensorTree<std::tuple<Ts...>> : std::bool_constant<(IsTensorTree<Ts>::value && ...)> {};
+
+template <class T>
+void append_leaves(TensorList& out, const T& value) {
+  if constexpr (std::same_as<T, at::Tensor>) {
+    out.push_back(value);
+  } else {
+    std::apply([&](const auto&... parts) { (append_leaves(out, parts), ...); }, value);
+  }
+}
 
 template <class Out>
 TensorList to_list(Out&& out) {
   using T = std::decay_t<Out>;
-  if constexpr (std::same_as<T, at::Tensor>) {
-    return {std::forward<Out>(out)};
-  } else if constexpr (std::same_as<T, TensorList>) {
+  if constexpr (std::same_as<T, TensorList>) {
     return std::forward<Out>(out);
   } else {
-    return std::apply([](auto&&... ts) { return TensorList{ts...}; }, std::forward<Out>(out));
+    TensorList list;
+    append_leaves(list, out);
+    return list;
+  }
+}
+
+// The tree `Out` from the tensors of `list` from `next` on, in order.
+template <class Out>
+Out take_leaves(const TensorList& list, size_t& next) {
+  if constexpr (std::same_as<Out, at::Tensor>) {
+    return list.at(next++);
+  } else {
+    // A braced list evaluates its elements left to right.
+    return [&]<size_t... I>(std::index_sequence<I...>) { return Out{take_leaves<std::tuple_element_t<I, Out>>(list, next)...}; }
+    (std::make_index_sequence<std::tuple_size_v<Out>>());
   }
 }
 
 template <class Out>
 Out from_list(TensorList list) {
-  if constexpr (std::same_as<Out, at::Tensor>) {
-    return list.at(0);
-  } else if constexpr (std::same_as<Out, TensorList>) {
+  if constexpr (std::same_as<Out, TensorList>) {
     return list;
   } else {
-    return [&]<size_t... I>(std::index_sequence<I...>) { return Out{list.at(I)...}; }
-    (std::make_index_sequence<std::tuple_size_v<Out>>());
+    size_t next = 0;
+    return take_leaves<Out>(list, next);
   }
 }
 
 }  // namespace detail
 
 /// The variadic form: `body(inputs...)` returns a tensor, a tuple of
-/// tensors or a vector of tensors; hooked_forward returns the same type.
+/// tensors (nested tuples too: an LSTM's output and state) or a vector of
+/// tensors; hooked_forward returns the same type.
 template <class Body, class... Inputs>
   requires(sizeof...(Inputs) > 0 && (std::same_as<std::decay_t<Inputs>, at::Tensor> && ...) &&
            std::invocable<const std::decay_t<Body>&, const Inputs&...>)
 auto hooked_forward(torch::nn::Module& module, Body&& body, const Inputs&... inputs) {
   using Out = std::decay_t<std::invoke_result_t<const std::decay_t<Body>&, const Inputs&...>>;
-  static_assert(std::same_as<Out, at::Tensor> || std::same_as<Out, TensorList> || detail::IsTensorTuple<Out>::value,
-                "hooked_forward: the body must return at::Tensor, std::vector<at::Tensor> or a std::tuple of tensors");
+  static_assert(std::same_as<Out, TensorList> || detail::IsTensorTree<Out>::value,
+                "hooked_forward: the body must return at::Tensor, std::vector<at::Tensor> or a std::tuple of tensors "
+                "(tuples of tensors may nest)");
   // A copy of the body: activation checkpointing keeps it until backward.
   ForwardFn fn = [body = std::decay_t<Body>(std::forward<Body>(body))](const TensorList& in) {
     return [&]<size_t... I>(std::index_sequence<I...>) { return detail::to_list(body(in.at(I)...)); }
@@ -157,7 +186,8 @@ auto hooked_forward(torch::nn::Module& module, Body&& body, const Inputs&... inp
 /// unit or activation checkpointing may wrap. `module` is a LibTorch module
 /// holder (torch::nn::Linear) or a std::shared_ptr to a module; its forward
 /// takes the tensors given and returns a tensor, a vector or a tuple of
-/// tensors.
+/// tensors, nested tuples included (torch::nn::LSTM, GRU and
+/// MultiheadAttention called with their input tensors only).
 template <class Module, class... Inputs>
   requires(sizeof...(Inputs) > 0 && (std::same_as<std::decay_t<Inputs>, at::Tensor> && ...))
 auto call(const Module& module, const Inputs&... inputs) {

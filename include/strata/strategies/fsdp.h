@@ -11,17 +11,24 @@
 // details; Note [FSDP parameters] in src/strategies/fsdp/sharded_param.h the
 // mechanics.
 //
-// Any module can be a unit or be activation-checkpointed. LibTorch's C++
-// modules have no forward hooks, so strata sees a module's forward where:
+// Any module can be a unit, in a model whose forward calls its layers
+// directly (`layers[i]->forward(x)`, a ModuleDict's entries, a module used
+// twice, an LSTM): a unit is gathered on the first use of any of its
+// parameters by an operator, and freed when the forward moves on to
+// another unit (Note [Gather on first use] in
+// src/strategies/fsdp/first_use.h). A unit's forward is also seen whole
+// (the optional fast path: freed right after it, and needed to recompute
+// a module in backward under activation checkpointing) where:
 // - a torch::nn::Sequential calls it (each child, and the Sequential's own
-//   forward, are routed through the hooks: core/container_calls.h), so a
-//   model built of LibTorch's layers needs no change, a Sequential root
-//   included;
+//   forward, are routed through the hooks: core/container_calls.h);
 // - the module's own forward runs through strata::hooked_forward (the
 //   example GPT and MLP);
 // - the caller opts in: `strata::call(fc1, x)` instead of `fc1->forward(x)`
-//   (core/module_hooks.h). A unit called through its typed forward
-//   otherwise fails with an error that names it and says this.
+//   (core/module_hooks.h). A checkpointed module called through its typed
+//   forward is not recomputed; the first step's backward warns, naming it.
+// What cannot be sharded (a parameter that shares memory with another, or
+// one a module set up earlier sharded already) is refused at setup_module,
+// naming the parameter by its path.
 //
 // Order of set-up, as in Lightning Fabric: build the model, setup_module, build
 // the optimizer from the returned module's parameters (the shards),

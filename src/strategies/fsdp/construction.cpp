@@ -16,8 +16,12 @@
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <unordered_set>
+
 #include "construction.h"
+#include "first_use.h"
 #include "strata/checkpoint/sharded.h"
+#include "strata/core/error.h"
 #include "wrap_policy.h"
 
 namespace strata::strategies::detail {
@@ -56,6 +60,40 @@ void collect(torch::nn::Module& module, const std::string& prefix, size_t unit,
   }
 }
 
+// "'layers.3.fc.weight' (of 'layers.3.fc', torch::nn::LinearImpl)": where
+// a parameter sits and what holds it, for errors.
+std::string describe(const Occurrence& o) {
+  std::string module = o.full_name.rfind('.') == std::string::npos ? std::string("the root module")
+                                                                  : "'" + o.full_name.substr(0, o.full_name.rfind('.')) + "'";
+  return "'" + o.full_name + "' (of " + module + ", " + o.owner->name() + ")";
+}
+
+// What FSDP cannot shard is refused before anything changes, naming the
+// parameter and the module by their paths.
+void refuse_unshardable(const std::vector<std::pair<at::Tensor, std::vector<Occurrence>>>& found,
+                        const std::unordered_set<const c10::TensorImpl*>& sharded_elsewhere) {
+  std::unordered_map<const c10::StorageImpl*, const Occurrence*> storages;
+  for (const auto& [tensor, occurrences] : found) {
+    const Occurrence& o = occurrences.front();
+    // Its compute tensor, or its shard (the two modules share the layer).
+    const bool sharded = tensor.unsafeGetTensorImpl()->key_set().has(kFirstUseKey) ||
+                         sharded_elsewhere.count(tensor.unsafeGetTensorImpl()) > 0;
+    STRATA_CHECK(!sharded, ConfigError, "[fsdp] parameter ",
+                 describe(o), " is sharded already by another module set up with this strategy: the two modules "
+                 "share it, and FSDP shards a tensor once. Put both under one module and set up that one, or give "
+                 "each its own tensor");
+    STRATA_CHECK(tensor.layout() == c10::kStrided && !tensor.is_quantized() && tensor.has_storage(), ConfigError,
+                 "[fsdp] parameter ", describe(o), " is a ", tensor.layout(), tensor.is_quantized() ? " quantized" : "",
+                 " tensor: FSDP shards dense tensors only. Keep that module out of the module passed to setup_module");
+    if (tensor.is_meta() || tensor.numel() == 0) continue;
+    auto [it, inserted] = storages.emplace(tensor.storage().unsafeGetStorageImpl(), &o);
+    STRATA_CHECK(inserted, ConfigError, "[fsdp] parameters ", describe(*it->second), " and ", describe(o),
+                 " share memory (one is a view of the other, or both of one tensor): FSDP shards each parameter on its "
+                 "own, which would untie them. Register the same tensor in both places (tied weights are sharded "
+                 "once), or make each a tensor of its own (.clone())");
+  }
+}
+
 }  // namespace
 
 FSDPState::FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions& options,
@@ -69,11 +107,14 @@ FSDPState::FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions
   context_.world = context_.group.size();
 }
 
-void FSDPState::build(const FSDPOptions& options, Presharded* presharded) {
+void FSDPState::build(const FSDPOptions& options, Presharded* presharded,
+                      const std::unordered_set<const c10::TensorImpl*>& sharded_elsewhere) {
   torch::nn::Module& root_module = *root_module_;
   std::vector<torch::nn::Module*> modules = unit_modules(root_module, options.auto_wrap_policy);
   for (size_t u = 0; u < modules.size(); ++u) unit_index_[modules[u]] = u;
   root_ = modules.size() - 1;
+  hooked_.assign(modules.size(), 0);
+  enable_first_use();
   // Unit paths, for reports.
   std::vector<std::string> names(modules.size());
   for (const auto& item : root_module.named_modules("", /*include_self=*/false)) {
@@ -85,6 +126,7 @@ void FSDPState::build(const FSDPOptions& options, Presharded* presharded) {
   std::unordered_map<const c10::TensorImpl*, size_t> index;
   std::vector<std::optional<size_t>> parents(modules.size());
   collect(root_module, "", root_, unit_index_, found, index, parents);
+  refuse_unshardable(found, sharded_elsewhere);
 
   const int world = context_.world;
   std::vector<std::vector<size_t>> members(modules.size());  // each unit's parameters, by index
@@ -114,6 +156,7 @@ void FSDPState::build(const FSDPOptions& options, Presharded* presharded) {
         presharded->by_shard.erase(it);
       }
     }
+    p.tag = std::make_shared<const FirstUseTag>(FirstUseTag{weak_from_this(), params_.size(), p.name});
     p.numel = c10::multiply_integers(p.shape);
     p.chunk = checkpoint::shard_chunk(p.numel, world);
     p.unit = unit;
@@ -171,6 +214,8 @@ void FSDPState::shard_param(size_t i, const FSDPOptions& options) {
 
 void FSDPState::place_shards(c10::Device device) {
   for (Unit& unit : units_) unit.move_shards_to(device);
+  // The compute tensors keep their full shapes over empty storages there.
+  for (ShardedParam& p : params_) p.reshard(context_.compute_dtype);
 }
 
 void FSDPState::unhook() {

@@ -9,6 +9,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "buffer_cache.h"
@@ -42,14 +43,15 @@ class FSDPForwardHooks : public ForwardHooks {
     TensorList outputs;
     try {
       outputs = checkpoint_ ? recomputed_forward(body, inputs) : body(inputs);
-    } catch (const c10::Error& error) {
-      if (unit_ && state->units()[*unit_].is_root()) state->explain_failed_forward(error);
+    } catch (...) {
+      if (unit_) state->forward_failed(*unit_);
       throw;
     }
     if (unit_) state->post_forward(*unit_, outputs);
     return outputs;
   }
 
+  bool checkpoints() const { return checkpoint_; }
   bool seen = false;     ///< the forward ran through these hooks
   bool checked = false;  ///< warn_unseen_recomputation looked at it
 
@@ -59,14 +61,27 @@ class FSDPForwardHooks : public ForwardHooks {
   bool checkpoint_;
 };
 
-// A checkpointed module that is not a unit keeps working when its forward
-// is not seen (a typed call), but is then not recomputed: after the first
-// backward that follows its set-up, say so once.
+// How a model calls the module at `path` ("blocks.3" -> "blocks[3]",
+// "layers.3.attn" -> "attn"), for hints.
+std::string call_name(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  std::string last = path.substr(dot == std::string::npos ? 0 : dot + 1);
+  if (last.empty() || !std::all_of(last.begin(), last.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return last;
+  }
+  return call_name(dot == std::string::npos ? std::string() : path.substr(0, dot)) + "[" + last + "]";
+}
+
+// A checkpointed module whose forward is not seen (a typed call) keeps
+// working, gathered on first use if it is a unit, but is not recomputed:
+// after the first backward that follows its set-up, say so once.
 void warn_unseen_recomputation(const FSDPState& state) {
-  std::string unseen, example;
-  for (torch::nn::Module* m : state.checkpointed()) {
+  std::vector<torch::nn::Module*> checkpointed = state.checkpointed();
+  for (const detail::Unit& unit : state.units()) checkpointed.push_back(&unit.module());
+  std::string unseen, path_of_first;
+  for (torch::nn::Module* m : checkpointed) {
     auto hooks = std::dynamic_pointer_cast<FSDPForwardHooks>(forward_hooks(*m));
-    if (!hooks || hooks->checked) continue;
+    if (!hooks || !hooks->checkpoints() || hooks->checked) continue;
     hooks->checked = true;
     if (hooks->seen) continue;
     std::string path;
@@ -74,13 +89,15 @@ void warn_unseen_recomputation(const FSDPState& state) {
       if (item.value().get() == m) path = item.key();
     }
     unseen += (unseen.empty() ? "'" : ", '") + path + "' (" + m->name() + ")";
-    if (example.empty()) example = path.substr(path.rfind('.') + 1);
+    if (path_of_first.empty()) path_of_first = path;
   }
   if (unseen.empty()) return;
+  const std::string example = call_name(path_of_first);
   log::warning("[fsdp] activation checkpointing: the forward of ", unseen,
                " was not seen in the first step, so it ran without recomputation. strata sees the calls a "
-               "torch::nn::Sequential makes, but not a direct call of a typed forward: call it as strata::call(",
-               example, ", x) instead of ", example, "->forward(x) (ignore this if the module was not used)");
+               "torch::nn::Sequential makes, but not a direct call of a typed forward: where the model calls '",
+               path_of_first, "', call it as strata::call(", example, ", x) instead of ", example,
+               "->forward(x) (ignore this if the module was not used)");
 }
 
 // Buffers are kept whole, on the root device (before construction, which
@@ -149,7 +166,10 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   // Each module set up gets its own units, hooks and reductions (a GAN's
   // generator and critic); a module sharded while it was built adopts its
   // pieces from presharded_, which keeps the other modules' pieces.
-  modules_.push_back(module);
+  std::unordered_set<const c10::TensorImpl*> sharded;
+  for (const auto& other : states_) {
+    for (const auto& p : other->params()) sharded.insert(p.shard.unsafeGetTensorImpl());
+  }
   c10::ScalarType compute = options_.compute_dtype.value_or(precision_.compute_dtype());
   const c10::Device device = shard_device(*this);
   auto state = std::make_shared<FSDPState>(module, group_, options_, compute, options_.reduce_dtype.value_or(compute),
@@ -157,10 +177,11 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   {
     detail::SetupDeviceScope on_device(device);
     buffers_to(*module, device);
-    state->build(options_, presharded_.get());
+    state->build(options_, presharded_.get(), sharded);
     state->place_shards(device);  // Note [Shards on the device]
   }
   if (presharded_ && presharded_->by_shard.empty()) presharded_.reset();
+  modules_.push_back(module);
   states_.push_back(state);
   for (size_t u = 0; u < state->units().size(); ++u) {
     torch::nn::Module& unit_module = state->units()[u].module();

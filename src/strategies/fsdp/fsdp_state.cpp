@@ -1,11 +1,15 @@
-// FSDPState around forward and backward: the root's reset of the step, the
-// check that the units around a unit are computing, the prefetch of the
-// next unit, the hooks that start a unit's backward and count its
-// gradients, and the end of the backward; then the lookups.
+// FSDPState around forward and backward: the root's reset of the step,
+// the start of a unit's forward (hooked, or on the first use of its
+// parameters), the prefetch of the next unit, the hooks that start a
+// unit's backward and count its gradients, and the end of the backward;
+// then the lookups.
 #include "fsdp_state.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <algorithm>
 
 #include "strata/core/error.h"
 
@@ -14,43 +18,90 @@ namespace strata::strategies::detail {
 void FSDPState::root_pre_forward() {
   grad_hooks_.check_no_stray_backward("fsdp");
   forward_order_.clear();
+  current_.reset();
   for (Unit& unit : units_) unit.reset_training_state();
 }
 
-// The units around unit u must be computing: their parameters may be used
-// around its forward. One that is not never ran hooked_forward.
-void FSDPState::check_units_around(size_t u) const {
-  const Unit& unit = units_[u];
-  for (std::optional<size_t> a = unit.parent(); a; a = units_[*a].parent()) {
-    // The root's forward starts every step, even without parameters.
-    const Unit& around = units_[*a];
-    if (around.training_state() != TrainingState::kIdle || (around.params().empty() && !around.is_root()) ||
-        around.sharded_state() == ShardedState::kUnsharded) {
-      continue;
+// Note [Free when the next unit starts]
+// A unit whose forward is not seen through hooks has no end of forward
+// that FSDP could see. Its parameters are freed instead when the forward
+// moves on to another unit (the first use of that unit's parameters): for
+// a model that calls its blocks one after another that is the same
+// moment. A unit whose hooked forward is still running stays gathered (its
+// children run inside it), as do the root and the units that the operator
+// at hand reads; a use of the root's own parameters (the head after the
+// last block) does not count as a start, so the last unit of the forward
+// stays gathered for its backward (Note [The last unit stays gathered]).
+// Freeing too early costs an all-gather, never correctness: a unit used
+// again (a parent after its children, a module called twice) is refilled
+// on its next use, as in backward. In an evaluation (no grad) a unit is
+// resharded instead of freed, and the last one by reshard_idle or at the
+// end of the next step.
+void FSDPState::start_forward(size_t u, const std::vector<size_t>& busy) {
+  // The root is never freed, and its use between units (or the head after
+  // the last one) does not end the current unit's forward.
+  if (!units_[u].is_root()) {
+    if (current_ && *current_ != u && hooked_[*current_] == 0 &&
+        std::find(busy.begin(), busy.end(), *current_) == busy.end()) {
+      Unit& previous = units_[*current_];
+      if (c10::GradMode::is_enabled()) {
+        if (context_.reshard_after_forward) previous.free_storage();
+      } else if (previous.sharded_state() == ShardedState::kUnsharded) {
+        // Resharding a freed unit would strand the storage that autograd's
+        // saved views share; a gathered one keeps its values in them.
+        previous.reshard();
+      }
     }
-    std::string which = around.is_root() ? "the module passed to setup_module (" + around.type() + ")"
-                                         : "unit '" + around.name() + "' (" + around.type() + ")";
-    std::string call = around.is_root() ? "model" : around.name().substr(around.name().rfind('.') + 1);
-    throw ConfigError("[fsdp] the forward of unit '" + unit.name() + "' ran, but the forward of " + which +
-                      " around it did not go through strata's hooks, so it never started. strata sees the calls a "
-                      "torch::nn::Sequential makes, but not a direct call of a module's typed forward: call it as "
-                      "strata::call(" + call + ", x) instead of " + call + "->forward(x) "
-                      "(strata/core/module_hooks.h), or run its forward through strata::hooked_forward");
+    current_ = u;
+  }
+  Unit& unit = units_[u];
+  if (forward_order_.empty() && unit.training_state() == TrainingState::kIdle && c10::GradMode::is_enabled()) {
+    grad_hooks_.check_no_stray_backward("fsdp");
+  }
+  if (!unit.pre_forward()) return;  // not its first forward in this step (or no grad): prefetched already
+  forward_order_.push_back(u);
+  if (prefetch_) {
+    std::optional<size_t> next = prefetch_target(u, /*backward=*/false);
+    if (next) units_[*next].unshard();  // nothing when it is unsharded already
   }
 }
 
 void FSDPState::pre_forward(size_t u) {
-  Unit& unit = units_[u];
-  if (unit.is_root()) {
-    root_pre_forward();
-  } else {
-    check_units_around(u);
+  if (units_[u].is_root()) root_pre_forward();
+  ++hooked_[u];
+  start_forward(u, {});
+}
+
+void FSDPState::gather_on_first_use(const std::vector<std::pair<size_t, const c10::StorageImpl*>>& uses) {
+  std::vector<size_t> units;
+  for (const auto& [i, storage] : uses) {
+    const ShardedParam& p = params_[i];
+    STRATA_CHECK(p.compute.storage().unsafeGetStorageImpl() == storage, ConfigError,
+                 "[fsdp] an operator read a view of a parameter of unit '", units_[p.unit].name(), "' (",
+                 units_[p.unit].type(), ") that was taken while the unit was gathered and kept after it was sharded "
+                 "again, so its values "
+                 "are gone. Take views of a parameter inside the forward that uses them, not across steps or "
+                 "after the unit's backward");
+    if (std::find(units.begin(), units.end(), p.unit) == units.end()) units.push_back(p.unit);
   }
-  if (unit.pre_forward()) forward_order_.push_back(u);
-  if (prefetch_ && c10::GradMode::is_enabled()) {
-    std::optional<size_t> next = prefetch_target(u, /*backward=*/false);
-    if (next) units_[*next].unshard();  // nothing when it is unsharded already
+  // On autograd's threads (and on this one while it runs a backward) a
+  // graph task is current: the use is a saved tensor's.
+  const bool backward = torch::autograd::get_current_graph_task_id() != -1;
+  for (size_t u : units) {
+    if (backward) {
+      pre_backward(u);
+      units_[u].wait_for_unshard();  // also after its backward ended (a use without a gradient)
+    } else {
+      start_forward(u, units);
+    }
   }
+}
+
+void FSDPState::reshard_idle() {
+  for (Unit& unit : units_) {
+    if (unit.training_state() == TrainingState::kIdle) unit.reshard();
+  }
+  current_.reset();
 }
 
 // Note [The last unit stays gathered]
@@ -63,6 +114,7 @@ void FSDPState::pre_forward(size_t u) {
 // gathered either way, and the root's remainder holds no more than that
 // unit's own backward does. The first step has no order yet and frees it.
 void FSDPState::post_forward(size_t u, TensorList& outputs) {
+  --hooked_[u];
   const bool backward_next = !last_forward_order_.empty() && last_forward_order_.back() == u;
   if (!units_[u].post_forward(outputs, /*keep_gathered=*/backward_next)) return;
   // The gradient of the unit's outputs arrives just before the unit's own
@@ -110,6 +162,7 @@ void FSDPState::finalize_backward() {
   grad_hooks_.end_backward();
   if (!forward_order_.empty()) last_forward_order_ = forward_order_;
   forward_order_.clear();
+  current_.reset();
 }
 
 void FSDPState::reshard_all() {
@@ -121,26 +174,6 @@ Scope FSDPState::no_backward_sync() {
   const bool previous = sync_;
   sync_ = false;
   return Scope([self, previous] { self->sync_ = previous; });
-}
-
-void FSDPState::explain_failed_forward(const c10::Error& error) const {
-  std::string idle, first;
-  for (const Unit& unit : units_) {
-    if (unit.training_state() != TrainingState::kIdle || unit.params().empty() ||
-        unit.sharded_state() == ShardedState::kUnsharded) {
-      continue;
-    }
-    idle += (idle.empty() ? "" : ", ") + ("'" + unit.name() + "' (" + unit.type() + ")");
-    if (first.empty()) first = unit.name().substr(unit.name().rfind('.') + 1);
-  }
-  if (idle.empty()) return;
-  std::string what = error.what_without_backtrace();
-  throw ConfigError("[fsdp] the forward failed: " + what.substr(0, what.find('\n')) +
-                    ". Under FSDP a unit's parameters are empty until its forward starts through strata's hooks; "
-                    "units whose forward had not started: " + idle + ". strata sees the calls a torch::nn::Sequential "
-                    "makes, but not a direct call of a module's typed forward: opt in where the model calls it, "
-                    "with strata::call(" + first + ", x) instead of " + first + "->forward(x) "
-                    "(strata/core/module_hooks.h), or run that module's forward through strata::hooked_forward");
 }
 
 std::optional<size_t> FSDPState::unit_of(const torch::nn::Module& module) const {

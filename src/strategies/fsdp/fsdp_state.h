@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "strata/comm/group.h"
@@ -38,19 +39,36 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // ---- construction (construction.cpp) ----
   /// Makes the units by the wrap policy and shards the parameters (those
   /// in `presharded` are sharded already; their entries are removed).
-  void build(const FSDPOptions& options, Presharded* presharded);
+  /// Throws ConfigError, before anything changes, for a parameter FSDP
+  /// cannot shard: one in `sharded_elsewhere` (the shards of the modules
+  /// set up before) or sharded by them, or one sharing memory with another.
+  void build(const FSDPOptions& options, Presharded* presharded,
+             const std::unordered_set<const c10::TensorImpl*>& sharded_elsewhere);
   /// Moves every unit's shards to `device` (Note [Shards on the device]).
   void place_shards(c10::Device device);
   /// Removes the forward and gradient hooks.
   void unhook();
 
   // ---- around forward and backward (fsdp_state.cpp) ----
-  /// Before unit u's forward: the root's resets the step; every unit's
-  /// gathers its parameters and prefetches the next unit's.
+  /// Before unit u's forward seen through its hooks: the root's resets the
+  /// step; every unit's gathers its parameters and prefetches the next
+  /// unit's. The unit stays gathered until post_forward.
   void pre_forward(size_t u);
-  /// After unit u's forward: frees or reshards it, and hooks `outputs` so
-  /// that the unit's backward gathers it again.
+  /// After unit u's hooked forward: frees or reshards it, and hooks
+  /// `outputs` so that the unit's backward gathers it again.
   void post_forward(size_t u, TensorList& outputs);
+  /// Unit u's hooked forward threw: it no longer keeps the unit gathered.
+  void forward_failed(size_t u) { --hooked_[u]; }
+  /// An operator is about to read the parameters `uses` (index, and the
+  /// empty storage it read) whose storage is empty: gathers their units
+  /// (Note [Gather on first use]). In forward a unit's first use starts its
+  /// forward (the order is recorded; the unit gathered before it is freed);
+  /// in backward it refills the unit. Throws ConfigError for a view whose
+  /// storage is no longer its parameter's.
+  void gather_on_first_use(const std::vector<std::pair<size_t, const c10::StorageImpl*>>& uses);
+  /// Reshards units gathered outside a training step (an evaluation
+  /// without hooks leaves the last unit it used gathered).
+  void reshard_idle();
   /// After loss.backward(): reduces what is left, waits for every
   /// reduction, reshards every unit and gets ready for the next step.
   void finalize_backward();
@@ -59,9 +77,6 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   /// Turns gradient synchronisation off until the scope ends
   /// (no_backward_sync).
   Scope no_backward_sync();
-  /// Throws a ConfigError explaining `error` when units that never started
-  /// their forward may be why it failed; returns otherwise.
-  void explain_failed_forward(const c10::Error& error) const;
 
   // ---- lookups (fsdp_state.cpp) ----
   const ModulePtr& root_module() const { return root_module_; }
@@ -94,7 +109,10 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void shard_param(size_t i, const FSDPOptions& options);
   // fsdp_state.cpp
   void root_pre_forward();
-  void check_units_around(size_t u) const;
+  /// Unit u's forward starts (hooked or on first use): gathers it, records
+  /// it and prefetches the next; frees the unit gathered before it unless
+  /// that one is among `busy` (Note [Free when the next unit starts]).
+  void start_forward(size_t u, const std::vector<size_t>& busy);
   void pre_backward(size_t u);
   /// The gradient hook of params_[i]; true when it counted (sync on).
   bool post_backward(size_t i);
@@ -121,6 +139,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::unordered_map<const torch::nn::Module*, size_t> unit_index_;  ///< units_ by module
   size_t root_ = 0;
   std::vector<torch::nn::Module*> checkpointed_;
+  std::optional<size_t> current_;  ///< the unit gathered last in forward
+  std::vector<int> hooked_;        ///< per unit: its hooked forwards running (they keep it gathered)
   std::vector<size_t> forward_order_;       ///< this step's, so far
   std::vector<size_t> last_forward_order_;  ///< the last complete step's
   std::vector<size_t> reduction_order_;     ///< this backward's, made at its first reduction

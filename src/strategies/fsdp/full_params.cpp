@@ -17,12 +17,14 @@ Scope FSDPStrategy::summon_full_params(torch::nn::Module& module, bool writeback
   STRATA_CHECK(found != nullptr, ConfigError, "[fsdp] summon_full_params got a module that was not set up (",
                module.name(), "); pass one returned by setup_module");
   std::shared_ptr<FSDPState> state = found->shared_from_this();
+  state->reshard_idle();  // the last unit of an evaluation without hooks
   for (const detail::Unit& unit : state->units()) {
     STRATA_CHECK(unit.sharded_state() == detail::ShardedState::kSharded && unit.grads_ready() == 0, ConfigError,
                  "[fsdp] summon_full_params inside a forward or backward (unit '", unit.name(),
                  "' is gathered): enter it between training steps");
   }
   torch::NoGradGuard no_grad;
+  detail::NoFirstUse internal;
   // Every parameter's full value (fp32, gathered from the shards) becomes
   // the module's own tensor, which typed members (LinearImpl::weight) alias,
   // and takes the shard's place in the parameter dictionary. All ranks
@@ -36,6 +38,7 @@ Scope FSDPStrategy::summon_full_params(torch::nn::Module& module, bool writeback
   }
   return Scope([state, writeback] {
     torch::NoGradGuard no_grad;
+    detail::NoFirstUse internal;
     for (detail::ShardedParam& p : state->params()) {
       if (writeback) {
         at::Tensor mine = checkpoint::shard_of(p.compute.detach().to(at::kFloat), state->world(), state->rank());

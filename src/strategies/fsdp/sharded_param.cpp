@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
+#include "first_use.h"
 #include "strata/core/error.h"
 
 namespace strata::strategies::detail {
@@ -37,11 +38,12 @@ at::Tensor alias_storage(const at::Tensor& of) {
 // that allocated it (the compute stream), so kernels already queued that
 // read the full value finish first. A collective on another stream that
 // reads or writes this memory must record that stream on it (the process
-// group's backend does so for its buffers).
-void resize_storage(const c10::Storage& storage, size_t bytes) {
+// group's backend does so for its buffers). A freed storage keeps `tag`
+// (Note [Gather on first use]).
+void resize_storage(const c10::Storage& storage, size_t bytes, const std::shared_ptr<const FirstUseTag>& tag) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (bytes == 0) {
-    impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+    impl->set_data_ptr_noswap(tagged_empty(tag, impl->device()));
   } else {
     c10::Allocator* allocator = impl->allocator();
     STRATA_CHECK(allocator != nullptr, Error, "[fsdp] the full value of a parameter on ", impl->device(),
@@ -103,13 +105,15 @@ GradAccumulator accumulator_then_empty(at::Tensor& compute, const at::Tensor& fu
 // one size class, and freeing the unit after forward frees one block.
 // Parameter p sits at world x p.offset.
 void ShardedParam::unshard(const at::Tensor& unit_block, int world) {
+  NoFirstUse internal;
   storage_bytes = static_cast<int64_t>(unit_block.storage().nbytes());
   compute.set_data(unit_block.narrow(0, world * offset, numel).view(shape));
+  intercept(compute);
 }
 
 at::Tensor ShardedParam::reallocate_storage(int64_t numel) {
   const c10::Storage& storage = compute.storage();
-  if (storage.nbytes() == 0) resize_storage(storage, storage_bytes);
+  if (storage.nbytes() == 0) resize_storage(storage, storage_bytes, tag);
   STRATA_ASSERT(static_cast<int64_t>(storage.nbytes()) >= numel * compute.element_size(),
                 "[fsdp] the storage of '", name, "' holds ", storage.nbytes(), " bytes, its unit's block needs ",
                 numel * compute.element_size());
@@ -118,10 +122,19 @@ at::Tensor ShardedParam::reallocate_storage(int64_t numel) {
   return block;
 }
 
-void ShardedParam::free_storage() { resize_storage(compute.storage(), 0); }
+void ShardedParam::free_storage() { resize_storage(compute.storage(), 0, tag); }
 
+// The full shape over a storage of its own that holds 0 bytes and the tag
+// (Note [Gather on first use]); not resizable: a gather makes a new block.
 void ShardedParam::reshard(c10::ScalarType dtype) {
-  compute.set_data(at::empty({0}, shard.options().dtype(dtype).requires_grad(false)));
+  NoFirstUse internal;
+  at::Tensor placeholder = at::empty({0}, shard.options().dtype(dtype).requires_grad(false));
+  c10::TensorImpl* impl = placeholder.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), 0, tagged_empty(tag, shard.device()),
+                                            shard.storage().allocator(), /*resizable=*/false));
+  impl->set_sizes_contiguous(shape);
+  compute.set_data(placeholder);
+  intercept(compute);
 }
 
 void ShardedParam::install_shard() {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../grad_hooks.h"
+#include "first_use.h"
 
 namespace strata::strategies::detail {
 
@@ -61,13 +62,15 @@ GradAccumulator accumulator_then_empty(at::Tensor& compute, const at::Tensor& fu
 /// param groups and checkpoints keep working by name. For every parameter
 /// the module keeps two tensors:
 /// - the *compute* tensor: the module's own tensor (LinearImpl::weight and
-///   the like alias it). Its data is swapped with set_data: a 0-element
-///   tensor while the unit is sharded (so a use outside the unit's forward
-///   is a shape error, not a read of freed memory), the full value while
-///   the unit is unsharded. After a unit's forward its storage is freed (0
-///   bytes; the views autograd saved keep pointing at that storage), and
-///   before its backward the storage is allocated again and refilled, so
-///   the saved views see the values again.
+///   the like alias it). It keeps the full shape at all times, and its data
+///   is swapped with set_data: a storage of 0 bytes while the unit is
+///   sharded, the full value while the unit is unsharded. After a unit's
+///   forward its storage is freed (0 bytes; the views autograd saved keep
+///   pointing at that storage), and before its backward the storage is
+///   allocated again and refilled, so the saved views see the values
+///   again. An empty storage keeps a tag naming the parameter, and the
+///   compute tensor carries a dispatch key, so that any operator that
+///   reads it gathers its unit first (Note [Gather on first use]).
 /// - the *shard*: this rank's piece, padded to an equal length on every
 ///   rank, fp32, a leaf that requires grad. It replaces the compute tensor
 ///   in the module's parameter dictionary, so module->parameters() lists
@@ -93,6 +96,7 @@ struct ShardedParam {
   std::vector<std::pair<torch::nn::Module*, std::string>> owners;  ///< where it is registered
   at::Tensor preshard;          ///< this rank's piece when sharded at construction (until set-up ends)
   GradAccumulator accumulator;  ///< made at construction, until set-up hooks it
+  std::shared_ptr<const FirstUseTag> tag;  ///< what its empty storages keep
 
   /// Makes the compute tensor the full value: its place in `unit_block`,
   /// the unit's gathered parameters (Note [One block per unit]).
@@ -104,7 +108,8 @@ struct ShardedParam {
   at::Tensor reallocate_storage(int64_t numel);
   /// Frees the full value's storage, keeping the tensor's shape.
   void free_storage();
-  /// Makes the compute tensor a 0-element tensor of `dtype` again.
+  /// Makes the compute tensor a full-shaped tensor of `dtype` over an
+  /// empty storage again.
   void reshard(c10::ScalarType dtype);
   /// Puts the shard where the module registered the parameter.
   void install_shard();

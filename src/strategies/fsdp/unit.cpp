@@ -87,7 +87,8 @@ void Unit::reshard() {
 
 bool Unit::pre_forward() {
   wait_for_unshard();
-  if (training_state_ != TrainingState::kIdle) return false;
+  // An evaluation (no grad) leaves the unit idle: no backward follows.
+  if (training_state_ != TrainingState::kIdle || !c10::GradMode::is_enabled()) return false;
   training_state_ = TrainingState::kForward;
   return true;
 }
@@ -148,7 +149,7 @@ void Unit::finalize_backward() {
   reshard();
   for (ShardedParam* p : params_) p->grad_ready = false;
   grads_ready_ = 0;
-  if (training_state_ == TrainingState::kPostBackward) training_state_ = TrainingState::kForward;
+  training_state_ = TrainingState::kIdle;
 }
 
 }  // namespace strata::strategies::detail

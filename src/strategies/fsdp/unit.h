@@ -15,12 +15,14 @@
 //      |                              (free_storage) v    |  autograd's saved views point at)
 //      +------------------ reshard -------------- kStorageFreed
 //
-// kStorageFreed keeps the full shapes with their storage freed (0 bytes).
+// Every state keeps the full shapes; kSharded and kStorageFreed hold 0
+// bytes (kStorageFreed keeps the storage that autograd's saved views share).
 // Training state, where the unit is in this step:
 //
-//   kIdle --pre_forward--> kForward --post_backward (its last gradient)--> kPostBackward
-//   kPostBackward --finalize_backward--> kForward
-//   any --reset_training_state (the root's pre_forward, for every unit)--> kIdle
+//   kIdle --pre_forward (with grad mode on)--> kForward
+//   kForward --post_backward (its last gradient)--> kPostBackward
+//   kForward, kPostBackward --finalize_backward--> kIdle
+//   any --reset_training_state (the root's hooked pre_forward, for every unit)--> kIdle
 //
 // An all-gather may be in flight (unshard started it, for a prefetch or for
 // the unit's own forward); wait_for_unshard finishes it, reshard finishes an
@@ -43,7 +45,7 @@ namespace strata::strategies::detail {
 
 /// Where a unit's parameters are.
 enum class ShardedState {
-  kSharded,       ///< compute tensors are 0-element; only the shards exist
+  kSharded,       ///< compute tensors hold 0 bytes (full shapes); only the shards exist
   kStorageFreed,  ///< full shapes kept, storage freed: autograd's saved views wait for a refill
   kUnsharded,     ///< compute tensors hold the full values
 };
@@ -119,7 +121,8 @@ class Unit {
   /// Back to kIdle (the root's pre_forward does it for every unit).
   void reset_training_state() { training_state_ = TrainingState::kIdle; }
   /// Gathers the parameters for the forward; true when this is the unit's
-  /// first forward in this step (kIdle -> kForward).
+  /// first forward in this step that a backward may follow (kIdle ->
+  /// kForward, with grad mode on).
   bool pre_forward();
   /// After the forward that produced `outputs`: reshards when no backward
   /// follows (evaluation) and returns false; otherwise frees the storage
@@ -138,8 +141,8 @@ class Unit {
   void start_reduction();
   /// Waits for the reduce-scatter and adds its result to the shards' gradients.
   void finish_reduction();
-  /// After the backward: reshards and gets ready for the next step's
-  /// (kPostBackward -> kForward).
+  /// After the backward: reshards and gets ready for the next step
+  /// (kIdle).
   void finalize_backward();
 
  private:
