@@ -443,5 +443,8 @@ void register_autocast();
 void register_checks(torch::Library& library);
 /// The lowered random kernels: dropout (kernels_random.cpp).
 void register_random(torch::Library& library);
+/// The lowered convolutions (kernels_conv.cpp), pooling and padding
+/// (kernels_pool.cpp), and the CPU kernels the convolutions' fallback runs.
+void register_conv(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

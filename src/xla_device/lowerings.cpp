@@ -443,6 +443,7 @@ void register_lowerings(torch::Library& library) {
   lowering::register_autocast();
   lowering::register_checks(library);
   lowering::register_random(library);
+  lowering::register_conv(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));
