@@ -139,12 +139,26 @@ NodePtr conv_input_grad(Recorder& r, const NodePtr& gy, const NodePtr& w, const 
   win.lhs_dilation = p.stride;
   win.rhs_dilation = p.dilation;
   win.feature_group_count = g;
+  // A padding wider than the kernel reaches (or an input tail no window
+  // reads) would pad negatively: the convolution pads by 0 there and the
+  // extra outputs are cut.
+  std::vector<int64_t> cut_low(p.spatial, 0), cut_high(p.spatial, 0);
   for (size_t i = 0; i < p.spatial; ++i) {
     const int64_t span = p.dilation[i] * (k[2 + i] - 1);
-    win.padding_low[i] = span - p.padding[i];
-    win.padding_high[i] = in[i] - 1 - (out[i] - 1) * p.stride[i] - win.padding_low[i] + span;
+    const int64_t low = span - p.padding[i];
+    const int64_t high = in[i] - 1 - (out[i] - 1) * p.stride[i] - low + span;
+    cut_low[i] = std::max<int64_t>(0, -low);
+    cut_high[i] = std::max<int64_t>(0, -high);
+    win.padding_low[i] = low + cut_low[i];
+    win.padding_high[i] = high + cut_high[i];
   }
-  return convolve(r, gy, flipped, ConvDims::channels_first(static_cast<int64_t>(p.spatial)), win);
+  NodePtr gx = convolve(r, gy, flipped, ConvDims::channels_first(static_cast<int64_t>(p.spatial)), win);
+  std::vector<int64_t> start(gx->type().dims.size(), 0), limit = gx->type().dims;
+  for (size_t i = 0; i < p.spatial; ++i) {
+    start[2 + i] = cut_low[i];
+    limit[2 + i] -= cut_high[i];
+  }
+  return r.slice(gx, start, limit);
 }
 
 // The gradient of conv_forward(x, w) with respect to w, of spatial sizes
