@@ -130,8 +130,9 @@ ElementType float_dtype(const at::Tensor& t) {
 
 // Result `which` (0: the max, 1: its index) of the argmax over each window.
 // Note [Two results, two nodes]: a graph node has one result, so the max
-// and its index are two nodes, each one variadic reduce_window; XLA's
-// common-subexpression pass merges the two identical ops into one.
+// and its index are two nodes, each one variadic reduce_window of the
+// same operands (XLA may merge the two; the results are the same either
+// way).
 NodePtr window_argmax(Recorder& r, const NodePtr& x, const NodePtr& index, const Window& w,
                       const std::vector<int64_t>& out, size_t which) {
   const shlo::Type type{which == 0 ? x->type().dtype : index->type().dtype, out};
