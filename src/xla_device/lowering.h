@@ -521,5 +521,8 @@ void register_compare(torch::Library& library);
 /// The fused LSTM and GRU cells as decompositions into ATen ops, on
 /// `library` (PrivateUse1) and on AutogradPrivateUse1 (kernels_rnn.cpp).
 void register_rnn(torch::Library& library);
+/// The lowered convolutions (kernels_conv.cpp), pooling and padding
+/// (kernels_pool.cpp), and the CPU kernels the convolutions' fallback runs.
+void register_conv(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

@@ -434,6 +434,7 @@ void register_lowerings(torch::Library& library) {
   lowering::register_loss(library);
   lowering::register_index(library);
   lowering::register_compare(library);
+  lowering::register_conv(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));

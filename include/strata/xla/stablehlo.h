@@ -188,6 +188,49 @@ class Function {
   /// result shape for `indices`. Repeated indices accumulate.
   Value scatter_add_rows(const Value& table, const Value& indices, const Value& updates, int64_t dim = 0);
 
+  // Windows (stablehlo_window.cpp): convolution, reduce_window, reverse.
+  /// Which dims of a convolution's input, kernel and output hold the
+  /// batch, the features and the spatial dims, in the spatial dims' order
+  /// (StableHLO's ConvDimensionNumbers).
+  struct ConvDims {
+    int64_t input_batch = 0, input_feature = 1;
+    std::vector<int64_t> input_spatial;
+    int64_t kernel_output_feature = 0, kernel_input_feature = 1;
+    std::vector<int64_t> kernel_spatial;
+    int64_t output_batch = 0, output_feature = 1;
+    std::vector<int64_t> output_spatial;
+    /// PyTorch's layout with `spatial` spatial dims: input [N, C, ...],
+    /// kernel [O, I, ...], output [N, C, ...].
+    static ConvDims channels_first(int64_t spatial);
+  };
+  /// A convolution's window, one entry per spatial dim; an empty list means
+  /// all 1 (strides, dilations) or all 0 (padding). Padding may be
+  /// negative (it then cuts).
+  struct ConvWindow {
+    std::vector<int64_t> strides, padding_low, padding_high, lhs_dilation, rhs_dilation;
+    int64_t feature_group_count = 1, batch_group_count = 1;
+  };
+  /// StableHLO's convolution of `lhs` by the kernel `rhs` (same element
+  /// type); the result's shape is inferred as the spec does. Throws
+  /// ConfigError naming what does not fit.
+  Value convolution(const Value& lhs, const Value& rhs, const ConvDims& dims, const ConvWindow& window);
+  /// reduce_window's window, one entry per dim of the operand; an empty
+  /// list means all 1 (dimensions, strides, dilations) or all 0 (padding).
+  struct Window {
+    std::vector<int64_t> dimensions, strides, base_dilations, window_dilations, padding_low, padding_high;
+  };
+  /// Reduces each window of `x` with `op` from the scalar `init` (the
+  /// padding holds `init`).
+  Value reduce_window(const Value& x, const Value& init, const Window& window, ReduceOp op);
+  /// {max, its index} over each window of the pair (`x`, `index`), one
+  /// variadic reduce_window: the larger value wins, nan above all, and on
+  /// equal values (or two nans) the smaller index. The padding holds
+  /// (-inf, the index type's largest value), so it never wins over an
+  /// element of `x`. `x` is float, `index` integer, of x's dims.
+  std::vector<Value> reduce_window_argmax(const Value& x, const Value& index, const Window& window);
+  /// `x` with the order of its elements reversed along each of `dims`.
+  Value reverse(const Value& x, const std::vector<int64_t>& dims);
+
   // Several results (stablehlo_ops.cpp).
   /// Passes `values` through unchanged; XLA moves no computation across it.
   std::vector<Value> optimization_barrier(const std::vector<Value>& values);

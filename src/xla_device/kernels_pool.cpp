@@ -1,0 +1,712 @@
+// Lowered kernels of pooling and padding (Note [What is lowered] in
+// lowerings.cpp): max pooling with its indices (1-d reaches the 2-d op)
+// and its backward, average pooling (count_include_pad, ceil_mode,
+// divisor_override) and its backward, adaptive average pooling and its
+// backward, 1-d to 3-d; and the pads of F::pad and of nn::Conv's padding
+// modes: constant_pad_nd, reflection_pad and replication_pad, with their
+// backwards. Each computes in the dtype LibTorch's CPU kernel computes in
+// (f32 for bf16: Note [bf16 computes in f32] in lowering.h).
+#include <ATen/ops/_adaptive_avg_pool2d.h>
+#include <ATen/ops/_adaptive_avg_pool2d_backward.h>
+#include <ATen/ops/_adaptive_avg_pool3d.h>
+#include <ATen/ops/_adaptive_avg_pool3d_backward.h>
+#include <ATen/ops/avg_pool2d.h>
+#include <ATen/ops/avg_pool2d_backward.h>
+#include <ATen/ops/avg_pool3d.h>
+#include <ATen/ops/avg_pool3d_backward.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/max_pool2d_with_indices.h>
+#include <ATen/ops/max_pool2d_with_indices_backward.h>
+#include <ATen/ops/max_pool3d_with_indices.h>
+#include <ATen/ops/max_pool3d_with_indices_backward.h>
+#include <ATen/ops/reflection_pad1d.h>
+#include <ATen/ops/reflection_pad1d_backward.h>
+#include <ATen/ops/reflection_pad2d.h>
+#include <ATen/ops/reflection_pad2d_backward.h>
+#include <ATen/ops/reflection_pad3d.h>
+#include <ATen/ops/reflection_pad3d_backward.h>
+#include <ATen/ops/replication_pad1d.h>
+#include <ATen/ops/replication_pad1d_backward.h>
+#include <ATen/ops/replication_pad2d.h>
+#include <ATen/ops/replication_pad2d_backward.h>
+#include <ATen/ops/replication_pad3d.h>
+#include <ATen/ops/replication_pad3d_backward.h>
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+
+#include "lowering.h"
+
+namespace strata::xla::detail::lowering {
+namespace {
+
+using Window = shlo::Function::Window;
+
+// The sizes of one pooling: `lead` leading dims (the batch and the
+// channels, or the channels alone), then `spatial` pooled dims.
+struct Pool {
+  size_t lead = 0, spatial = 0;
+  std::vector<int64_t> in, out, kernel, stride, padding, dilation;
+};
+
+std::vector<int64_t> per_dim(c10::IntArrayRef values, size_t n, c10::IntArrayRef otherwise) {
+  if (values.empty()) values = otherwise;
+  if (values.size() == 1) return std::vector<int64_t>(n, values[0]);
+  if (values.size() != n) throw NotLowered{};
+  return vec(values);
+}
+
+// LibTorch's pooling_output_shape: with ceil_mode the last window may
+// start in the right padding, but not past it.
+int64_t pooled_size(int64_t in, int64_t kernel, int64_t pad, int64_t stride, int64_t dilation, bool ceil_mode) {
+  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  if (span < 0) throw NotLowered{};
+  int64_t out = span / stride + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+Pool pool_of(const at::Tensor& self, size_t spatial, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+             c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceil_mode) {
+  if (self.dim() != static_cast<int64_t>(spatial) + 1 && self.dim() != static_cast<int64_t>(spatial) + 2)
+    throw NotLowered{};
+  Pool p;
+  p.spatial = spatial;
+  p.lead = static_cast<size_t>(self.dim()) - spatial;
+  p.kernel = per_dim(kernel, spatial, kernel);
+  p.stride = per_dim(stride, spatial, kernel);
+  p.padding = per_dim(padding, spatial, padding);
+  p.dilation = per_dim(dilation, spatial, {1});
+  for (size_t i = 0; i < spatial; ++i) {
+    if (p.kernel[i] < 1 || p.stride[i] < 1 || p.dilation[i] < 1 || p.padding[i] < 0 ||
+        2 * p.padding[i] > p.kernel[i])
+      throw NotLowered{};
+    p.in.push_back(self.size(static_cast<int64_t>(p.lead + i)));
+    p.out.push_back(pooled_size(p.in[i], p.kernel[i], p.padding[i], p.stride[i], p.dilation[i], ceil_mode));
+    if (p.in[i] < 1 || p.out[i] < 1) throw NotLowered{};
+  }
+  return p;
+}
+
+// The window over the whole operand: 1 over the leading dims, the pool's
+// over the others, padded at the end so that the last window (ceil_mode)
+// is there.
+Window window_of(const Pool& p) {
+  Window w;
+  w.dimensions = w.strides = w.window_dilations = std::vector<int64_t>(p.lead, 1);
+  w.padding_low = w.padding_high = std::vector<int64_t>(p.lead, 0);
+  for (size_t i = 0; i < p.spatial; ++i) {
+    w.dimensions.push_back(p.kernel[i]);
+    w.strides.push_back(p.stride[i]);
+    w.window_dilations.push_back(p.dilation[i]);
+    w.padding_low.push_back(p.padding[i]);
+    const int64_t reach = (p.out[i] - 1) * p.stride[i] + p.dilation[i] * (p.kernel[i] - 1) + 1;
+    w.padding_high.push_back(std::max(p.padding[i], reach - p.in[i] - p.padding[i]));
+  }
+  return w;
+}
+
+std::vector<int64_t> out_dims(const at::Tensor& self, const Pool& p) {
+  std::vector<int64_t> dims(self.sizes().begin(), self.sizes().begin() + static_cast<int64_t>(p.lead));
+  dims.insert(dims.end(), p.out.begin(), p.out.end());
+  return dims;
+}
+
+int64_t product(const std::vector<int64_t>& v) {
+  int64_t n = 1;
+  for (int64_t x : v) n *= x;
+  return n;
+}
+
+ElementType float_dtype(const at::Tensor& t) {
+  const ElementType stored = element_type(t.scalar_type());
+  if (!is_floating(stored)) throw NotLowered{};
+  return opmath(stored);
+}
+
+// ---- Max pooling --------------------------------------------------------------------
+
+// Result `which` (0: the max, 1: its index) of the argmax over each window.
+// Note [Two results, two nodes]: a graph node has one result, so the max
+// and its index are two nodes, each one variadic reduce_window of the
+// same operands (XLA may merge the two; the results are the same either
+// way).
+NodePtr window_argmax(Recorder& r, const NodePtr& x, const NodePtr& index, const Window& w,
+                      const std::vector<int64_t>& out, size_t which) {
+  const shlo::Type type{which == 0 ? x->type().dtype : index->type().dtype, out};
+  return r.op(which == 0 ? "reduce_window_max" : "reduce_window_argmax", {x, index}, type,
+              [w, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.reduce_window_argmax(in[0], in[1], w)[which];
+              });
+}
+
+// {max, flat index of the max within its plane} over each window, as
+// LibTorch's max pooling returns them.
+std::tuple<at::Tensor, at::Tensor> max_pool_with_indices(Recorder& r, const at::Tensor& self, size_t spatial,
+                                                         c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                                                         c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                                         bool ceil_mode) {
+  const ElementType t = float_dtype(self);
+  const Pool p = pool_of(self, spatial, kernel, stride, padding, dilation, ceil_mode);
+  const std::vector<int64_t> dims = vec(self.sizes()), out = out_dims(self, p);
+  NodePtr x = r.convert(r.tensor(self), t);
+  NodePtr index = r.broadcast(r.reshape(r.iota(ElementType::kS64, {product(p.in)}, 0), p.in), dims);
+  const Window w = window_of(p);
+  at::Tensor values = at::empty(out, self.options()), indices = at::empty(out, self.options().dtype(at::kLong));
+  NodePtr max = window_argmax(r, x, index, w, out, 0), argmax = window_argmax(r, x, index, w, out, 1);
+  r.write(values, max);
+  r.write(indices, argmax);
+  return {values, indices};
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(const at::Tensor& self, c10::IntArrayRef kernel,
+                                                           c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                           c10::IntArrayRef dilation, bool ceil_mode) {
+  try {
+    Recorder r("aten::max_pool2d_with_indices");
+    return max_pool_with_indices(r, self, 2, kernel, stride, padding, dilation, ceil_mode);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::max_pool2d_with_indices>::call(
+      self, kernel, stride, padding, dilation, ceil_mode);
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(const at::Tensor& self, c10::IntArrayRef kernel,
+                                                           c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                           c10::IntArrayRef dilation, bool ceil_mode) {
+  try {
+    Recorder r("aten::max_pool3d_with_indices");
+    return max_pool_with_indices(r, self, 3, kernel, stride, padding, dilation, ceil_mode);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::max_pool3d_with_indices>::call(
+      self, kernel, stride, padding, dilation, ceil_mode);
+}
+
+// Each output gradient added at its max's index within its plane: one
+// scatter-add into the planes laid end to end, the indices offset by
+// their plane's start. Overlapping windows that share a max add up, as in
+// LibTorch's kernel.
+NodePtr max_pool_grad(Recorder& r, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& indices,
+                      size_t spatial) {
+  const ElementType t = float_dtype(self);
+  if (grad_output.scalar_type() != self.scalar_type() || grad_output.sizes() != indices.sizes() ||
+      self.dim() != grad_output.dim() || self.dim() < static_cast<int64_t>(spatial) + 1)
+    throw NotLowered{};
+  const int64_t lead = self.dim() - static_cast<int64_t>(spatial);
+  int64_t planes = 1, plane = 1, per_plane = 1;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (self.size(d) != grad_output.size(d) && d < lead) throw NotLowered{};
+    (d < lead ? planes : plane) *= self.size(d);
+    if (d >= lead) per_plane *= grad_output.size(d);
+  }
+  NodePtr g = r.reshape(r.convert(r.tensor(grad_output), t), {planes * per_plane});
+  NodePtr idx = r.reshape(r.convert(r.tensor(indices), ElementType::kS64), {planes, per_plane});
+  NodePtr start = r.binary(Binary::kMultiply, r.iota(ElementType::kS64, {planes, per_plane}, 0),
+                           r.splat(static_cast<double>(plane), ElementType::kS64, {planes, per_plane}));
+  NodePtr flat = r.reshape(r.binary(Binary::kAdd, idx, start), {planes * per_plane});
+  NodePtr zeros = r.splat(0.0, t, {planes * plane});
+  NodePtr summed = r.op("scatter_add_rows", {zeros, flat, g}, zeros->type(),
+                        [](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                          return f.scatter_add_rows(in[0], in[1], in[2]);
+                        });
+  return r.reshape(summed, vec(self.sizes()));
+}
+
+at::Tensor max_pool2d_with_indices_backward(const at::Tensor& grad_output, const at::Tensor& self,
+                                            c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                            c10::IntArrayRef dilation, bool ceil_mode, const at::Tensor& indices) {
+  try {
+    Recorder r("aten::max_pool2d_with_indices_backward");
+    NodePtr value = max_pool_grad(r, grad_output, self, indices, 2);
+    at::Tensor out = at::empty(self.sizes(), self.options());
+    r.write(out, value);
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::max_pool2d_with_indices_backward>::call(
+      grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices);
+}
+
+at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad_output, const at::Tensor& self,
+                                            c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                            c10::IntArrayRef dilation, bool ceil_mode, const at::Tensor& indices) {
+  try {
+    Recorder r("aten::max_pool3d_with_indices_backward");
+    NodePtr value = max_pool_grad(r, grad_output, self, indices, 3);
+    at::Tensor out = at::empty(self.sizes(), self.options());
+    r.write(out, value);
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::max_pool3d_with_indices_backward>::call(
+      grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices);
+}
+
+// ---- Average pooling ----------------------------------------------------------------
+
+// A 1-d constant of `values` (f32 counts or s64 indices) broadcast along
+// dim `dim` of `dims`.
+NodePtr along(Recorder& r, const std::vector<double>& values, ElementType dtype, const std::vector<int64_t>& dims,
+              int64_t dim) {
+  const shlo::Type type{dtype, {static_cast<int64_t>(values.size())}};
+  NodePtr c = r.op("constant", {}, type, [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+    return f.constant(type, values);
+  });
+  return r.op("broadcast", {c}, {dtype, dims}, [dims, dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return f.broadcast_in_dim(in[0], dims, {dim});
+  });
+}
+
+// What LibTorch divides each window's sum by: divisor_override, else the
+// window's size clipped to the padded input (count_include_pad) or to the
+// input; a product over the pooled dims, broadcast to `dims`.
+NodePtr avg_divisor(Recorder& r, const Pool& p, ElementType t, const std::vector<int64_t>& dims,
+                    bool count_include_pad, std::optional<int64_t> divisor_override) {
+  if (divisor_override) {
+    if (*divisor_override == 0) throw NotLowered{};
+    return r.splat(static_cast<double>(*divisor_override), t, dims);
+  }
+  NodePtr divisor;
+  for (size_t i = 0; i < p.spatial; ++i) {
+    std::vector<double> counts;
+    for (int64_t o = 0; o < p.out[i]; ++o) {
+      int64_t start = o * p.stride[i] - p.padding[i];
+      int64_t end = std::min(start + p.kernel[i], p.in[i] + p.padding[i]);
+      if (!count_include_pad) {
+        start = std::max<int64_t>(start, 0);
+        end = std::min(end, p.in[i]);
+      }
+      counts.push_back(static_cast<double>(end - start));
+    }
+    NodePtr c = along(r, counts, t, dims, static_cast<int64_t>(p.lead + i));
+    divisor = divisor ? r.binary(Binary::kMultiply, divisor, c) : c;
+  }
+  return divisor;
+}
+
+Window avg_window(const Pool& p) {
+  Window w = window_of(p);
+  w.window_dilations.clear();
+  return w;
+}
+
+NodePtr avg_pool_value(Recorder& r, const at::Tensor& self, const Pool& p, bool count_include_pad,
+                       std::optional<int64_t> divisor_override) {
+  const ElementType t = float_dtype(self);
+  const std::vector<int64_t> out = out_dims(self, p);
+  NodePtr x = r.convert(r.tensor(self), t);
+  const Window w = avg_window(p);
+  NodePtr zero = r.constant(0.0, t);
+  NodePtr sum = r.op("reduce_window_sum", {x, zero}, {t, out}, [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
+  });
+  return r.binary(Binary::kDivide, sum, avg_divisor(r, p, t, out, count_include_pad, divisor_override));
+}
+
+// The adjoint of a window sum: each output gradient (divided by its
+// window's divisor) added to every input element of its window. The
+// gradient dilated by the stride (base_dilations), padded by kernel - 1 -
+// padding before and to the input's size after, summed over windows of
+// the kernel's size at stride 1; the padding's own elements get nothing.
+NodePtr avg_pool_grad(Recorder& r, const at::Tensor& grad_output, const at::Tensor& self, const Pool& p,
+                      bool count_include_pad, std::optional<int64_t> divisor_override) {
+  const ElementType t = float_dtype(self);
+  const std::vector<int64_t> out = out_dims(self, p);
+  if (grad_output.scalar_type() != self.scalar_type() || vec(grad_output.sizes()) != out) throw NotLowered{};
+  NodePtr g = r.binary(Binary::kDivide, r.convert(r.tensor(grad_output), t),
+                       avg_divisor(r, p, t, out, count_include_pad, divisor_override));
+  Window w;
+  w.dimensions = w.strides = w.base_dilations = std::vector<int64_t>(p.lead, 1);
+  w.padding_low = w.padding_high = std::vector<int64_t>(p.lead, 0);
+  for (size_t i = 0; i < p.spatial; ++i) {
+    const int64_t low = p.kernel[i] - 1 - p.padding[i];
+    w.dimensions.push_back(p.kernel[i]);
+    w.strides.push_back(1);
+    w.base_dilations.push_back(p.stride[i]);
+    w.padding_low.push_back(low);
+    w.padding_high.push_back(p.in[i] + p.kernel[i] - 2 - (p.out[i] - 1) * p.stride[i] - low);
+    if (w.padding_high.back() < 0) throw NotLowered{};
+  }
+  NodePtr zero = r.constant(0.0, t);
+  const std::vector<int64_t> dims = vec(self.sizes());
+  return r.op("reduce_window_sum", {g, zero}, {t, dims}, [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
+  });
+}
+
+at::Tensor avg_pool(const char* op, const at::Tensor& self, size_t spatial, c10::IntArrayRef kernel,
+                    c10::IntArrayRef stride, c10::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                    std::optional<int64_t> divisor_override) {
+  Recorder r(op);
+  const Pool p = pool_of(self, spatial, kernel, stride, padding, {1}, ceil_mode);
+  NodePtr value = avg_pool_value(r, self, p, count_include_pad, divisor_override);
+  at::Tensor out = at::empty(out_dims(self, p), self.options());
+  r.write(out, value);
+  return out;
+}
+
+at::Tensor avg_pool_backward(const char* op, const at::Tensor& grad_output, const at::Tensor& self, size_t spatial,
+                             c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                             bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override) {
+  Recorder r(op);
+  const Pool p = pool_of(self, spatial, kernel, stride, padding, {1}, ceil_mode);
+  NodePtr value = avg_pool_grad(r, grad_output, self, p, count_include_pad, divisor_override);
+  at::Tensor out = at::empty(self.sizes(), self.options());
+  r.write(out, value);
+  return out;
+}
+
+at::Tensor avg_pool2d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                      c10::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                      std::optional<int64_t> divisor_override) {
+  try {
+    return avg_pool("aten::avg_pool2d", self, 2, kernel, stride, padding, ceil_mode, count_include_pad,
+                    divisor_override);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::avg_pool2d>::call(
+      self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override);
+}
+
+at::Tensor avg_pool3d(const at::Tensor& self, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                      c10::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                      std::optional<int64_t> divisor_override) {
+  try {
+    return avg_pool("aten::avg_pool3d", self, 3, kernel, stride, padding, ceil_mode, count_include_pad,
+                    divisor_override);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::avg_pool3d>::call(
+      self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override);
+}
+
+at::Tensor avg_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& self, c10::IntArrayRef kernel,
+                               c10::IntArrayRef stride, c10::IntArrayRef padding, bool ceil_mode,
+                               bool count_include_pad, std::optional<int64_t> divisor_override) {
+  try {
+    return avg_pool_backward("aten::avg_pool2d_backward", grad_output, self, 2, kernel, stride, padding, ceil_mode,
+                             count_include_pad, divisor_override);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::avg_pool2d_backward>::call(
+      grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override);
+}
+
+at::Tensor avg_pool3d_backward(const at::Tensor& grad_output, const at::Tensor& self, c10::IntArrayRef kernel,
+                               c10::IntArrayRef stride, c10::IntArrayRef padding, bool ceil_mode,
+                               bool count_include_pad, std::optional<int64_t> divisor_override) {
+  try {
+    return avg_pool_backward("aten::avg_pool3d_backward", grad_output, self, 3, kernel, stride, padding, ceil_mode,
+                             count_include_pad, divisor_override);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::avg_pool3d_backward>::call(
+      grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override);
+}
+
+// ---- Adaptive average pooling -------------------------------------------------------
+
+// Note [Adaptive pooling as products]
+// Output o of a dim of size I pooled to O averages the inputs
+// [floor(o I / O), ceil((o + 1) I / O)); the windows differ in size, but
+// the pooling is separable: per pooled dim, a product with the 0/1
+// matrix M[o, i] = (i in window o), then a division by the product of the
+// windows' sizes, as LibTorch divides each window's sum. The backward is
+// the same products with M transposed, of the output gradient divided
+// first.
+std::vector<double> adaptive_matrix(int64_t in, int64_t out, bool transposed, std::vector<double>& sizes) {
+  std::vector<double> m(static_cast<size_t>(in * out), 0.0);
+  sizes.clear();
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t start = (o * in) / out, end = ((o + 1) * in + out - 1) / out;
+    sizes.push_back(static_cast<double>(end - start));
+    for (int64_t i = start; i < end; ++i) m[static_cast<size_t>(transposed ? i * out + o : o * in + i)] = 1.0;
+  }
+  return m;
+}
+
+// `x` ([lead..., spatial...]) with each pooled dim i (of size from[i])
+// multiplied by its matrix to size to[i]; `transposed` for the backward.
+NodePtr adaptive_products(Recorder& r, NodePtr x, size_t lead, const std::vector<int64_t>& from,
+                          const std::vector<int64_t>& to, bool transposed, const std::vector<int64_t>& in_sizes,
+                          const std::vector<int64_t>& out_sizes) {
+  const ElementType t = x->type().dtype;
+  const size_t n = from.size();
+  // Each product contracts the last dim still pooled and appends the new
+  // one; after all, the pooled dims are in reverse order.
+  for (size_t k = n; k-- > 0;) {
+    std::vector<double> sizes;
+    const shlo::Type type{t, {to[k], from[k]}};
+    const std::vector<double> values = adaptive_matrix(in_sizes[k], out_sizes[k], transposed, sizes);
+    NodePtr m = r.op("constant", {}, type, [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+      return f.constant(type, values);
+    });
+    std::vector<int64_t> dims = x->type().dims;
+    const int64_t contracted = static_cast<int64_t>(lead + k);
+    dims.erase(dims.begin() + contracted);
+    dims.push_back(to[k]);
+    x = r.op("dot", {x, m}, {t, dims}, [contracted](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.dot_general(in[0], in[1], shlo::DotDims{{}, {}, {contracted}, {1}});
+    });
+  }
+  std::vector<int64_t> perm;
+  for (size_t d = 0; d < lead; ++d) perm.push_back(static_cast<int64_t>(d));
+  for (size_t k = n; k-- > 0;) perm.push_back(static_cast<int64_t>(lead + k));
+  return r.transpose(x, perm);
+}
+
+// The product over the pooled dims of each output's window size, of `dims`.
+NodePtr adaptive_divisor(Recorder& r, size_t lead, const std::vector<int64_t>& in, const std::vector<int64_t>& out,
+                         ElementType t, const std::vector<int64_t>& dims) {
+  NodePtr divisor;
+  for (size_t i = 0; i < in.size(); ++i) {
+    std::vector<double> sizes;
+    adaptive_matrix(in[i], out[i], false, sizes);
+    NodePtr c = along(r, sizes, t, dims, static_cast<int64_t>(lead + i));
+    divisor = divisor ? r.binary(Binary::kMultiply, divisor, c) : c;
+  }
+  return divisor;
+}
+
+at::Tensor adaptive_avg_pool(const char* op, const at::Tensor& self, c10::IntArrayRef output_size, size_t spatial) {
+  Recorder r(op);
+  const ElementType t = float_dtype(self);
+  if (output_size.size() != spatial || (self.dim() != static_cast<int64_t>(spatial) + 1 &&
+                                        self.dim() != static_cast<int64_t>(spatial) + 2))
+    throw NotLowered{};
+  const size_t lead = static_cast<size_t>(self.dim()) - spatial;
+  const std::vector<int64_t> in(self.sizes().begin() + static_cast<int64_t>(lead), self.sizes().end());
+  const std::vector<int64_t> out = vec(output_size);
+  for (size_t i = 0; i < spatial; ++i)
+    if (in[i] < 1 || out[i] < 1) throw NotLowered{};
+  std::vector<int64_t> dims(self.sizes().begin(), self.sizes().begin() + static_cast<int64_t>(lead));
+  dims.insert(dims.end(), out.begin(), out.end());
+  NodePtr sums = adaptive_products(r, r.convert(r.tensor(self), t), lead, in, out, false, in, out);
+  NodePtr value = r.binary(Binary::kDivide, sums, adaptive_divisor(r, lead, in, out, t, dims));
+  at::Tensor result = at::empty(dims, self.options());
+  r.write(result, value);
+  return result;
+}
+
+at::Tensor adaptive_avg_pool_backward(const char* op, const at::Tensor& grad_output, const at::Tensor& self,
+                                      size_t spatial) {
+  Recorder r(op);
+  const ElementType t = float_dtype(self);
+  if (grad_output.scalar_type() != self.scalar_type() || grad_output.dim() != self.dim() ||
+      self.dim() < static_cast<int64_t>(spatial) + 1)
+    throw NotLowered{};
+  const size_t lead = static_cast<size_t>(self.dim()) - spatial;
+  const std::vector<int64_t> in(self.sizes().begin() + static_cast<int64_t>(lead), self.sizes().end());
+  const std::vector<int64_t> out(grad_output.sizes().begin() + static_cast<int64_t>(lead), grad_output.sizes().end());
+  NodePtr g = r.convert(r.tensor(grad_output), t);
+  g = r.binary(Binary::kDivide, g, adaptive_divisor(r, lead, in, out, t, g->type().dims));
+  NodePtr value = adaptive_products(r, g, lead, out, in, true, in, out);
+  at::Tensor result = at::empty(self.sizes(), self.options());
+  r.write(result, value);
+  return result;
+}
+
+at::Tensor adaptive_avg_pool2d(const at::Tensor& self, c10::IntArrayRef output_size) {
+  try {
+    return adaptive_avg_pool("aten::_adaptive_avg_pool2d", self, output_size, 2);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::_adaptive_avg_pool2d>::call(
+      self, output_size);
+}
+
+at::Tensor adaptive_avg_pool3d(const at::Tensor& self, c10::IntArrayRef output_size) {
+  try {
+    return adaptive_avg_pool("aten::_adaptive_avg_pool3d", self, output_size, 3);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::_adaptive_avg_pool3d>::call(
+      self, output_size);
+}
+
+at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& self) {
+  try {
+    return adaptive_avg_pool_backward("aten::_adaptive_avg_pool2d_backward", grad_output, self, 2);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::_adaptive_avg_pool2d_backward>::call(grad_output,
+                                                                                                   self);
+}
+
+at::Tensor adaptive_avg_pool3d_backward(const at::Tensor& grad_output, const at::Tensor& self) {
+  try {
+    return adaptive_avg_pool_backward("aten::_adaptive_avg_pool3d_backward", grad_output, self, 3);
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::_adaptive_avg_pool3d_backward>::call(grad_output,
+                                                                                                   self);
+}
+
+// ---- Padding ------------------------------------------------------------------------
+
+// The padded value of `self` (pad: low and high per dim, from the last
+// dim back, as F::pad takes them): stablehlo.pad, whose negative
+// paddings cut as LibTorch's do.
+at::Tensor constant_pad_nd(const at::Tensor& self, c10::IntArrayRef pad, const at::Scalar& value) {
+  try {
+    Recorder r("aten::constant_pad_nd");
+    const ElementType t = element_type(self.scalar_type());
+    if (pad.size() % 2 != 0 || static_cast<int64_t>(pad.size()) > 2 * self.dim()) throw NotLowered{};
+    const size_t n = static_cast<size_t>(self.dim());
+    std::vector<int64_t> low(n, 0), high(n, 0), interior(n, 0), dims = vec(self.sizes());
+    for (size_t i = 0; i < pad.size() / 2; ++i) {
+      const size_t d = n - 1 - i;
+      low[d] = pad[2 * i];
+      high[d] = pad[2 * i + 1];
+      dims[d] += low[d] + high[d];
+      if (dims[d] < 1) throw NotLowered{};
+    }
+    NodePtr x = r.tensor(self);
+    NodePtr fill = r.scalar(value, t);
+    NodePtr padded = r.op("pad", {x, fill}, {t, dims}, [low, high, interior](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      return f.pad(in[0], in[1], low, high, interior);
+    });
+    at::Tensor out = at::empty(dims, self.options());
+    r.write(out, padded);
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::constant_pad_nd>::call(
+      self, pad, value);
+}
+
+enum class PadMode { kReflect, kReplicate };
+
+// Where each element of a padded dim comes from: reflected about the
+// edge elements (not repeating them), or the edge element repeated.
+std::vector<double> pad_sources(int64_t size, int64_t low, int64_t high, PadMode mode) {
+  if (low < 0 || high < 0 || (mode == PadMode::kReflect && (low >= size || high >= size))) throw NotLowered{};
+  std::vector<double> sources;
+  for (int64_t j = 0; j < size + low + high; ++j) {
+    int64_t i = j - low;
+    if (mode == PadMode::kReflect) {
+      i = i < 0 ? -i : i >= size ? 2 * (size - 1) - i : i;
+    } else {
+      i = std::clamp<int64_t>(i, 0, size - 1);
+    }
+    sources.push_back(static_cast<double>(i));
+  }
+  return sources;
+}
+
+NodePtr index_constant(Recorder& r, const std::vector<double>& values) {
+  const shlo::Type type{ElementType::kS64, {static_cast<int64_t>(values.size())}};
+  return r.op("constant", {}, type, [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+    return f.constant(type, values);
+  });
+}
+
+// The padded dims of a `rank`-d tensor and their (low, high) paddings.
+std::vector<std::tuple<int64_t, int64_t, int64_t>> padded_dims(int64_t rank, c10::IntArrayRef padding,
+                                                               size_t spatial) {
+  if (padding.size() != 2 * spatial || (rank != static_cast<int64_t>(spatial) + 1 &&
+                                        rank != static_cast<int64_t>(spatial) + 2))
+    throw NotLowered{};
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> out;
+  for (size_t i = 0; i < spatial; ++i) out.emplace_back(rank - 1 - static_cast<int64_t>(i), padding[2 * i], padding[2 * i + 1]);
+  return out;
+}
+
+// Note [Padding as gathers]: each padded dim is a gather of whole slices
+// at the constant source indices (take_rows), so the backward is the
+// scatter-add of the gradient's slices to those indices, dim by dim in
+// the reverse order: an input element reflected into the padding gets its
+// own gradient plus its reflection's.
+template <class Op, PadMode kMode, size_t kSpatial>
+at::Tensor pad_forward(const at::Tensor& self, c10::IntArrayRef padding) {
+  try {
+    Recorder r(Op::name);
+    element_type(self.scalar_type());
+    NodePtr x = r.tensor(self);
+    for (const auto& [dim, low, high] : padded_dims(self.dim(), padding, kSpatial)) {
+      NodePtr idx = index_constant(r, pad_sources(x->type().dims[static_cast<size_t>(dim)], low, high, kMode));
+      std::vector<int64_t> dims = x->type().dims;
+      dims[static_cast<size_t>(dim)] += low + high;
+      const int64_t d = dim;
+      x = r.op("take_rows", {x, idx}, {x->type().dtype, dims}, [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+        return f.take_rows(in[0], in[1], d);
+      });
+    }
+    at::Tensor out = at::empty(x->type().dims, self.options());
+    r.write(out, x);
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, Op>::call(self, padding);
+}
+
+template <class Op, PadMode kMode, size_t kSpatial>
+at::Tensor pad_backward(const at::Tensor& grad_output, const at::Tensor& self, c10::IntArrayRef padding) {
+  try {
+    Recorder r(Op::name);
+    const ElementType t = float_dtype(self);
+    if (grad_output.scalar_type() != self.scalar_type() || grad_output.dim() != self.dim()) throw NotLowered{};
+    NodePtr g = r.convert(r.tensor(grad_output), t);
+    auto padded = padded_dims(self.dim(), padding, kSpatial);
+    for (auto it = padded.rbegin(); it != padded.rend(); ++it) {
+      const auto [dim, low, high] = *it;
+      const int64_t size = self.size(dim);
+      if (g->type().dims[static_cast<size_t>(dim)] != size + low + high) throw NotLowered{};
+      NodePtr idx = index_constant(r, pad_sources(size, low, high, kMode));
+      std::vector<int64_t> dims = g->type().dims;
+      dims[static_cast<size_t>(dim)] = size;
+      const int64_t d = dim;
+      g = r.op("scatter_add_rows", {r.splat(0.0, t, dims), idx, g}, {t, dims},
+               [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                 return f.scatter_add_rows(in[0], in[1], in[2], d);
+               });
+    }
+    if (g->type().dims != vec(self.sizes())) throw NotLowered{};
+    at::Tensor out = at::empty(self.sizes(), self.options());
+    r.write(out, g);
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, Op>::call(grad_output, self,
+                                                                padding);
+}
+
+}  // namespace
+
+void register_pool(torch::Library& library) {
+  library.impl("max_pool2d_with_indices", TORCH_FN(max_pool2d_with_indices));
+  library.impl("max_pool3d_with_indices", TORCH_FN(max_pool3d_with_indices));
+  library.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
+  library.impl("max_pool3d_with_indices_backward", TORCH_FN(max_pool3d_with_indices_backward));
+  library.impl("avg_pool2d", TORCH_FN(avg_pool2d));
+  library.impl("avg_pool3d", TORCH_FN(avg_pool3d));
+  library.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));
+  library.impl("avg_pool3d_backward", TORCH_FN(avg_pool3d_backward));
+  library.impl("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d));
+  library.impl("_adaptive_avg_pool3d", TORCH_FN(adaptive_avg_pool3d));
+  library.impl("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward));
+  library.impl("_adaptive_avg_pool3d_backward", TORCH_FN(adaptive_avg_pool3d_backward));
+  library.impl("constant_pad_nd", TORCH_FN(constant_pad_nd));
+  using namespace at::_ops;
+  using M = PadMode;
+  library.impl("reflection_pad1d", TORCH_FN((pad_forward<reflection_pad1d, M::kReflect, 1>)));
+  library.impl("reflection_pad2d", TORCH_FN((pad_forward<reflection_pad2d, M::kReflect, 2>)));
+  library.impl("reflection_pad3d", TORCH_FN((pad_forward<reflection_pad3d, M::kReflect, 3>)));
+  library.impl("replication_pad1d", TORCH_FN((pad_forward<replication_pad1d, M::kReplicate, 1>)));
+  library.impl("replication_pad2d", TORCH_FN((pad_forward<replication_pad2d, M::kReplicate, 2>)));
+  library.impl("replication_pad3d", TORCH_FN((pad_forward<replication_pad3d, M::kReplicate, 3>)));
+  library.impl("reflection_pad1d_backward", TORCH_FN((pad_backward<reflection_pad1d_backward, M::kReflect, 1>)));
+  library.impl("reflection_pad2d_backward", TORCH_FN((pad_backward<reflection_pad2d_backward, M::kReflect, 2>)));
+  library.impl("reflection_pad3d_backward", TORCH_FN((pad_backward<reflection_pad3d_backward, M::kReflect, 3>)));
+  library.impl("replication_pad1d_backward",
+               TORCH_FN((pad_backward<replication_pad1d_backward, M::kReplicate, 1>)));
+  library.impl("replication_pad2d_backward",
+               TORCH_FN((pad_backward<replication_pad2d_backward, M::kReplicate, 2>)));
+  library.impl("replication_pad3d_backward",
+               TORCH_FN((pad_backward<replication_pad3d_backward, M::kReplicate, 3>)));
+}
+
+}  // namespace strata::xla::detail::lowering
