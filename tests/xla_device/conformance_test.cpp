@@ -490,22 +490,160 @@ std::string fallback_names(const strata::xla::Metrics& m) {
 struct Tally {
   int compared = 0;
   std::set<const Gap*> gaps_seen;  ///< known gaps that fell back
+  int64_t compiles = 0;
+  double compile_seconds = 0, execute_seconds = 0;
   std::set<std::string> fallbacks;  ///< of ops sampled while not lowered (full runs)
 };
 
-void compare_sample(const std::string& op, const Sample& sample, c10::ScalarType dtype, Layout layout, bool edges,
-                    bool grad, uint64_t seed, bool lowered, c10::Device dev, Tally& run, const std::string& what);
+/// One way to call a sample: its inputs' dtype and layout, edge values
+/// among them, gradients through it.
+struct Variant {
+  const Sample* sample;
+  c10::ScalarType dtype;
+  Layout layout;
+  bool edges, grad;
+  uint64_t seed;
+};
 
-// One sample in one dtype, layout and edge setting: forward (and backward
-// where asked) on both devices, compared. `lowered`: no fallback allowed.
-void run_sample(const std::string& op, const Sample& sample, c10::ScalarType dtype, Layout layout, bool edges,
-                bool grad, uint64_t seed, bool lowered, c10::Device dev, Tally& run) {
-  const std::string what = op + " [" + sample.what + ", " + c10::toString(dtype) + ", " + to_string(layout) +
-                           (edges ? ", edge values" : "") + (grad ? ", gradients" : "") + ", seed " +
-                           std::to_string(seed) + "]";
+std::string describe(const std::string& op, const Variant& v) {
+  return op + " [" + v.sample->what + ", " + c10::toString(v.dtype) + ", " + to_string(v.layout) +
+         (v.edges ? ", edge values" : "") + (v.grad ? ", gradients" : "") + ", seed " + std::to_string(v.seed) + "]";
+}
+
+/// The known gap (Note [Known gaps]) that covers `v`, if any.
+const Gap* known_gap(const std::string& op, const Variant& v) {
+  const std::vector<std::string> tags = {v.layout == Layout::kTransposed ? "transposed" : "",
+                                         v.layout == Layout::kOffset ? "offset" : "",
+                                         v.dtype == at::kBFloat16 ? "bf16" : "",
+                                         v.edges ? "edge values" : "",
+                                         v.grad ? "gradients" : "",
+                                         v.sample->what.find("empty") != std::string::npos ? "empty" : ""};
+  const Gap* gap = nullptr;
+  for (const Gap& g : kKnownGaps)
+    if (op == g.op && std::find(tags.begin(), tags.end(), g.variant) != tags.end()) gap = &g;
+  return gap;
+}
+
+/// A variant called on both devices (and its backward taken), not yet
+/// compared: the xla side is pending until the step is marked.
+struct Called {
+  std::string what;
+  const Variant* variant;
+  Tensors cpu, xla, want, got;
+};
+
+Called call_variant(const std::string& op, const Variant& v, c10::Device dev) {
+  Called c{describe(op, v), &v};
+  const Sample& sample = *v.sample;
+  auto gen = at::detail::createCPUGenerator(v.seed);
+  for (const auto& shape : sample.shapes) {
+    at::Tensor t = at::randn(shape, gen, at::kFloat);
+    if (sample.domain) t = sample.domain(t);
+    if (v.edges && t.numel() >= 4) {
+      auto flat = t.view({-1});
+      flat[0] = std::numeric_limits<float>::quiet_NaN();
+      flat[1] = std::numeric_limits<float>::infinity();
+      flat[2] = -std::numeric_limits<float>::infinity();
+      flat[3] = -0.0f;
+    }
+    t = t.to(v.dtype);
+    c.cpu.push_back(laid_out(t, v.layout, c10::kCPU));
+    c.xla.push_back(laid_out(t, v.layout, dev));
+  }
+  if (v.grad) {
+    for (auto& t : c.cpu) t = t.detach().requires_grad_();
+    for (auto& t : c.xla) t = t.detach().requires_grad_();
+  }
+  c.want = sample.call(c.cpu);
+  c.got = sample.call(c.xla);
+  if (v.grad) {
+    // A weighted sum of the outputs, so every output element's gradient
+    // differs.
+    Tensors cpu_terms, xla_terms;
+    for (size_t o = 0; o < c.want.size(); ++o) {
+      if (!c.want[o].requires_grad()) continue;
+      at::Tensor w = at::randn(c.want[o].sizes(), gen, at::kFloat).to(c.want[o].scalar_type());
+      cpu_terms.push_back((c.want[o] * w).sum());
+      xla_terms.push_back((c.got[o] * w.to(dev)).sum());
+    }
+    if (!cpu_terms.empty()) {
+      at::stack(cpu_terms).sum().backward();
+      at::stack(xla_terms).sum().backward();
+    }
+  }
+  return c;
+}
+
+/// Compares a called variant's outputs and gradients (after the step ran).
+void compare(const Called& c, Tally& run) {
+  SCOPED_TRACE(c.what);
+  const Variant& v = *c.variant;
+  const double tol = v.dtype == at::kBFloat16 ? std::max(v.sample->tol, kBf16) : v.sample->tol;
+  ASSERT_EQ(c.got.size(), c.want.size());
+  for (size_t o = 0; o < c.want.size(); ++o) EXPECT_TRUE(same(c.got[o], c.want[o], tol)) << "output " << o;
+  if (v.grad) {
+    for (size_t i = 0; i < c.cpu.size(); ++i) {
+      if (!c.cpu[i].grad().defined()) continue;
+      ASSERT_TRUE(c.xla[i].grad().defined()) << "input " << i << " has no gradient on xla";
+      EXPECT_TRUE(same(c.xla[i].grad(), c.cpu[i].grad(), std::max(tol, kSum))) << "gradient of input " << i;
+    }
+  }
+  ++run.compared;
+}
+
+void tally(Tally& run, const strata::xla::Metrics& m) {
+  run.compiles += m.compiles;
+  run.compile_seconds += m.compile_seconds;
+  run.execute_seconds += m.execute_seconds;
+}
+
+/// `variants` of `op` recorded into one step and run as one program, then
+/// compared. Returns false, comparing nothing, when a call threw or the
+/// step fell back without `may_fall_back`: the caller then runs them one
+/// by one to say which.
+bool run_together(const std::string& op, const std::vector<Variant>& variants, bool may_fall_back, c10::Device dev,
+                  Tally& run) {
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  std::vector<Called> called;
+  try {
+    for (const Variant& v : variants) called.push_back(call_variant(op, v, dev));
+    strata::xla::mark_step();
+  } catch (const std::exception&) {
+    strata::xla::mark_step();
+    return false;
+  }
+  const auto m = strata::xla::metrics();
+  tally(run, m);
+  if (!m.fallbacks.empty() && !may_fall_back) return false;
+  if (!m.fallbacks.empty()) std::printf("known gaps of %s: fell back on %s\n", op.c_str(), fallback_names(m).c_str());
+  for (const Called& c : called) compare(c, run);
+  return true;
+}
+
+/// One variant in a step of its own: forward (and backward where asked)
+/// on both devices, compared. `lowered`: no fallback allowed but a known
+/// gap's.
+void run_alone(const std::string& op, const Variant& v, bool lowered, c10::Device dev, Tally& run) {
+  const std::string what = describe(op, v);
   SCOPED_TRACE(what);
   try {
-    compare_sample(op, sample, dtype, layout, edges, grad, seed, lowered, dev, run, what);
+    strata::xla::mark_step();
+    strata::xla::reset_metrics();
+    Called c = call_variant(op, v, dev);
+    strata::xla::mark_step();
+    const auto m = strata::xla::metrics();
+    tally(run, m);
+    const Gap* gap = known_gap(op, v);
+    if (lowered && gap != nullptr && !m.fallbacks.empty()) {
+      run.gaps_seen.insert(gap);
+      std::printf("known gap, %s: fell back on %s\n", what.c_str(), fallback_names(m).c_str());
+    } else if (lowered) {
+      EXPECT_TRUE(m.fallbacks.empty()) << "fell back to the CPU: " << fallback_names(m);
+    } else {
+      for (const auto& [name, n] : m.fallbacks) run.fallbacks.insert(name);
+    }
+    compare(c, run);
   } catch (const std::exception& e) {
     // A crash of the device is a failure of this variant only: the rest run.
     std::string message = e.what();
@@ -514,104 +652,54 @@ void run_sample(const std::string& op, const Sample& sample, c10::ScalarType dty
   }
 }
 
-void compare_sample(const std::string& op, const Sample& sample, c10::ScalarType dtype, Layout layout, bool edges,
-                    bool grad, uint64_t seed, bool lowered, c10::Device dev, Tally& run, const std::string& what) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  Tensors cpu, xla;
-  for (const auto& shape : sample.shapes) {
-    at::Tensor t = at::randn(shape, gen, at::kFloat);
-    if (sample.domain) t = sample.domain(t);
-    if (edges && t.numel() >= 4) {
-      auto flat = t.view({-1});
-      flat[0] = std::numeric_limits<float>::quiet_NaN();
-      flat[1] = std::numeric_limits<float>::infinity();
-      flat[2] = -std::numeric_limits<float>::infinity();
-      flat[3] = -0.0f;
-    }
-    t = t.to(dtype);
-    cpu.push_back(laid_out(t, layout, c10::kCPU));
-    xla.push_back(laid_out(t, layout, dev));
-  }
-  if (grad) {
-    for (auto& t : cpu) t = t.detach().requires_grad_();
-    for (auto& t : xla) t = t.detach().requires_grad_();
-  }
-  strata::xla::mark_step();
-  strata::xla::reset_metrics();
-  Tensors want = sample.call(cpu), got = sample.call(xla);
-  if (grad) {
-    // A weighted sum of the outputs, so every output element's gradient
-    // differs.
-    Tensors cpu_terms, xla_terms;
-    for (size_t o = 0; o < want.size(); ++o) {
-      if (!want[o].requires_grad()) continue;
-      at::Tensor w = at::randn(want[o].sizes(), gen, at::kFloat).to(want[o].scalar_type());
-      cpu_terms.push_back((want[o] * w).sum());
-      xla_terms.push_back((got[o] * w.to(dev)).sum());
-    }
-    if (!cpu_terms.empty()) {
-      at::stack(cpu_terms).sum().backward();
-      at::stack(xla_terms).sum().backward();
-    }
-  }
-  strata::xla::mark_step();
-  const auto m = strata::xla::metrics();
-  const std::vector<std::string> variant = {layout == Layout::kTransposed ? "transposed" : "",
-                                            layout == Layout::kOffset ? "offset" : "",
-                                            dtype == at::kBFloat16 ? "bf16" : "",
-                                            edges ? "edge values" : "",
-                                            grad ? "gradients" : "",
-                                            sample.what.find("empty") != std::string::npos ? "empty" : ""};
-  const Gap* gap = nullptr;
-  for (const Gap& g : kKnownGaps)
-    if (op == g.op && std::find(variant.begin(), variant.end(), g.variant) != variant.end()) gap = &g;
-  if (lowered && gap != nullptr && !m.fallbacks.empty()) {
-    run.gaps_seen.insert(gap);
-    std::printf("known gap, %s: fell back on %s\n", what.c_str(), fallback_names(m).c_str());
-  } else if (lowered) {
-    EXPECT_TRUE(m.fallbacks.empty()) << "fell back to the CPU: " << fallback_names(m);
-  } else {
-    for (const auto& [name, n] : m.fallbacks) run.fallbacks.insert(name);
-  }
-  const double tol = dtype == at::kBFloat16 ? std::max(sample.tol, kBf16) : sample.tol;
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t o = 0; o < want.size(); ++o) EXPECT_TRUE(same(got[o], want[o], tol)) << "output " << o;
-  if (grad) {
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      if (!cpu[i].grad().defined()) continue;
-      ASSERT_TRUE(xla[i].grad().defined()) << "input " << i << " has no gradient on xla";
-      EXPECT_TRUE(same(xla[i].grad(), cpu[i].grad(), std::max(tol, kSum))) << "gradient of input " << i;
-    }
-  }
-  ++run.compared;
-}
-
 bool full_run() {
   const char* mode = std::getenv("STRATA_XLA_CONFORMANCE");
   return mode != nullptr && std::string(mode) == "full";
 }
 
-void run_op(const std::string& op, const std::vector<Sample>& op_samples, const std::vector<uint64_t>& seeds,
-            bool lowered, c10::Device dev, Tally& run) {
-  for (const Sample& sample : op_samples) {
-    for (uint64_t seed : seeds) {
-      for (auto dtype : {at::kFloat, at::kBFloat16}) {
-        if (dtype == at::kBFloat16 && !sample.bf16) continue;
-        for (Layout layout : {Layout::kContiguous, Layout::kTransposed, Layout::kOffset}) {
-          // The CI-sized run: bf16, edge values and gradients contiguous
-          // only, the layouts in f32.
-          if (layout != Layout::kContiguous && !sample.strided) continue;
-          const bool all = full_run() || layout == Layout::kContiguous;
-          if (dtype != at::kFloat && !all) continue;
-          run_sample(op, sample, dtype, layout, false, false, seed, lowered, dev, run);
-          if (sample.edges && dtype == at::kFloat && all)
-            run_sample(op, sample, dtype, layout, true, false, seed, lowered, dev, run);
-          if (sample.grad && dtype == at::kFloat && layout != Layout::kOffset && all)
-            run_sample(op, sample, dtype, layout, false, true, seed, lowered, dev, run);
-        }
+/// The variants of `sample` a run takes. The CI-sized run: bf16, edge
+/// values and gradients contiguous only, the layouts in f32.
+std::vector<Variant> variants_of(const Sample& sample, const std::vector<uint64_t>& seeds) {
+  std::vector<Variant> out;
+  for (uint64_t seed : seeds) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      if (dtype == at::kBFloat16 && !sample.bf16) continue;
+      for (Layout layout : {Layout::kContiguous, Layout::kTransposed, Layout::kOffset}) {
+        if (layout != Layout::kContiguous && !sample.strided) continue;
+        const bool all = full_run() || layout == Layout::kContiguous;
+        if (dtype != at::kFloat && !all) continue;
+        out.push_back({&sample, dtype, layout, false, false, seed});
+        if (sample.edges && dtype == at::kFloat && all) out.push_back({&sample, dtype, layout, true, false, seed});
+        if (sample.grad && dtype == at::kFloat && layout != Layout::kOffset && all)
+          out.push_back({&sample, dtype, layout, false, true, seed});
       }
     }
   }
+  return out;
+}
+
+// Note [One program per op]
+// Compiling a program takes about 0.1 s on the CPU plugin, so the CI-sized
+// run records every variant of a lowered op that no known gap covers into
+// one step, and runs them one by one (to say which fell back or threw)
+// only when that step did not stay on the device; the variants known gaps
+// cover make a second step, which may fall back. The full run takes every
+// variant alone, so each known gap is checked to still fall back.
+void run_op(const std::string& op, const std::vector<Sample>& op_samples, const std::vector<uint64_t>& seeds,
+            bool lowered, c10::Device dev, Tally& run) {
+  std::vector<Variant> together, gaps, alone;
+  for (const Sample& sample : op_samples)
+    for (const Variant& v : variants_of(sample, seeds)) {
+      if (!lowered || full_run())
+        alone.push_back(v);
+      else
+        (known_gap(op, v) == nullptr ? together : gaps).push_back(v);
+    }
+  if (!together.empty() && !run_together(op, together, /*may_fall_back=*/false, dev, run))
+    alone.insert(alone.end(), together.begin(), together.end());
+  if (!gaps.empty() && !run_together(op, gaps, /*may_fall_back=*/true, dev, run))
+    alone.insert(alone.end(), gaps.begin(), gaps.end());
+  for (const Variant& v : alone) run_alone(op, v, lowered, dev, run);
 }
 
 class CoreOpConformanceTest : public strata::testing::XlaDeviceFixture {};
@@ -639,7 +727,8 @@ TEST_F(CoreOpConformanceTest, LoweredCoreOpsMatchLibTorchsCpuKernels) {
     lowered += is_lowered;
     run_op(op.name, it->second, seeds, is_lowered, device_, run);
   }
-  std::printf("%d lowered core ops, %d comparisons\n", lowered, run.compared);
+  std::printf("%d lowered core ops, %d comparisons; %lld programs compiled in %.1f s, run in %.1f s\n", lowered,
+              run.compared, static_cast<long long>(run.compiles), run.compile_seconds, run.execute_seconds);
   for (const Gap& g : kKnownGaps)
     if (full_run())
       EXPECT_TRUE(run.gaps_seen.count(&g))
