@@ -351,15 +351,16 @@ TEST(AnyModelFSDPTest, AViewKeptAfterItsValuesAreGoneIsAnError) {
 }
 
 TEST(AnyModelFSDPTest, AParameterReadAfterTeardownIsAnErrorNotACrash) {
-  std::shared_ptr<NetImpl> model = make_net("lstm");
+  std::shared_ptr<NetImpl> model = make_net("list");
   {
-    auto strategy = one_rank(options_for("lstm", false));
+    auto strategy = one_rank(options_for("list", false));
     strategy->setup_module(model);
     strategy->teardown();
   }
-  auto lstm = std::dynamic_pointer_cast<LstmNet>(model)->lstm;
-  std::string what = error_message<strata::ConfigError>([&] { lstm->forward(at::randn({1, 2, kDim})); });
-  EXPECT_TRUE(contains(what, "[fsdp] an operator used parameter 'lstm.") &&
+  Block block = std::dynamic_pointer_cast<ListNet>(model)->layers->ptr<BlockImpl>(0);
+  EXPECT_EQ(block->fc->weight.sizes(), at::IntArrayRef({kDim, kDim}));
+  std::string what = error_message<strata::ConfigError>([&] { block->forward(at::randn({1, kDim})); });
+  EXPECT_TRUE(contains(what, "[fsdp] an operator used parameter 'layers.0.") &&
               contains(what, "after its FSDP strategy was torn down")) << what;
 }
 
