@@ -3,7 +3,7 @@
 // LibTorch's own layers (the root included) trains on 2 ranks as it does
 // in one process, under several wrap policies and with activation
 // checkpointing; parameter names stay what they were; and a unit called
-// through its typed forward fails with an error that says how to opt in.
+// through its typed forward is gathered on the first use of its parameters.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -255,15 +255,22 @@ std::shared_ptr<FSDPStrategy> one_rank(FSDPOptions options) {
   return std::make_shared<FSDPStrategy>(strata::strategies::cpu_accelerator(), std::nullopt, std::move(options));
 }
 
-TEST(AnyLayerUnitsTest, AUnitCalledThroughItsTypedForwardIsAnErrorThatSaysHowToOptIn) {
-  auto strategy = one_rank(FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Linear"}));
+TEST(AnyLayerUnitsTest, AUnitCalledThroughItsTypedForwardIsGatheredOnFirstUse) {
+  at::manual_seed(5);
   TypedNet model;
+  at::Tensor x = at::randn({2, 4});
+  at::Tensor expected = model->forward(x).detach();
+  auto strategy = one_rank(FSDPOptions().with_auto_wrap_policy(ModuleTypes{"Linear"}));
   strategy->setup_module(model.ptr());
-  std::string what = error_message<strata::ConfigError>([&] { model->forward(at::randn({2, 4})); });
-  EXPECT_TRUE(contains(what, "units whose forward had not started: 'fc1' (torch::nn::LinearImpl), 'fc2' "
-                             "(torch::nn::LinearImpl)")) << what;
-  EXPECT_TRUE(contains(what, "opt in where the model calls it, with strata::call(fc1, x) instead of fc1->forward(x)"))
-      << what;
+  at::Tensor got = model->forward(x);
+  EXPECT_TRUE(at::allclose(got, expected)) << got << expected;
+  // fc2 started after fc1, so fc1 was freed (Note [Free when the next unit
+  // starts]); fc2 stays gathered for the backward.
+  EXPECT_EQ(model->fc1->weight.storage().nbytes(), 0u);
+  EXPECT_GT(model->fc2->weight.storage().nbytes(), 0u);
+  strategy->backward(got.sum());
+  EXPECT_TRUE(model->named_parameters()["fc1.weight"].grad().defined());
+  EXPECT_EQ(model->fc2->weight.storage().nbytes(), 0u) << "sharded again after the step";
   strategy->teardown();
 }
 

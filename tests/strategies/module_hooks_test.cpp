@@ -5,7 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/rnn.h>
 
 #include <memory>
 #include <tuple>
@@ -92,6 +94,36 @@ TEST(ModuleHooksTest, VariadicHookedForwardRunsEveryTensorThroughTheHooks) {
   auto [plain_sum, plain_product] = pair.forward(at::full({2}, 3.0), at::full({2}, 4.0));
   EXPECT_TRUE(plain_sum.equal(at::full({2}, 7.0)));
   EXPECT_EQ(hooks->calls, 1);
+}
+
+// LibTorch's modules whose forward returns a tuple, nested for the LSTM:
+// strata::call compiles for them and returns what forward returns, every
+// tensor of it through the hooks.
+TEST(ModuleHooksTest, CallTakesModulesThatReturnTuplesNestedOrNot) {
+  at::manual_seed(2);
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(3, 4).batch_first(true));
+  torch::nn::GRU gru(torch::nn::GRUOptions(3, 4).batch_first(true));
+  torch::nn::MultiheadAttention attention(4, 2);
+  at::Tensor x = at::randn({2, 5, 3}), q = at::randn({5, 2, 4});
+  auto lstm_plain = lstm->forward(x);
+  auto gru_plain = gru->forward(x);
+  auto attention_plain = attention->forward(q, q, q);
+  auto hooks = std::make_shared<Doubling>();
+  strata::set_forward_hooks(*lstm, hooks);
+  strata::set_forward_hooks(*gru, hooks);
+  strata::set_forward_hooks(*attention, hooks);
+
+  std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>> lstm_out = strata::call(lstm, x);
+  EXPECT_TRUE(at::allclose(std::get<0>(lstm_out), std::get<0>(lstm_plain) * 2));
+  EXPECT_TRUE(at::allclose(std::get<0>(std::get<1>(lstm_out)), std::get<0>(std::get<1>(lstm_plain)) * 2));
+  EXPECT_TRUE(at::allclose(std::get<1>(std::get<1>(lstm_out)), std::get<1>(std::get<1>(lstm_plain)) * 2));
+  std::tuple<at::Tensor, at::Tensor> gru_out = strata::call(gru, x);
+  EXPECT_TRUE(at::allclose(std::get<1>(gru_out), std::get<1>(gru_plain) * 2));
+  std::tuple<at::Tensor, at::Tensor> attention_out = strata::call(attention, q, q, q);
+  EXPECT_TRUE(at::allclose(std::get<0>(attention_out), std::get<0>(attention_plain) * 2));
+  EXPECT_TRUE(at::allclose(std::get<1>(attention_out), std::get<1>(attention_plain) * 2));
+  EXPECT_EQ(hooks->calls, 3);
+  EXPECT_EQ(hooks->inputs_seen, 5u);
 }
 
 TEST(RecomputeTest, SeveralInputsAndOutputsGetThePlainGradients) {
