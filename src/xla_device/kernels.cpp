@@ -17,6 +17,7 @@
 #include <ATen/ops/_copy_from_and_resize_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
@@ -68,6 +69,12 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
 }
 
 at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+// A view of windows along a dim (repeat is made of it): LibTorch's kernel
+// is as_strided arithmetic, device-independent.
+at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
+  return at::native::unfold(self, dimension, size, step);
+}
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
@@ -255,6 +262,7 @@ void register_kernels() {
   kernels->impl("empty_strided", TORCH_FN(empty_strided));
   kernels->impl("as_strided", TORCH_FN(as_strided));
   kernels->impl("view", TORCH_FN(view));
+  kernels->impl("unfold", TORCH_FN(unfold));
   kernels->impl("_reshape_alias", TORCH_FN(reshape_alias));
   kernels->impl("resize_", TORCH_FN(resize_xla));
   kernels->impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));

@@ -1,5 +1,6 @@
 // Lowered kernels of the activations and their backwards: sigmoid, tanh,
-// rsqrt, silu, leaky_relu, hardtanh, elu, softplus and mish, and where
+// rsqrt, silu, leaky_relu, hardtanh, elu, softplus and mish; exp, sgn and
+// where
 // (Note [What is lowered] in lowerings.cpp). Each follows the formula of
 // LibTorch's CPU kernel (aten/src/ATen/native/cpu/Activation.cpp,
 // UnaryOpsKernel.cpp, BinaryOpsKernel.cpp), computed in f32 for bf16 and
@@ -11,6 +12,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/exp.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/result_type.h>
 #include <ATen/ops/elu.h>
@@ -22,6 +24,7 @@
 #include <ATen/ops/mish.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/sigmoid.h>
+#include <ATen/ops/sgn.h>
 #include <ATen/ops/sigmoid_backward.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/silu_backward.h>
@@ -114,6 +117,25 @@ at::Tensor& rsqrt_out(const at::Tensor& self, at::Tensor& out) {
                     });
   };
   STRATA_LOWER("aten::rsqrt.out", rsqrt_out, self, out);
+}
+
+// -1, 0 or 1 by the sign of x (0 for +-0, NaN for NaN): abs's gradient.
+at::Tensor& sgn_out(const at::Tensor& self, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    if (self.is_complex()) throw NotLowered{};
+    const Result res = result_of([&] { return at::sgn(meta(self)); }, &out);
+    if (res.dtype == ElementType::kPred) throw NotLowered{};
+    r.write(out, r.unary("sign", r.operand(self, res.dtype, res.dims), &shlo::Function::sign));
+  };
+  STRATA_LOWER("aten::sgn.out", sgn_out, self, out);
+}
+
+at::Tensor& exp_out(const at::Tensor& self, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    lower_pointwise(r, [&] { return at::exp(meta(self)); }, {&self}, out,
+                    [](Recorder& r, const std::vector<NodePtr>& x) { return exp(r, x[0]); });
+  };
+  STRATA_LOWER("aten::exp.out", exp_out, self, out);
 }
 
 // x / (1 + exp(-x)).
@@ -327,6 +349,8 @@ void register_activation(torch::Library& library) {
   library.impl("tanh.out", TORCH_FN(tanh_out));
   library.impl("tanh_backward.grad_input", TORCH_FN(tanh_backward_out));
   library.impl("rsqrt.out", TORCH_FN(rsqrt_out));
+  library.impl("sgn.out", TORCH_FN(sgn_out));
+  library.impl("exp.out", TORCH_FN(exp_out));
   library.impl("silu.out", TORCH_FN(silu_out));
   library.impl("silu_backward.grad_input", TORCH_FN(silu_backward_out));
   library.impl("leaky_relu.out", TORCH_FN(leaky_relu_out));

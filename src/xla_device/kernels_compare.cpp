@@ -1,11 +1,16 @@
 // Lowered kernels of the comparisons (eq, ne, lt, le, gt, ge against a
-// tensor or a Scalar), logical_not, and the logical reductions all and any
+// tensor or a Scalar), isnan, isneginf, logical_not, bitwise_not, and the
+// logical reductions all and any
 // (Note [What is lowered] in lowerings.cpp): what attention masks are made
 // of (scaled_dot_product_attention's math form compares its scores with
 // -inf and asks whether a row is all masked). Operands are compared in
 // their promoted dtype (at::result_type), as TensorIterator does; a float
 // NaN compares unequal to everything, as in IEEE and LibTorch.
 #include <ATen/ops/all.h>
+#include <ATen/ops/bitwise_not.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/isneginf.h>
 #include <ATen/ops/any.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/ge.h>
@@ -15,6 +20,8 @@
 #include <ATen/ops/lt.h>
 #include <ATen/ops/ne.h>
 #include <ATen/ops/result_type.h>
+
+#include <limits>
 
 #include "lowering.h"
 
@@ -62,6 +69,44 @@ at::Tensor& logical_not_out(const at::Tensor& self, at::Tensor& out) {
     r.write(out, r.compare(x, r.splat(0.0, x->type().dtype, x->type().dims), Direction::kEQ));
   };
   STRATA_LOWER("aten::logical_not.out", logical_not_out, self, out);
+}
+
+// x != x: true where x is NaN (false for integers).
+at::Tensor isnan(const at::Tensor& self) {
+  try {
+    Recorder r("aten::isnan");
+    NodePtr x = r.tensor(self);
+    at::Tensor out = at::empty(self.sizes(), self.options().dtype(at::kBool));
+    r.write(out, r.compare(x, x, Direction::kNE));
+    return out;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::isnan>::call(self);
+}
+
+// x == -inf (false for integers).
+at::Tensor& isneginf_out(const at::Tensor& self, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    NodePtr x = r.tensor(self);
+    const ElementType t = x->type().dtype;
+    if (!is_floating(t)) {
+      r.write(out, r.splat(0.0, ElementType::kPred, x->type().dims));
+      return;
+    }
+    r.write(out, r.compare(x, r.splat(-std::numeric_limits<double>::infinity(), t, x->type().dims), Direction::kEQ));
+  };
+  STRATA_LOWER("aten::isneginf.out", isneginf_out, self, out);
+}
+
+// Logical not of a bool, bitwise not of an integer.
+at::Tensor& bitwise_not_out(const at::Tensor& self, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    if (out.scalar_type() != self.scalar_type()) throw NotLowered{};
+    NodePtr x = r.tensor(self);
+    if (is_floating(x->type().dtype)) throw NotLowered{};  // LibTorch's own error
+    r.write(out, r.unary("not", x, &shlo::Function::logical_not));
+  };
+  STRATA_LOWER("aten::bitwise_not.out", bitwise_not_out, self, out);
 }
 
 // Whether all (any) elements over `dims` are nonzero: the truth values as
@@ -135,6 +180,9 @@ void register_compare(torch::Library& library) {
   library.impl("ge.Tensor_out", TORCH_FN(ge_tensor_out));
   library.impl("ge.Scalar_out", TORCH_FN(ge_scalar_out));
   library.impl("logical_not.out", TORCH_FN(logical_not_out));
+  library.impl("isnan", TORCH_FN(isnan));
+  library.impl("isneginf.out", TORCH_FN(isneginf_out));
+  library.impl("bitwise_not.out", TORCH_FN(bitwise_not_out));
   library.impl("all.out", TORCH_FN(all_out));
   library.impl("all.dims_out", TORCH_FN(all_dims_out));
   library.impl("all.all_out", TORCH_FN(all_all_out));

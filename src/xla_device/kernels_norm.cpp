@@ -1,7 +1,7 @@
 // Lowered kernels of batch norm (training, with the running statistics
-// updated in place, and evaluation) and its backward, and of group norm's
-// backward (its forward is LibTorch's composite over batch norm; instance
-// norm is batch norm of a reshaped input): Note [What is lowered] in
+// updated in place, and evaluation) and its backward, of group norm's
+// backward and var_mean (group norm's forward is LibTorch's composite over
+// var_mean; instance norm is batch norm of a reshaped input): Note [What is lowered] in
 // lowerings.cpp. The formulas are those of LibTorch's CPU kernels
 // (aten/src/ATen/native/Normalization.cpp, cpu/batch_norm_kernel.cpp,
 // cpu/group_norm_kernel.cpp), in f32 for bf16 and f16 inputs (Note [bf16
@@ -10,7 +10,9 @@
 #include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/native_batch_norm_backward.h>
 #include <ATen/ops/native_group_norm_backward.h>
+#include <ATen/ops/var_mean.h>
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <tuple>
@@ -246,9 +248,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
       grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask);
 }
 
+// (var, mean) over `dim` (all dims when absent): the mean of x, and the
+// sum of (x - mean)^2 over n - correction (1 when not given), as group
+// norm's composite asks for them.
+std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& self, at::OptionalIntArrayRef dim,
+                                            const std::optional<at::Scalar>& correction, bool keepdim) {
+  try {
+    Recorder r("aten::var_mean.correction");
+    const ElementType stored = element_type(self.scalar_type()), t = opmath(stored);
+    if ((t != ElementType::kF32 && t != ElementType::kF64) || self.numel() == 0) throw NotLowered{};
+    const std::vector<int64_t> over = reduced_dims(self, dim), dims = vec(self.sizes());
+    int64_t n = 1;
+    for (int64_t d : over) n *= self.size(d);
+    const double c = correction.has_value() ? correction->toDouble() : 1.0;
+    if (static_cast<double>(n) - c <= 0) throw NotLowered{};  // LibTorch's inf or NaN: the fallback gives it
+    std::vector<int64_t> out_dims;
+    for (int64_t d = 0; d < self.dim(); ++d) {
+      if (!std::binary_search(over.begin(), over.end(), d)) out_dims.push_back(self.size(d));
+      else if (keepdim) out_dims.push_back(1);
+    }
+    NodePtr x = r.convert(r.tensor(self), t);
+    NodePtr mean = times(r, 1.0 / static_cast<double>(n), r.sum(x, over));
+    NodePtr centred = sub(r, x, r.expand_back(mean, dims, over));
+    NodePtr var = times(r, 1.0 / (static_cast<double>(n) - c), r.sum(mul(r, centred, centred), over));
+    at::Tensor out_var = at::empty(out_dims, self.options()), out_mean = at::empty(out_dims, self.options());
+    r.write(out_var, r.reshape(var, out_dims));
+    r.write(out_mean, r.reshape(mean, out_dims));
+    return {out_var, out_mean};
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::var_mean_correction>::call(self, dim, correction,
+                                                                                          keepdim);
+}
+
 }  // namespace
 
 void register_norm(torch::Library& library) {
+  library.impl("var_mean.correction", TORCH_FN(var_mean));
   library.impl("native_batch_norm", TORCH_FN(native_batch_norm));
   library.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
   library.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));

@@ -35,10 +35,12 @@ class XlaActivationTest : public strata::testing::XlaDeviceFixture {};
 // compute in f32 and round once, as LibTorch does: where the two f32
 // results straddle a rounding boundary they differ by one ulp of the
 // result's dtype (2^-8 and 2^-11 relative; up to 2^-7 and 2^-10 of the
-// largest value).
+// largest value). mish's gradient is LibTorch's composite on xla (each of
+// its f16 ops rounds) and one fused f32 kernel on the CPU: a few f16 ulps
+// (1/256 of the largest value).
 double tolerance(at::ScalarType t) {
   if (t == at::kBFloat16) return 1.0 / 128;
-  if (t == at::kHalf) return 1.0 / 1024;
+  if (t == at::kHalf) return 1.0 / 256;
   return 4e-6;
 }
 
@@ -69,7 +71,8 @@ TEST_F(XlaActivationTest, ActivationsAndTheirGradientsMatchTheCpuInEveryFloatTyp
   const at::Tensor base = torch::randn({5, 7}) * 2, grad = torch::randn({7, 5});
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     for (const Activation& a : activations) {
-      const at::Tensor x = base.to(dtype).requires_grad_(), g = grad.to(dtype);
+      // A leaf of its own each time (to() of the same dtype returns base).
+      const at::Tensor x = base.to(dtype).clone().requires_grad_(), g = grad.to(dtype);
       const at::Tensor xx = x.detach().to(device_).requires_grad_(), xg = g.to(device_);
       strata::xla::mark_step();
       strata::xla::reset_metrics();

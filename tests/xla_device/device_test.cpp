@@ -191,7 +191,7 @@ TEST_F(XlaDeviceTest, ManualSeedMakesRandomOpsReproducibleWithoutTouchingTheCpuS
 }
 
 TEST_F(XlaDeviceTest, FallbackCountsEachOpByNameAndMatchesTheCpuBitwise) {
-  // exp and digamma have no lowering: they run LibTorch's CPU kernels, so the
+  // lgamma and digamma have no lowering: they run LibTorch's CPU kernels, so the
   // results are the CPU's bit for bit, also after a lowered op whose
   // pending value the fallback syncs first.
   const at::Tensor a_cpu = torch::randn({3, 3});
@@ -199,34 +199,34 @@ TEST_F(XlaDeviceTest, FallbackCountsEachOpByNameAndMatchesTheCpuBitwise) {
   at::Tensor a = a_cpu.to(device_);
   at::Tensor b = b_cpu.to(device_);
   strata::xla::reset_metrics();
-  at::Tensor c = torch::exp(a);
+  at::Tensor c = torch::lgamma(a);
   c = torch::digamma(c);
-  at::Tensor d = torch::exp(b.neg());  // neg is lowered: pending when exp falls back
+  at::Tensor d = torch::lgamma(b.neg());  // neg is lowered: pending when lgamma falls back
   const auto m = metrics();
   // Structured ops arrive as their out= kernels.
-  EXPECT_EQ(m.fallbacks.at("aten::exp.out"), 2);
+  EXPECT_EQ(m.fallbacks.at("aten::lgamma.out"), 2);
   EXPECT_EQ(m.fallbacks.at("aten::digamma.out"), 1);
   EXPECT_EQ(m.fallback_calls(), 3);
   EXPECT_EQ(m.lowered.at("aten::neg.out"), 1);
   EXPECT_EQ(m.executions, 1) << "the fallback ran the pending neg first";
-  EXPECT_TRUE(same_bits(c.cpu(), torch::digamma(torch::exp(a_cpu))));
-  EXPECT_TRUE(same_bits(d.cpu(), torch::exp(b_cpu.neg())));
+  EXPECT_TRUE(same_bits(c.cpu(), torch::digamma(torch::lgamma(a_cpu))));
+  EXPECT_TRUE(same_bits(d.cpu(), torch::lgamma(b_cpu.neg())));
 }
 
 TEST_F(XlaDeviceTest, FallbackErrorModeRefusesNamingTheOp) {
   at::Tensor a = torch::randn({4}).to(device_);
   ScopedEnv mode("STRATA_XLA_FALLBACK", "error");
   try {
-    (void)torch::exp(a);
+    (void)torch::lgamma(a);
     FAIL() << "expected the fallback to be refused";
   } catch (const strata::xla::XlaError& e) {
-    EXPECT_NE(std::string(e.what()).find("[xla] aten::exp.out has no lowering"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[xla] aten::lgamma.out has no lowering"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("STRATA_XLA_FALLBACK"), std::string::npos) << e.what();
   }
   // Transfers and views are no fallback: they still work.
   EXPECT_TRUE(same_bits(a.view({2, 2}).cpu(), a.cpu().view({2, 2})));
   ScopedEnv bad("STRATA_XLA_FALLBACK", "sometimes");
-  EXPECT_THROW((void)torch::exp(a), strata::ConfigError);
+  EXPECT_THROW((void)torch::lgamma(a), strata::ConfigError);
 }
 
 TEST(XlaPluginTest, AMissingPluginPathIsNamed) {

@@ -105,7 +105,7 @@ TEST_F(XlaLossTest, LossesAndTheirGradientsMatchTheCpu) {
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (const Case& c : cases) {
       const bool integer_target = !c.target.is_floating_point();
-      const at::Tensor input = c.input.to(dtype).requires_grad_();
+      const at::Tensor input = c.input.to(dtype).clone().requires_grad_();  // a leaf of its own
       const at::Tensor target = integer_target ? c.target : c.target.to(dtype);
       const at::Tensor xinput = input.detach().to(device_).requires_grad_(), xtarget = on(target);
       // bf16 losses take f32 weights on neither side: the weights follow.

@@ -51,9 +51,10 @@ double tolerance(at::ScalarType t) {
 // the CPU and on xla (a copy of the same module), with its buffers after.
 void expect_like_the_cpu(const std::string& what, torch::nn::AnyModule cpu, at::ScalarType dtype,
                          const at::Tensor& input, const c10::Device& device) {
+  cpu.ptr()->zero_grad();  // the gradients of an earlier call go; clone() does not copy them
   torch::nn::AnyModule xla = cpu.clone();
   xla.ptr()->to(device);
-  const at::Tensor x = input.to(dtype).requires_grad_();
+  const at::Tensor x = input.to(dtype).clone().requires_grad_();
   const at::Tensor xx = x.detach().to(device).requires_grad_();
   strata::xla::mark_step();
   strata::xla::reset_metrics();
