@@ -166,7 +166,28 @@ at::Tensor& any_all_out(const at::Tensor& self, at::Tensor& out) {
 
 }  // namespace
 
+// Note [equal on the device]
+// equal answers on the host, so it reads its result back: one program runs
+// (every pending write first) and `eq(...).all()` comes back. One case
+// needs no read: a tensor compared with itself (the same storage, offset,
+// sizes and strides), which LibTorch's MultiheadAttention does in every
+// forward to detect self-attention (torch::equal(query, key)); it is true
+// without running the step. LibTorch's CPU kernel also answers false there
+// when the tensor holds a NaN, which the device does not look for.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "[xla] equal got tensors on ", self.device(), " and ",
+              other.device(), "; move both to one device first");
+  TORCH_CHECK(self.scalar_type() == other.scalar_type(), "[xla] equal got tensors of dtype ", self.scalar_type(),
+              " and ", other.scalar_type(), "; convert one first");
+  if (!self.is_same_size(other)) return false;
+  if (self.numel() == 0) return true;
+  if (self.is_alias_of(other) && self.storage_offset() == other.storage_offset() && self.strides() == other.strides())
+    return true;
+  return at::eq(self, other).all().item<bool>();
+}
+
 void register_compare(torch::Library& library) {
+  library.impl("equal", TORCH_FN(equal));
   library.impl("eq.Tensor_out", TORCH_FN(eq_tensor_out));
   library.impl("eq.Scalar_out", TORCH_FN(eq_scalar_out));
   library.impl("ne.Tensor_out", TORCH_FN(ne_tensor_out));

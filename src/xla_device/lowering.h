@@ -226,8 +226,9 @@ class Recorder {
   // offset included) is a sub-box of it: a slice, a reshape and a
   // transpose. qkv.split(...) and the head transposes of attention are
   // such views; dims of stride 0 (expand) are broadcast afterwards. Any
-  // other layout takes the fallback. Writes into such a view are the same
-  // box with the sub-box replaced (Note [Writes into a view]).
+  // other layout is read by a gather (Note [Any strided view]). Writes
+  // into such a view are the same box with the sub-box replaced (Note
+  // [Writes into a view]).
   struct Box {
     std::vector<int64_t> laid;      // the dims that move, outermost first
     std::vector<int64_t> original;  // the same dims in the tensor's order
@@ -272,6 +273,36 @@ class Recorder {
     return true;
   }
 
+  // Note [Any strided view]
+  // A view whose strides do not nest (a slice of a transposed gradient
+  // viewed again, as the gradient of a patch embedding's
+  // flatten(2).transpose(1, 2) followed by a cat is) is read element by
+  // element: each element's storage index, offset + sum of index times
+  // stride over the dims, is computed from iotas in the program, and one
+  // gather takes those elements from the storage's flat value. Negative
+  // strides still take the fallback.
+  NodePtr gathered(const at::Tensor& t, const NodePtr& base) {
+    const int64_t n = base->type().dims.at(0);
+    const std::vector<int64_t> dims = vec(t.sizes());
+    int64_t last = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.stride(d) < 0) throw NotLowered{};
+      last += (t.size(d) - 1) * t.stride(d);
+    }
+    if (last >= n) throw NotLowered{};
+    const ElementType index_type = n < (int64_t{1} << 31) ? ElementType::kS32 : ElementType::kS64;
+    NodePtr index = splat(static_cast<double>(t.storage_offset()), index_type, dims);
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.size(d) == 1 || t.stride(d) == 0) continue;
+      NodePtr step = iota(index_type, dims, d);
+      if (t.stride(d) != 1)
+        step = binary(Binary::kMultiply, step, splat(static_cast<double>(t.stride(d)), index_type, dims));
+      index = binary(Binary::kAdd, index, step);
+    }
+    return op("take_rows", {base, index}, {base->type().dtype, dims},
+              [](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.take_rows(in[0], in[1], 0); });
+  }
+
   // The value of an xla tensor, of its own shape and dtype.
   NodePtr tensor(const at::Tensor& t) {
     if (t.defined() && t.device().type() != kXla && t.numel() > 0) throw_other_device(op_, t);
@@ -289,7 +320,7 @@ class Recorder {
       return reshape(slice(base, {offset}, {offset + t.numel()}), vec(t.sizes()));
     }
     Box b;
-    if (!box_of(t, b) || b.used > n) throw NotLowered{};
+    if (!box_of(t, b) || b.used > n) return gathered(t, base);
     NodePtr box = reshape(slice(base, {0}, {b.used}), b.extents);
     std::vector<int64_t> laid_sizes, perm;
     for (int64_t d : b.laid) laid_sizes.push_back(t.size(d));

@@ -353,3 +353,41 @@ TEST_F(XlaConvPoolTest, ASmallConvNetTrainsLikeTheCpuInOneProgramAStep) {
 
 }  // namespace
 }  // namespace strata::testing
+
+namespace strata::testing {
+namespace {
+
+// A ViT's patch embedding: the gradient reaching the convolution is a
+// slice (the cat with the class token) of a transposed gradient viewed
+// again, whose strides do not nest (Note [Any strided view]); and
+// MultiheadAttention's torch::equal(query, key) on one tensor, which needs
+// no program (Note [equal on the device]).
+TEST_F(XlaConvPoolTest, APatchEmbeddingBehindACatTrainsWithoutFallbackAndEqualOfATensorWithItselfRunsNothing) {
+  torch::manual_seed(3);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  const at::Tensor image = torch::randn({2, 3, 8, 8}), weight = torch::randn({16, 3, 4, 4});
+  const at::Tensor cls = torch::randn({2, 1, 16}), probe = torch::randn({2, 5, 16});
+  auto run = [&](c10::Device device) {
+    at::Tensor w = weight.detach().to(device).requires_grad_();
+    at::Tensor patches = at::conv2d(image.to(device), w, {}, 4).flatten(2).transpose(1, 2);
+    at::Tensor tokens = at::cat({cls.to(device), patches}, 1);
+    (tokens * probe.to(device)).sum().backward();
+    return w.grad().cpu();
+  };
+  const at::Tensor want = run(c10::kCPU), got = run(device_);
+  expect_no_fallback();
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << (got - want).abs().max();
+
+  const at::Tensor h = torch::randn({3, 4}).to(device_) * 2;
+  const int64_t executions = metrics().executions;
+  EXPECT_TRUE(at::equal(h, h));
+  EXPECT_EQ(metrics().executions, executions) << "equal of a tensor with itself ran the step";
+  EXPECT_FALSE(at::equal(h, h + 1));
+  EXPECT_TRUE(at::equal(h, h.clone()));
+  EXPECT_FALSE(at::equal(h, h.t().contiguous().t().narrow(0, 0, 2)));
+  expect_no_fallback();
+}
+
+}  // namespace
+}  // namespace strata::testing
