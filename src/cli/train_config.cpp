@@ -34,25 +34,20 @@ std::vector<std::string> logger_kinds(const std::string& list) {
 }
 
 // Note [Which modules can be FSDP units]
-// --wrap-policy names module types as module.name() reports them. FSDP
-// gathers a unit's parameters around the unit's forward, which it sees
-// where the forward runs through strata::hooked_forward (in the GPT: the
-// model and its blocks, GPTImpl::unit_types()) or where the caller opts in
-// with strata::call; the GPT calls its attention, MLP and LibTorch's
-// layers as typed members. A unit of another type would fail at its first
-// forward, inside the workers, so the CLI refuses it before launching.
-struct GPTModuleTypes {
-  std::set<std::string> all;    // every module type of the model
-  std::set<std::string> units;  // those FSDP can make units
-};
+// --wrap-policy names module types as module.name() reports them. Any of
+// the GPT's types can be a unit: FSDP gathers a unit on the first use of
+// its parameters (Note [Gather on first use] in
+// src/strategies/fsdp/first_use.h), wherever its forward is called from.
+// A name that is not a type of the model would make no unit, so the CLI
+// refuses it before launching.
 
-GPTModuleTypes gpt_module_types(const std::string& model_size) {
+// Every module type of the GPT of `model_size`.
+std::set<std::string> gpt_module_types(const std::string& model_size) {
   models::GPTConfig config = models::GPTConfig::preset(model_size);
   config.with_n_layer(1).with_n_head(1).with_n_embd(8).with_block_size(2);  // the same module types, small
   models::GPT model(config);
-  GPTModuleTypes types;
-  for (const auto& m : model->modules(/*include_self=*/true)) types.all.insert(m->name());
-  for (const std::string& type : models::GPTImpl::unit_types()) types.units.insert(type);
+  std::set<std::string> types;
+  for (const auto& m : model->modules(/*include_self=*/true)) types.insert(m->name());
   return types;
 }
 
@@ -171,7 +166,7 @@ void TrainConfig::validate() const {
 std::set<std::string> TrainConfig::wrap_types() const {
   if (wrap_policy.empty()) return {models::BlockImpl::kTypeName};
   if (wrap_policy == "none") return {};
-  GPTModuleTypes types = gpt_module_types(model_size);
+  const std::set<std::string> types = gpt_module_types(model_size);
   std::set<std::string> out;
   std::stringstream list(wrap_policy);
   for (std::string name; std::getline(list, name, ',');) {
@@ -179,13 +174,9 @@ std::set<std::string> TrainConfig::wrap_types() const {
     name = begin == std::string::npos ? "" : name.substr(begin, end - begin + 1);
     STRATA_CHECK(!name.empty(), ConfigError, "[train] --wrap-policy '", wrap_policy,
                  "' has an empty entry; give comma-separated module types, e.g. Block");
-    STRATA_CHECK(types.all.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
-                 "' is not a module type of the GPT; its types are: ", join(types.all),
+    STRATA_CHECK(types.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
+                 "' is not a module type of the GPT; its types are: ", join(types),
                  " (or pass 'none' for a single unit)");
-    STRATA_CHECK(types.units.count(name) > 0, ConfigError, "[train] --wrap-policy: '", name,
-                 "' modules cannot be FSDP units: the GPT calls their forward as a typed member, not through "
-                 "strata::hooked_forward, so their parameters would never be gathered. Types that can: ",
-                 join(types.units), " (or 'none')");
     out.insert(name);
   }
   return out;

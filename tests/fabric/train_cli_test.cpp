@@ -335,20 +335,21 @@ TEST_F(TrainCliTest, FsdpFlagsAreCheckedAndRefusedWithOtherStrategies) {
                            "torch::nn::EmbeddingImpl", "torch::nn::LayerNormImpl"}) {
     EXPECT_NE(unknown.output.find(type), std::string::npos) << type << " missing from:\n" << unknown.output;
   }
-  CommandResult layer = run_strata("train --model-size tiny --strategy fsdp --wrap-policy torch::nn::LinearImpl");
-  EXPECT_NE(layer.exit_code, 0);
-  EXPECT_NE(layer.output.find("'torch::nn::LinearImpl' modules cannot be FSDP units"), std::string::npos)
-      << layer.output;
-  EXPECT_NE(layer.output.find("Types that can: Block, GPT (or 'none')"), std::string::npos) << layer.output;
 
   // What the flags allow: ddp writes full checkpoints; fsdp may keep the
-  // whole model in one unit.
+  // whole model in one unit, or make units of modules the GPT calls as
+  // typed members (gathered on first use).
   CommandResult ddp_full = run_strata(common() + " --devices 1 --max-steps 1 --state-dict-type full");
   EXPECT_EQ(ddp_full.exit_code, 0) << ddp_full.output;
   CommandResult one_unit = run_strata(common() + " --devices 2 --strategy fsdp --wrap-policy none --max-steps 2");
   EXPECT_EQ(one_unit.exit_code, 0) << one_unit.output;
   EXPECT_NE(one_unit.output.find("with fsdp (units: the whole model, sharded checkpoints)"), std::string::npos)
       << one_unit.output;
+  CommandResult layers = run_strata(common() + " --devices 2 --strategy fsdp --wrap-policy MLPBlock,torch::nn::LinearImpl "
+                                    "--max-steps 2");
+  EXPECT_EQ(layers.exit_code, 0) << layers.output;
+  EXPECT_NE(layers.output.find("with fsdp (units: MLPBlock, torch::nn::LinearImpl"), std::string::npos)
+      << layers.output;
 }
 
 }  // namespace

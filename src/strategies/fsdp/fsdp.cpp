@@ -200,6 +200,7 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   // The calls a Sequential makes to its children, and its own forward, now
   // reach the hooks (core/container_calls.h).
   routes_.push_back(route_container_calls(*module));
+  apply_sync_batchnorm(*module);
   // The unsharded values are gone; training allocates in other sizes
   // (Note [FSDP's buffer cache]), so give their pages back.
   runtime::release_free_memory();
