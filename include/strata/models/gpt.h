@@ -216,12 +216,6 @@ class GPTImpl : public torch::nn::Module {
   /// The configuration the model was built with.
   const GPTConfig& config() const { return config_; }
 
-  /// The module types whose forward runs through strata::hooked_forward
-  /// ("GPT", "Block"): FSDP can make them units, and recompute them, with
-  /// no opt-in at their call sites. The others (attention, MLP, LibTorch's
-  /// layers) are called as typed members.
-  static std::vector<std::string> unit_types() { return {kTypeName, BlockImpl::kTypeName}; }
-
   /// Number of distinct parameter elements (a tied weight counts once).
   int64_t num_parameters() const;
 
