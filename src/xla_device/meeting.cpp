@@ -21,6 +21,12 @@ namespace strata::xla::detail {
 // meeting's lock, before the meeting can complete, so no mark outlives its
 // meeting (one placed after the completion once stopped a fit at step 44,
 // two replicas "waiting" at a vote and a step end that were both passed).
+// The completing party clears the marks under the meeting's lock too, after
+// it has moved the generation on: a party that let go of the lock to run
+// on_wait and takes it back after the completion must find the meeting
+// done. Cleared before that, a mark such a party put back stayed on the
+// board (a fit failed at step 59, replica 1 "at the end of a step" it had
+// left while replica 0 waited at the next host all_reduce).
 WaitBoard::WaitBoard(size_t size, std::function<std::string(int)> name)
     : name_(std::move(name)), at_(size, nullptr), what_(size), gone_(size, false) {}
 
@@ -102,13 +108,16 @@ void Meeting::meet(int rank, const std::string& what, const std::function<void()
         message = "[xla] the work of " + what + " failed";
       }
     }
-    if (board_) board_->release(this);
     lock.lock();
     std::fill(arrived_.begin(), arrived_.end(), false);
     count_ = 0;
     running_ = false;
     error_ = message;
     ++generation_;
+    // Under this meeting's lock, after the generation moved on: a party
+    // that comes back from on_wait now sees the meeting done and puts no
+    // mark on the board (Note [Replicas that wait apart]).
+    if (board_) board_->release(this);
     lock.unlock();
     cv_.notify_all();
     if (failure) std::rethrow_exception(failure);
