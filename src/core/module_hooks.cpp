@@ -40,6 +40,13 @@ void set_forward_hooks(torch::nn::Module& module, std::shared_ptr<ForwardHooks> 
   }
 }
 
+std::weak_ptr<const torch::nn::Module> forward_hooks_holder(const torch::nn::Module& module) {
+  const auto children = module.named_children();
+  const auto* child = children.find(kForwardHooksName);
+  if (child == nullptr || dynamic_cast<HooksHolder*>(child->get()) == nullptr) return {};
+  return std::weak_ptr<const torch::nn::Module>(*child);
+}
+
 bool is_forward_hooks_holder(const torch::nn::Module& module) {
   return dynamic_cast<const HooksHolder*>(&module) != nullptr;
 }

@@ -58,10 +58,20 @@ void apply(const DeviceReplay& replay) {
   at::autocast::set_autocast_enabled(replay.device.type(), replay.autocast);
 }
 
+// Note [One update of the running statistics]
+// A BatchNorm layer in training updates its running mean and variance (and
+// counts the batch) in every forward, the recomputation in backward
+// included: recomputed as it is, a checkpointed block would move them
+// twice a step, and its buffers would no longer be one process's without
+// checkpointing (PyTorch's checkpoint does that). The recomputation's
+// outputs do not read them (training normalises by the batch's own
+// statistics), so the buffers the caller names are copied before it and
+// put back after it: each forward updates them once.
 // What the recomputation needs, kept in the autograd context.
 struct SavedForward : torch::CustomClassHolder {
   ForwardFn body;
   std::vector<DeviceReplay> states;  // the CPU first, then the inputs' devices
+  std::vector<at::Tensor> unchanged;  // Note [One update of the running statistics]
 };
 
 // Restores the saved generators and autocast settings for the
@@ -110,9 +120,13 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     }
     TensorList outputs;
     {
+      std::vector<at::Tensor> before;
+      for (const at::Tensor& t : saved.unchanged) before.push_back(t.detach().clone());
       ReplayState replay(saved);
       c10::AutoGradMode grad_mode(true);
       outputs = saved.body(detached);
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < before.size(); ++i) saved.unchanged[i].detach().copy_(before[i]);
     }
     TensorList roots, root_grads;
     for (size_t i = 0; i < outputs.size() && i < grads.size(); ++i) {
@@ -131,10 +145,11 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
 
 }  // namespace
 
-TensorList recomputed_forward(const ForwardFn& body, const TensorList& inputs) {
+TensorList recomputed_forward(const ForwardFn& body, const TensorList& inputs, std::vector<at::Tensor> unchanged) {
   if (!c10::GradMode::is_enabled()) return body(inputs);
   auto recompute = c10::make_intrusive<SavedForward>();
   recompute->body = body;
+  recompute->unchanged = std::move(unchanged);
   recompute->states.push_back(capture(c10::Device(c10::kCPU)));
   for (c10::Device device : devices_of(inputs)) recompute->states.push_back(capture(device));
   bool any_input_grad = false;

@@ -168,18 +168,6 @@ ModulePtr module_pointer(torch::nn::Module& module) {
 
 bool borrowed(const ModulePtr& module) { return std::get_deleter<Borrowed>(module) != nullptr; }
 
-void Strategy::check_borrowed(const ModulePtr& module, const std::string& who) const {
-  if (!module || !borrowed(module) || !shards_parameters()) return;
-  std::string type = module->name();  // its class, without namespaces
-  const size_t colon = type.rfind("::", type.find('<'));
-  if (colon != std::string::npos) type = type.substr(colon + 2);
-  throw ConfigError(::strata::detail::cat(
-      "[", who, "] setup_module got a module held by value (", type, "); ", name(),
-      " keeps its submodules as units until teardown, after a module declared inside the launched function is "
-      "gone. Hold it in a ModuleHolder (TORCH_MODULE(Net); Net model;) or a std::shared_ptr "
-      "(std::make_shared<", type, ">(...)) and pass that"));
-}
-
 void Strategy::require_set_up(const torch::nn::Module& module, const std::string& what) const {
   for (const ModulePtr& m : modules_) {
     if (m.get() == &module) return;

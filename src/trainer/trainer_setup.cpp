@@ -83,9 +83,7 @@ Trainer::Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> s
 }
 
 std::shared_ptr<TrainModule> Trainer::borrow(TrainModule& module) {
-  strategies::ModulePtr pointer = strategies::module_pointer(module);
-  strategy_->check_borrowed(pointer, "trainer");
-  return std::static_pointer_cast<TrainModule>(pointer);
+  return std::static_pointer_cast<TrainModule>(strategies::module_pointer(module));
 }
 
 void Trainer::forget_module(const TrainModule& module) {

@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "strata/core/error.h"
 #include "strata/core/module_hooks.h"
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/ddp.h"
@@ -45,6 +46,7 @@ TORCH_MODULE(TwoLayer);
 struct Result {
   std::vector<double> losses;
   std::vector<at::Tensor> params;  // generator's, then critic's, full values
+  std::string refusal;              // of full_parameter by a name both modules have (fsdp)
 };
 
 // Alternating steps: the critic learns to tell real from generated
@@ -92,6 +94,16 @@ Result train(Fabric* fabric) {
     result.losses.push_back(mean(loss_g));
   }
   auto* fsdp = fabric ? dynamic_cast<FSDPStrategy*>(&fabric->strategy()) : nullptr;
+  if (fsdp) {
+    // Both modules have an "a.weight": the name alone does not say whose.
+    std::string refused;
+    try {
+      (void)fsdp->full_parameter("a.weight");
+    } catch (const strata::ConfigError& e) {
+      refused = e.what();
+    }
+    result.refusal = refused;
+  }
   for (TwoLayer* m : {&generator, &critic}) {
     for (const auto& item : (*m)->named_parameters()) {
       result.params.push_back(fsdp ? fsdp->full_parameter(**m, item.key()) : item.value().detach().clone());
@@ -120,6 +132,12 @@ STRATA_WORKER(two_modules_alternating) {
       c.expect(std::abs(result.losses[i] - reference.losses[i]) < 1e-5,
                "loss " + std::to_string(i) + ": " + std::to_string(result.losses[i]) + " vs " +
                    std::to_string(reference.losses[i]));
+    }
+    if (kind == "fsdp") {
+      c.expect(result.refusal == "[fsdp] full_parameter('a.weight'): 2 modules set up by this strategy have a "
+                                 "parameter of that name; say which with full_parameter(module, name), the module "
+                                 "one that setup_module returned",
+               "full_parameter by an ambiguous name: " + result.refusal);
     }
     c.expect(result.params.size() == reference.params.size(), "the same parameters");
     for (size_t i = 0; i < result.params.size() && i < reference.params.size(); ++i) {

@@ -93,6 +93,13 @@ void set_forward_hooks(torch::nn::Module& module, std::shared_ptr<ForwardHooks> 
 /// The hooks set on `module`, or null.
 std::shared_ptr<ForwardHooks> forward_hooks(const torch::nn::Module& module);
 
+/// The child that holds the hooks of `module`, not owned (expired, or
+/// empty when none are set): it expires when the module is destroyed, so
+/// a strategy can tell whether a module no shared_ptr owns is still there
+/// without touching it (Note [Modules held by value] in
+/// strategies/strategy.h).
+std::weak_ptr<const torch::nn::Module> forward_hooks_holder(const torch::nn::Module& module);
+
 /// True for the child module that holds hooks (walks over a model's
 /// modules skip it).
 bool is_forward_hooks_holder(const torch::nn::Module& module);

@@ -119,9 +119,7 @@ class Fabric {
   /// A module held by value (`Net model; fabric.setup_module(model);`, as
   /// LibTorch's examples hold theirs): set up in place, not owned, so the
   /// caller keeps it alive while training it (Note [Modules held by value]
-  /// in strategies/strategy.h). Returns `module`. ConfigError under a
-  /// strategy that shards parameters (fsdp): hold it in a ModuleHolder or
-  /// a shared_ptr there.
+  /// in strategies/strategy.h). Returns `module`.
   template <class M, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, M>>>
   M& setup_module(M& module) {
     setup_module(borrow(module));

@@ -216,8 +216,9 @@ class FSDPStrategy : public Strategy {
   };
   static BufferBytes buffer_bytes();
   /// Gathers the full value of a parameter of the modules set up, by its
-  /// full name (the first module that has it; every rank must call it).
-  /// For tests and tools.
+  /// full name (every rank must call it). For tests and tools. Throws
+  /// ConfigError when no module set up has it, or when several do (pass
+  /// the module then).
   at::Tensor full_parameter(const std::string& name);
   /// The same for a parameter of `module`, one that setup_module returned.
   at::Tensor full_parameter(const torch::nn::Module& module, const std::string& name);
@@ -263,6 +264,9 @@ class FSDPStrategy : public Strategy {
  private:
   /// The state of the module set up as `module`, or null.
   detail::FSDPState* state_of(const torch::nn::Module& module) const;
+  /// Drops the states of modules held by value that are gone (Note
+  /// [Modules held by value] in strategies/strategy.h).
+  void forget_gone_modules();
   /// The state whose shards `optimizer` updates, or null.
   detail::FSDPState* state_of(const torch::optim::Optimizer& optimizer) const;
 

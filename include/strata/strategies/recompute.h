@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "strata/core/module_hooks.h"
 
 namespace strata::strategies {
@@ -21,7 +23,11 @@ namespace strata::strategies {
 at::Tensor recomputed_forward(const ForwardBody& body, const at::Tensor& input);
 
 /// The form with any number of tensors in and out: gradients flow to every
-/// input that requires grad, from every output that does.
-TensorList recomputed_forward(const ForwardFn& body, const TensorList& inputs);
+/// input that requires grad, from every output that does. `unchanged` are
+/// tensors the forward updates in place that the recomputation must leave
+/// as the forward left them (a module's buffers: Note [One update of the
+/// running statistics] in recompute.cpp).
+TensorList recomputed_forward(const ForwardFn& body, const TensorList& inputs,
+                              std::vector<at::Tensor> unchanged = {});
 
 }  // namespace strata::strategies

@@ -73,8 +73,12 @@ Scope meta_device_scope();
 /// caller keeps the module alive while it trains it. A value declared
 /// inside Fabric's launched function is gone before the strategy's
 /// teardown, so teardown never touches a borrowed module (it stays on its
-/// device), and strategies that keep parts of a module past the caller's
-/// use (FSDP's units) refuse one (check_borrowed).
+/// device). FSDP keeps parts of a module past the caller's use: a borrowed
+/// root's children (its units) are kept by shared_ptr, and the root's own
+/// hooks holder (Note [Hooks live in the module]), watched through a
+/// weak_ptr, expires with the root, which tells FSDP that the root is gone
+/// without touching it: its state is dropped then, and a module built
+/// later at the same address is a new one.
 
 /// A ModulePtr to `module`: its owner when a shared_ptr holds it (a
 /// ModuleHolder's module, std::make_shared), else a borrowed pointer that
@@ -155,11 +159,6 @@ class Strategy {
   /// Prepares `module` for training (moves it, synchronises it, registers
   /// the gradient hooks) and returns the module to train with.
   virtual ModulePtr setup_module(ModulePtr module);
-  /// Throws ConfigError when `module` is borrowed (a module held by value:
-  /// Note [Modules held by value]) and this strategy keeps parts of it
-  /// past the caller's use (shards_parameters()); `who` ("fabric",
-  /// "trainer") starts the message, which says how to hold the module.
-  void check_borrowed(const ModulePtr& module, const std::string& who) const;
   /// Lightning's sync_batchnorm: whether the BatchNorm layers of modules
   /// set up normalise, in training, with the mean and variance of the
   /// global batch over all ranks (and update their running statistics

@@ -103,8 +103,15 @@ FSDPState::FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions
       prefetch_(options.prefetch),
       overlap_backward_(options.overlap_backward.value_or(!device.is_cpu())),
       root_module_(std::move(root_module)),
+      root_borrowed_(borrowed(root_module_)),
       grad_hooks_([this](size_t i) { return post_backward(i); }) {
   context_.world = context_.group.size();
+  // Note [Modules held by value]: the units below the root outlive it.
+  if (root_borrowed_) root_children_ = root_module_->children();
+}
+
+void FSDPState::watch_root() {
+  if (root_borrowed_) root_life_ = forward_hooks_holder(*root_module_);
 }
 
 void FSDPState::build(const FSDPOptions& options, Presharded* presharded,
@@ -219,8 +226,14 @@ void FSDPState::place_shards(c10::Device device) {
 }
 
 void FSDPState::unhook() {
-  for (Unit& unit : units_) set_forward_hooks(unit.module(), nullptr);
-  for (torch::nn::Module* module : checkpointed_) set_forward_hooks(*module, nullptr);
+  // A root held by value and gone took its hooks with it.
+  const bool root_gone = !root_alive();
+  for (Unit& unit : units_) {
+    if (!(root_gone && unit.is_root())) set_forward_hooks(unit.module(), nullptr);
+  }
+  for (torch::nn::Module* module : checkpointed_) {
+    if (!(root_gone && module == root_module_.get())) set_forward_hooks(*module, nullptr);
+  }
   grad_hooks_.remove_all();
 }
 

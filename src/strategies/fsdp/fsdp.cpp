@@ -35,14 +35,14 @@ class FSDPForwardHooks : public ForwardHooks {
   FSDPForwardHooks(std::weak_ptr<FSDPState> state, std::optional<size_t> unit, bool checkpoint)
       : state_(std::move(state)), unit_(unit), checkpoint_(checkpoint) {}
 
-  TensorList run(torch::nn::Module&, const TensorList& inputs, const ForwardFn& body) override {
+  TensorList run(torch::nn::Module& module, const TensorList& inputs, const ForwardFn& body) override {
     seen = true;
     std::shared_ptr<FSDPState> state = state_.lock();
     if (!state) return body(inputs);
     if (unit_) state->pre_forward(*unit_);
     TensorList outputs;
     try {
-      outputs = checkpoint_ ? recomputed_forward(body, inputs) : body(inputs);
+      outputs = checkpoint_ ? recomputed_forward(body, inputs, module.buffers()) : body(inputs);
     } catch (...) {
       if (unit_) state->forward_failed(*unit_);
       throw;
@@ -141,14 +141,29 @@ void FSDPStrategy::set_precision(Precision precision) {
 
 FSDPStrategy::~FSDPStrategy() {
   routes_.clear();
+  forget_gone_modules();
   for (const auto& state : states_) state->unhook();
 }
 
 detail::FSDPState* FSDPStrategy::state_of(const torch::nn::Module& module) const {
   for (const auto& state : states_) {
-    if (state->root_module().get() == &module) return state.get();
+    // A module built where one held by value was (gone) is another module.
+    if (state->root_module().get() == &module && state->root_alive()) return state.get();
   }
   return nullptr;
+}
+
+void FSDPStrategy::forget_gone_modules() {
+  // Note [Modules held by value]: a module declared inside a function that
+  // has returned; its units, hooks and reductions go with it.
+  for (auto it = states_.begin(); it != states_.end();) {
+    if ((*it)->root_alive()) {
+      ++it;
+      continue;
+    }
+    (*it)->unhook();
+    it = states_.erase(it);
+  }
 }
 
 void FSDPStrategy::setup_environment() {
@@ -158,6 +173,7 @@ void FSDPStrategy::setup_environment() {
 
 ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   STRATA_CHECK(module != nullptr, ConfigError, "[fsdp] setup_module got a null module");
+  forget_gone_modules();
   if (state_of(*module) != nullptr) {
     log::warning("[fsdp] the module is already sharded; setup_module returns it as it is and does not apply "
                  "the policies again");
@@ -188,6 +204,7 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
     bool checkpoint = detail::matches(options_.activation_checkpointing_policy, unit_module);
     set_forward_hooks(unit_module, std::make_shared<FSDPForwardHooks>(state, u, checkpoint));
   }
+  state->watch_root();
   // Activation checkpointing applies to every instance of the listed types,
   // units or not.
   for (const auto& item : module->named_modules("", /*include_self=*/true)) {
@@ -199,7 +216,14 @@ ModulePtr FSDPStrategy::setup_module(ModulePtr module) {
   }
   // The calls a Sequential makes to its children, and its own forward, now
   // reach the hooks (core/container_calls.h).
-  routes_.push_back(route_container_calls(*module));
+  if (borrowed(module)) {
+    // Note [Modules held by value]: teardown, which restores the routes,
+    // may come after the root is gone; its children are kept, so a
+    // Sequential root's own forward is the one call not routed.
+    for (const ModulePtr& child : module->children()) routes_.push_back(route_container_calls(*child));
+  } else {
+    routes_.push_back(route_container_calls(*module));
+  }
   apply_sync_batchnorm(*module);
   // The unsharded values are gone; training allocates in other sizes
   // (Note [FSDP's buffer cache]), so give their pages back.
@@ -260,6 +284,7 @@ Scope FSDPStrategy::module_sharded_context() {
 
 void FSDPStrategy::backward(const at::Tensor& loss) {
   Strategy::backward(loss);
+  forget_gone_modules();
   if (states_.empty()) return;
   // In set-up order on every rank; a module whose forward did not run in
   // this step has nothing to reduce.
@@ -283,6 +308,7 @@ at::Tensor FSDPStrategy::reduce_norm(const at::Tensor& local, bool is_max) {
 
 void FSDPStrategy::teardown() {
   routes_.clear();
+  forget_gone_modules();
   for (const auto& state : states_) {
     state->reshard_all();
     state->unhook();
@@ -326,10 +352,20 @@ std::vector<FSDPUnitInfo> FSDPStrategy::units() const {
 
 at::Tensor FSDPStrategy::full_parameter(const std::string& name) {
   STRATA_CHECK(!states_.empty(), ConfigError, "[fsdp] full_parameter before setup_module");
+  const torch::nn::Module* owner = nullptr;
+  size_t owners = 0;
   for (const auto& state : states_) {
-    if (state->param(name)) return full_parameter(*state->root_module(), name);
+    if (!state->param(name)) continue;
+    if (owner == nullptr) owner = state->root_module().get();
+    ++owners;
   }
-  throw ConfigError("[fsdp] the module set up has no parameter named '" + name + "'");
+  STRATA_CHECK(owner != nullptr, ConfigError, "[fsdp] the module set up has no parameter named '", name, "'");
+  // Two models built alike (one after another, or a GAN's two halves) share
+  // their parameters' names: the name alone would pick one of them.
+  STRATA_CHECK(owners == 1, ConfigError, "[fsdp] full_parameter('", name, "'): ", owners,
+               " modules set up by this strategy have a parameter of that name; say which with "
+               "full_parameter(module, name), the module one that setup_module returned");
+  return full_parameter(*owner, name);
 }
 
 at::Tensor FSDPStrategy::full_parameter(const torch::nn::Module& module, const std::string& name) {

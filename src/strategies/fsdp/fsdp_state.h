@@ -80,6 +80,12 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
 
   // ---- lookups (fsdp_state.cpp) ----
   const ModulePtr& root_module() const { return root_module_; }
+  /// False once a root module held by value is gone (Note [Modules held by
+  /// value] in strategies/strategy.h); always true for an owned one.
+  bool root_alive() const { return !root_borrowed_ || !root_life_.expired(); }
+  /// For a root held by value: watches its lifetime through the hooks set
+  /// on it (call after setting them).
+  void watch_root();
   /// The units, the root last.
   const std::vector<Unit>& units() const { return units_; }
   /// The unit whose module is `module`, if any.
@@ -132,6 +138,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool overlap_backward_ = true;  ///< Note [Overlap in backward]
   bool sync_ = true;  ///< gradients reduced in this backward (no_backward_sync turns it off)
   ModulePtr root_module_;
+  bool root_borrowed_ = false;  ///< held by value: root_module_ does not own it
+  std::vector<ModulePtr> root_children_;  ///< a borrowed root's children, kept past the root
+  std::weak_ptr<const torch::nn::Module> root_life_;  ///< expires with a borrowed root
   GradHooks grad_hooks_;  ///< Note [Gradient hooks]
   std::vector<ShardedParam> params_;
   std::unordered_map<std::string, size_t> param_index_;  ///< params_ by name
