@@ -314,7 +314,10 @@ struct DDPStrategy::Reducer {
     int64_t* slots = observed.data_ptr<int64_t>();
     for (size_t k = 0; k < ready_order.size() && k < params.size(); ++k) slots[k] = static_cast<int64_t>(ready_order[k]);
     ready_order.clear();
-    at::Tensor shared = observed.to(params.front().device());
+    // On the device the group's collectives take (a CUDA device for NCCL,
+    // else the CPU): on xla replicas a host broadcast, which does not cut
+    // the step's program in two.
+    at::Tensor shared = observed.to(group.device());
     group.broadcast(shared, 0);
     observed = shared.cpu();
     std::vector<size_t> order;
