@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "support/zoo/batch.h"
 
@@ -107,21 +108,25 @@ struct Losses {
 /// One step of the example's training loop on `b` (already on the models'
 /// device): the discriminator on real and on fake images, then the
 /// generator against the discriminator, each with its own optimizer.
+/// `backward` is the loop's `loss.backward()` (Fabric's loop passes its
+/// fabric.backward, as Lightning's docs have users do).
 inline Losses train_step(DCGANGenerator& generator, nn::Sequential& discriminator,
                          torch::optim::Optimizer& generator_optimizer,
-                         torch::optim::Optimizer& discriminator_optimizer, const Batch& b) {
+                         torch::optim::Optimizer& discriminator_optimizer, const Batch& b,
+                         const std::function<void(const torch::Tensor&)>& backward =
+                             [](const torch::Tensor& loss) { loss.backward(); }) {
   // Train discriminator with real images.
   discriminator->zero_grad();
   torch::Tensor real_output = discriminator->forward(b.real_images).reshape(b.real_labels.sizes());
   torch::Tensor d_loss_real = torch::binary_cross_entropy(real_output, b.real_labels);
-  d_loss_real.backward();
+  backward(d_loss_real);
 
   // Train discriminator with fake images.
   torch::Tensor fake_images = generator->forward(b.noise);
   torch::Tensor fake_labels = torch::zeros(b.noise.size(0), b.noise.options());
   torch::Tensor fake_output = discriminator->forward(fake_images.detach()).reshape(fake_labels.sizes());
   torch::Tensor d_loss_fake = torch::binary_cross_entropy(fake_output, fake_labels);
-  d_loss_fake.backward();
+  backward(d_loss_fake);
 
   torch::Tensor d_loss = d_loss_real + d_loss_fake;
   discriminator_optimizer.step();
@@ -131,7 +136,7 @@ inline Losses train_step(DCGANGenerator& generator, nn::Sequential& discriminato
   fake_labels.fill_(1);
   fake_output = discriminator->forward(fake_images).reshape(fake_labels.sizes());
   torch::Tensor g_loss = torch::binary_cross_entropy(fake_output, fake_labels);
-  g_loss.backward();
+  backward(g_loss);
   generator_optimizer.step();
   return {d_loss, g_loss};
 }
