@@ -92,7 +92,16 @@ TEST_P(FlagsRangeTest, EveryNumericFlagRefusesValuesOutsideItsStatedRange) {
   std::vector<Case> cases;
   size_t index = 0;
   for (const Flag& f : kFlags) {
-    std::vector<std::string> values = kAlwaysBad;
+    // Every flag reads its value with one of two parsers (an integer's, a
+    // number's): the whole hostile list on the first flag of each parser
+    // and command, and on every flag a value that is no number, one past
+    // each end, and its own values out of range.
+    const bool first_of_its_parser =
+        &f == &*std::find_if(kFlags.begin(), kFlags.end(), [&](const Flag& g) {
+          return g.command == f.command && g.integer == f.integer;
+        });
+    std::vector<std::string> values =
+        first_of_its_parser ? kAlwaysBad : std::vector<std::string>{"abc", "-1", "99999999999999999999", "1e300"};
     values.insert(values.end(), f.bad.begin(), f.bad.end());
     for (const std::string& v : values) {
       if (v == "-1" && f.range.find(" -1..") != std::string::npos) continue;  // a value this flag takes
@@ -128,7 +137,7 @@ TEST_P(FlagsRangeTest, EveryNumericFlagRefusesValuesOutsideItsStatedRange) {
       ++checked;
     }
   }
-  EXPECT_GT(checked, 200 / kQuarters);
+  EXPECT_GT(checked, 100 / kQuarters);
 }
 
 INSTANTIATE_TEST_SUITE_P(Quarters, FlagsRangeTest, ::testing::Range(0, kQuarters));
