@@ -15,12 +15,19 @@
 # batches; a table of median step times, the xla/CPU-worker ratios and
 # each rank's training state.
 #
+# With -z it also runs the test zoo (bench/bench_xla_zoo.cpp): the MNIST
+# net, the DCGAN, the LLaMA-style decoder, the ResNet, the ViT and the
+# LSTM and GRU language models (tests/support/zoo/), batch 16, each on
+# xla:0 beside LibTorch eager: median step times, the ratio, the programs
+# a step runs, the compiles after step 2 and the CPU fallbacks.
+#
 # Builds nothing: expects ./build (override with BUILD_DIR=...), built with
-#   cmake --build build --target bench_xla bench_ddp
-# Usage: bench/run_xla.sh [-r REPEATS] [-o DIR] [-s] [BENCH_XLA_ARGS...]
+#   cmake --build build --target bench_xla bench_ddp bench_xla_zoo
+# Usage: bench/run_xla.sh [-r REPEATS] [-o DIR] [-s] [-z] [BENCH_XLA_ARGS...]
 #   -r N     runs the benchmark N times (default 1)
 #   -o DIR   keeps each run's JSON there (run-<i>.json)
 #   -s       also the strategies at 2 devices (above)
+#   -z       also the zoo (above)
 #   the rest goes to bench_xla: --model-size tiny|small|medium, --steps N
 #   (default 30), --batch, --threads, ... (bench_xla --help)
 # Environment: XLA_FLAGS reaches the plugin (e.g. --xla_cpu_use_onednn=true).
@@ -31,13 +38,15 @@ build_dir="${BUILD_DIR:-build}"
 repeats=1
 out_dir=""
 strategies=0
+zoo=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -r) repeats="$2"; shift 2 ;;
     -o) out_dir="$2"; shift 2 ;;
     -s) strategies=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -z) zoo=1; shift ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -101,6 +110,12 @@ for s, peer in (("ddp", None), ("xla", "ddp"), ("fsdp", None), ("xla_fsdp", "fsd
     state = ", ".join(f"{v:.2f}" for v in x["memory"]["state"])
     print(f"| {s} | {where} | {x['step_ms_median']:.1f} | {ratio} | {state} | {x['loss_after_k']:.5f} |")
 PY
+fi
+if [ "$zoo" = 1 ]; then
+  echo
+  echo "the zoo on xla:0 beside LibTorch eager; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  timeout 900 "$build_dir/bench/bench_xla_zoo" --batch 16 --steps 20
+  echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi
 if [ -n "$out_dir" ]; then
   mkdir -p "$out_dir"
