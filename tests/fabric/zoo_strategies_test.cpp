@@ -184,11 +184,15 @@ STRATA_WORKER(zoo_strategy) {
 // discriminator on real, then on fake images, then the generator through
 // it), in the example's own loop with fabric.backward for loss.backward().
 // Under fsdp each convolution is a unit.
-Trained train_dcgan(Fabric* fabric) {
+Trained train_dcgan(Fabric* fabric, Checks* c) {
   at::manual_seed(11);
   const int64_t noise = 8;
   zoo::dcgan::DCGANGenerator generator(noise);
   torch::nn::Sequential discriminator = zoo::dcgan::create_discriminator();
+  const std::vector<torch::nn::Module*> both{generator.ptr().get(), discriminator.ptr().get()};
+  std::vector<int64_t> full_numel;
+  for (torch::nn::Module* half : both)
+    for (const at::Tensor& p : half->parameters()) full_numel.push_back(p.numel());
   if (fabric) {
     generator = fabric->setup_module(generator);
     discriminator = fabric->setup_module(discriminator);
@@ -226,6 +230,16 @@ Trained train_dcgan(Fabric* fabric) {
     out.losses.push_back(mean(losses.g_loss));
   }
   auto* fsdp = fabric ? dynamic_cast<strata::strategies::FSDPStrategy*>(&fabric->strategy()) : nullptr;
+  if (fsdp) {
+    // 1/N of every parameter on this rank.
+    size_t k = 0;
+    for (torch::nn::Module* half : both)
+      for (const at::Tensor& p : half->parameters()) {
+        const int64_t full = full_numel.at(k++);
+        c->expect(p.numel() == (full + world - 1) / world,
+                  "dcgan: a parameter holds " + std::to_string(p.numel()) + " of " + std::to_string(full));
+      }
+  }
   const std::pair<std::string, torch::nn::Module*> halves[] = {{"generator.", generator.ptr().get()},
                                                                 {"discriminator.", discriminator.ptr().get()}};
   for (const auto& [prefix, module] : halves) {
@@ -243,10 +257,10 @@ STRATA_WORKER(zoo_dcgan_strategy) {
   const std::string kind = args.at(0);
   Fabric fabric(FabricOptions().with_strategy(strategy_of(kind, {"ConvTranspose2d", "Conv2d"})));
   Checks c;
-  const Trained want = train_dcgan(nullptr);
+  const Trained want = train_dcgan(nullptr, nullptr);
   fabric.launch([&](Fabric& f) {
     c.rank = f.global_rank();
-    const Trained got = train_dcgan(&f);
+    const Trained got = train_dcgan(&f, &c);
     for (size_t i = 0; i < want.losses.size(); ++i) {
       c.expect(std::abs(got.losses[i] - want.losses[i]) <= 1e-5 * std::max(1.0, std::abs(want.losses[i])),
                kind + " dcgan loss " + std::to_string(i) + ": " + std::to_string(got.losses[i]) + " vs " +
