@@ -12,33 +12,42 @@
 namespace strata::xla::detail {
 namespace {
 
+// Two replicas' two meetings (a step end, a host collective) on one
+// board, as replicas.cpp sets them up: a wait that cannot end aborts both.
+struct TwoMeetings {
+  TwoMeetings() {
+    board = std::make_shared<WaitBoard>(2, name);
+    const auto abort_all = [this](const std::string& reason) {
+      steps.abort(reason);
+      host.abort(reason);
+    };
+    steps.set_board(board, abort_all);
+    host.set_board(board, abort_all);
+  }
+  static std::string name(int k) { return "replica " + std::to_string(k); }
+  std::shared_ptr<WaitBoard> board;
+  Meeting steps{2, std::chrono::seconds(60), name};
+  Meeting host{2, std::chrono::seconds(60), name};
+};
+
 // Note [Replicas that wait apart]: two replicas that pass a step end and a
 // host collective in turn, again and again, with a wait hook that lets go
 // of the meeting's lock (as the Trainer's does), are never reported as
 // waiting apart. A mark put back after its meeting completed once did that
 // within a few thousand rounds.
 TEST(XlaMeetingTest, ReplicasThatMeetInTurnAreNeverReportedAsWaitingApart) {
-  const auto name = [](int k) { return "replica " + std::to_string(k); };
-  auto board = std::make_shared<WaitBoard>(2, name);
-  Meeting steps(2, std::chrono::seconds(60), name);
-  Meeting host(2, std::chrono::seconds(60), name);
-  const auto abort_all = [&](const std::string& reason) {
-    steps.abort(reason);
-    host.abort(reason);
-  };
-  steps.set_board(board, abort_all);
-  host.set_board(board, abort_all);
+  TwoMeetings m;
   const auto yield = [](int) { std::this_thread::yield(); };
-  steps.set_on_wait(yield);
-  host.set_on_wait(yield);
+  m.steps.set_on_wait(yield);
+  m.host.set_on_wait(yield);
 
   constexpr int kRounds = 20000;
   std::string failures[2];
   const auto replica = [&](int rank) {
     try {
       for (int round = 0; round < kRounds; ++round) {
-        steps.meet(rank, "the end of a step", [] {});
-        host.meet(rank, "a host all_reduce");
+        m.steps.meet(rank, "the end of a step", [] {});
+        m.host.meet(rank, "a host all_reduce");
       }
     } catch (const std::exception& e) {
       failures[rank] = e.what();
@@ -49,33 +58,24 @@ TEST(XlaMeetingTest, ReplicasThatMeetInTurnAreNeverReportedAsWaitingApart) {
   one.join();
   EXPECT_EQ(failures[0], "");
   EXPECT_EQ(failures[1], "");
-  EXPECT_EQ(steps.completed(), static_cast<uint64_t>(kRounds));
-  EXPECT_EQ(host.completed(), static_cast<uint64_t>(kRounds));
+  EXPECT_EQ(m.steps.completed(), static_cast<uint64_t>(kRounds));
+  EXPECT_EQ(m.host.completed(), static_cast<uint64_t>(kRounds));
 }
 
 // The board still reports a wait that cannot end, at once.
 TEST(XlaMeetingTest, ReplicasAtDifferentMeetingsFailAtOnceNamingBoth) {
-  const auto name = [](int k) { return "replica " + std::to_string(k); };
-  auto board = std::make_shared<WaitBoard>(2, name);
-  Meeting steps(2, std::chrono::seconds(60), name);
-  Meeting host(2, std::chrono::seconds(60), name);
-  const auto abort_all = [&](const std::string& reason) {
-    steps.abort(reason);
-    host.abort(reason);
-  };
-  steps.set_board(board, abort_all);
-  host.set_board(board, abort_all);
+  TwoMeetings m;
   std::string failures[2];
   std::thread zero([&] {
     try {
-      host.meet(0, "a host all_reduce");
+      m.host.meet(0, "a host all_reduce");
     } catch (const std::exception& e) {
       failures[0] = e.what();
     }
   });
   std::thread one([&] {
     try {
-      steps.meet(1, "the end of a step");
+      m.steps.meet(1, "the end of a step");
     } catch (const std::exception& e) {
       failures[1] = e.what();
     }

@@ -162,17 +162,11 @@ TEST_F(XlaZooTest, DcganTrainsLikeTheCpu) {
   expect_trains_like_the_cpu([](c10::Device device) -> Step {
     torch::manual_seed(11);
     const int64_t noise = 8;
-    auto generator = std::make_shared<zoo::dcgan::DCGANGenerator>(noise);
-    auto discriminator = std::make_shared<torch::nn::Sequential>(zoo::dcgan::create_discriminator());
-    (*generator)->to(device);
-    (*discriminator)->to(device);
-    const auto options = torch::optim::AdamOptions(2e-4).betas(std::make_tuple(0.5, 0.5));
-    auto g_opt = std::make_shared<torch::optim::Adam>((*generator)->parameters(), options);
-    auto d_opt = std::make_shared<torch::optim::Adam>((*discriminator)->parameters(), options);
-    auto b = zoo::dcgan::batch(noise);
-    b.real_images = b.real_images.to(device), b.real_labels = b.real_labels.to(device), b.noise = b.noise.to(device);
+    const zoo::dcgan::Example e = zoo::dcgan::example(noise, device);
+    const zoo::dcgan::Batch b = zoo::dcgan::to(zoo::dcgan::batch(noise), device);
     return [=] {
-      auto losses = zoo::dcgan::train_step(*generator, *discriminator, *g_opt, *d_opt, b);
+      auto losses = zoo::dcgan::train_step(*e.generator, *e.discriminator, *e.generator_optimizer,
+                                           *e.discriminator_optimizer, b);
       return Tensors{losses.d_loss.detach(), losses.g_loss.detach()};
     };
   });

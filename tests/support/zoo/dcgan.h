@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "support/zoo/batch.h"
 
@@ -92,6 +93,33 @@ inline Batch batch(int64_t noise, int64_t n = 4, uint64_t seed = 2) {
   b.real_images = torch::tanh(normal({n, 1, 28, 28}, gen));
   b.real_labels = torch::empty({n}).uniform_(0.8, 1.0, gen);
   b.noise = normal({n, noise, 1, 1}, gen);
+  return b;
+}
+
+/// The example's models and their Adam optimizers (lr 2e-4, betas 0.5 and
+/// 0.5), built from the current seed and moved to `device`.
+struct Example {
+  std::shared_ptr<DCGANGenerator> generator;
+  std::shared_ptr<nn::Sequential> discriminator;
+  std::shared_ptr<torch::optim::Adam> generator_optimizer, discriminator_optimizer;
+};
+inline Example example(int64_t noise, torch::Device device) {
+  Example e;
+  e.generator = std::make_shared<DCGANGenerator>(noise);
+  e.discriminator = std::make_shared<nn::Sequential>(create_discriminator());
+  (*e.generator)->to(device);
+  (*e.discriminator)->to(device);
+  const auto options = torch::optim::AdamOptions(2e-4).betas(std::make_tuple(0.5, 0.5));
+  e.generator_optimizer = std::make_shared<torch::optim::Adam>((*e.generator)->parameters(), options);
+  e.discriminator_optimizer = std::make_shared<torch::optim::Adam>((*e.discriminator)->parameters(), options);
+  return e;
+}
+
+/// `b` on `device`.
+inline Batch to(Batch b, torch::Device device) {
+  b.real_images = b.real_images.to(device);
+  b.real_labels = b.real_labels.to(device);
+  b.noise = b.noise.to(device);
   return b;
 }
 
