@@ -247,16 +247,32 @@ void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule&) {
 // stopped after is saved as a periodic save of this callback would save it
 // (an unmonitored checkpoint under its name), and as `last`; a monitored
 // ranking gets nothing (no validation ran for that step), but `last` does.
+// As Lightning's, the end of training also writes `last` when save_last is
+// set and this callback has saved nothing (save_top_k 0, or a monitored metric
+// that never appeared), so last_model_path names a file after every fit.
 void ModelCheckpoint::on_train_end(Trainer& trainer, TrainModule&) {
-  if (trainer.stop_signal() == 0 || skip_saving(trainer)) return;
-  const Metrics metrics = candidates(trainer);
-  if (options_.monitor.empty()) save_top_k_checkpoint(trainer, metrics);
-  save_last_checkpoint(trainer, metrics);
+  if (trainer.stop_signal() != 0 && !skip_saving(trainer)) {
+    const Metrics metrics = candidates(trainer);
+    if (options_.monitor.empty()) save_top_k_checkpoint(trainer, metrics);
+    save_last_checkpoint(trainer, metrics);
+  }
+  if (options_.save_last && !saved_any_) save_last_checkpoint(trainer, candidates(trainer));
 }
 
+// The step is recorded before the file is written, as the ranking and
+// last_model_path are: it is part of the state the file holds, so two
+// files written at one step (a ranked one, then `last`) hold the same
+// state (Lightning keeps no such field; it compares equal there too).
 void ModelCheckpoint::write(Trainer& trainer, const std::string& path) {
-  trainer.save_checkpoint(path);
+  const int64_t previous = last_saved_step_;
   last_saved_step_ = trainer.global_step();
+  try {
+    trainer.save_checkpoint(path);
+  } catch (...) {
+    last_saved_step_ = previous;
+    throw;
+  }
+  saved_any_ = true;
 }
 
 void ModelCheckpoint::save_top_k_checkpoint(Trainer& trainer, const Metrics& metrics) {

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "strata/checkpoint/directory.h"
 #include "strata/core/error.h"
 #include "strata/trainer/csv_logger.h"
 #include "trainer_util.h"
@@ -285,6 +286,56 @@ TEST(LightningLoopTest, ASaveOnAnEpochsLastBatchIsRankedAsLightningRanksIt) {
     FitRun r = run(options().with_max_epochs(2).with_callback(mc), indices(8, 4), std::nullopt);
     EXPECT_EQ(r.trainer->global_step(), 4);
     EXPECT_TRUE(files_in(dir.path + "/ck").empty());
+  }
+}
+
+// ModelCheckpoint's state inside the checkpoint folder `ckpt`.
+nlohmann::json model_checkpoint_state(const std::string& ckpt) {
+  const nlohmann::json callbacks =
+      read_json(ckpt + "/" + strata::checkpoint::kMetadataFile)["entries"]["trainer"]["value"]["callbacks"];
+  for (const auto& [key, value] : callbacks.items()) {
+    if (key.rfind("ModelCheckpoint", 0) == 0) return value;
+  }
+  return nullptr;
+}
+
+// Issue 41, "16_same_step_same_state": the ranked file and last.ckpt written
+// at one step (the third epoch's end, save_last, top -1) hold the same
+// ModelCheckpoint state; Lightning's two files compare equal.
+TEST(LightningLoopTest, TwoCheckpointsOfOneStepHoldTheSameCallbackState) {
+  TempDir dir("ck16");
+  auto mc = checkpoint(
+      strata::trainer::ModelCheckpointOptions().with_dirpath(dir.path).with_save_last(true).with_save_top_k(-1));
+  run(options().with_max_epochs(3).with_callback(mc), indices(40, 4), std::nullopt);
+  EXPECT_EQ(files_in(dir.path), std::set<std::string>({"epoch=0-step=10.ckpt", "epoch=1-step=20.ckpt",
+                                                       "epoch=2-step=30.ckpt", "last.ckpt"}));
+  const nlohmann::json ranked_state = model_checkpoint_state(dir.path + "/epoch=2-step=30.ckpt");
+  const nlohmann::json last_state = model_checkpoint_state(dir.path + "/last.ckpt");
+  ASSERT_FALSE(ranked_state.is_null());
+  EXPECT_EQ(ranked_state, last_state) << ranked_state.dump() << "\n" << last_state.dump();
+}
+
+// Issue 41, "17_save_last_top_0" and "17_save_last_monitor_missing": with
+// save_last, a fit that saved nothing (save_top_k 0, or a monitored metric
+// that never appeared) writes last.ckpt at its end, and last_model_path
+// names it.
+TEST(LightningLoopTest, SaveLastWritesLastAtTheEndWhenNothingElseWasSaved) {
+  {
+    TempDir dir("ck17a");
+    auto mc = checkpoint(
+        strata::trainer::ModelCheckpointOptions().with_dirpath(dir.path).with_save_last(true).with_save_top_k(0));
+    FitRun r = run(options().with_max_epochs(2).with_callback(mc), indices(8, 4), std::nullopt);
+    EXPECT_EQ(r.trainer->global_step(), 4);
+    EXPECT_EQ(files_in(dir.path), std::set<std::string>({"last.ckpt"}));
+    EXPECT_EQ(fs::path(mc->last_model_path()).filename(), "last.ckpt");
+  }
+  {
+    TempDir dir("ck17b");
+    auto mc = checkpoint(strata::trainer::ModelCheckpointOptions().with_dirpath(dir.path).with_monitor("val_nope")
+                             .with_save_last(true).with_save_top_k(1));
+    run(options().with_max_epochs(2).with_callback(mc), indices(8, 4), std::nullopt);
+    EXPECT_EQ(files_in(dir.path), std::set<std::string>({"last.ckpt"}));
+    EXPECT_EQ(fs::path(mc->last_model_path()).filename(), "last.ckpt");
   }
 }
 

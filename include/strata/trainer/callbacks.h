@@ -115,6 +115,7 @@ class ModelCheckpoint : public Callback {
   std::optional<double> best_model_score_;
   std::string last_model_path_;
   int64_t last_saved_step_ = -1;
+  bool saved_any_ = false;  ///< this callback wrote a file (not state: Lightning's _last_checkpoint_saved)
   bool defer_save_until_validation_ = false;
   bool warned_missing_ = false;
 };
