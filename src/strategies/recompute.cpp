@@ -66,7 +66,10 @@ void apply(const DeviceReplay& replay) {
 // checkpointing (PyTorch's checkpoint does that). The recomputation's
 // outputs do not read them (training normalises by the batch's own
 // statistics), so the buffers the caller names are copied before it and
-// put back after it: each forward updates them once.
+// put back after it: each forward updates them once. Every buffer is
+// copied, read-only ones too (a mask): version counters cannot pick out the
+// written ones, as the batch-norm kernels write the running statistics
+// without moving them. The cost is a copy of the module's buffers a step.
 // What the recomputation needs, kept in the autograd context.
 struct SavedForward : torch::CustomClassHolder {
   ForwardFn body;

@@ -151,4 +151,21 @@ TEST(RecomputeTest, SeveralInputsAndOutputsGetThePlainGradients) {
   }
 }
 
+// Note [One update of the running statistics]: a buffer the forward
+// updates in place (a running count) moves once, not again in the
+// recomputation.
+TEST(RecomputeTest, ABufferTheForwardUpdatesMovesOnce) {
+  torch::nn::Linear a(4, 4);
+  at::Tensor count = at::zeros({1});
+  auto body = [&](const TensorList& in) {
+    count.add_(1);
+    return TensorList{a->forward(in[0])};
+  };
+  at::Tensor x = at::randn({3, 4}).requires_grad_(true);
+  TensorList out = strata::strategies::recomputed_forward(ForwardFn(body), TensorList{x}, {count});
+  out[0].sum().backward();
+  EXPECT_EQ(count.item<float>(), 1.0f) << "the recomputation moved the count again";
+  ASSERT_TRUE(a->weight.grad().defined());
+}
+
 }  // namespace
