@@ -14,23 +14,23 @@ class HooksHolder : public torch::nn::Module {
   std::shared_ptr<ForwardHooks> hooks;
 };
 
-HooksHolder* holder_of(const torch::nn::Module& module) {
-  // The holder is owned by the module's own dictionary of children, so the
-  // pointer outlives this copy of it.
+// The holder, owned by the module's own dictionary of children (null when
+// no hooks are set).
+std::shared_ptr<HooksHolder> holder_of(const torch::nn::Module& module) {
   const auto children = module.named_children();
   const auto* child = children.find(kForwardHooksName);
-  return child ? dynamic_cast<HooksHolder*>(child->get()) : nullptr;
+  return child ? std::dynamic_pointer_cast<HooksHolder>(*child) : nullptr;
 }
 
 }  // namespace
 
 std::shared_ptr<ForwardHooks> forward_hooks(const torch::nn::Module& module) {
-  HooksHolder* holder = holder_of(module);
+  const std::shared_ptr<HooksHolder> holder = holder_of(module);
   return holder ? holder->hooks : nullptr;
 }
 
 void set_forward_hooks(torch::nn::Module& module, std::shared_ptr<ForwardHooks> hooks) {
-  HooksHolder* holder = holder_of(module);
+  const std::shared_ptr<HooksHolder> holder = holder_of(module);
   if (holder && hooks) {
     holder->hooks = std::move(hooks);
   } else if (holder) {
@@ -41,10 +41,7 @@ void set_forward_hooks(torch::nn::Module& module, std::shared_ptr<ForwardHooks> 
 }
 
 std::weak_ptr<const torch::nn::Module> forward_hooks_holder(const torch::nn::Module& module) {
-  const auto children = module.named_children();
-  const auto* child = children.find(kForwardHooksName);
-  if (child == nullptr || dynamic_cast<HooksHolder*>(child->get()) == nullptr) return {};
-  return std::weak_ptr<const torch::nn::Module>(*child);
+  return std::weak_ptr<const torch::nn::Module>(holder_of(module));
 }
 
 bool is_forward_hooks_holder(const torch::nn::Module& module) {

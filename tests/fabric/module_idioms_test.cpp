@@ -97,15 +97,22 @@ STRATA_WORKER(module_idioms) {
   Checks c;
   fabric.launch([&](Fabric& f) {
     c.rank = f.global_rank();
+    // Trains `model` (set up already) and compares its full parameters.
+    const auto check = [&](NetImpl& model, const std::string& what) {
+      at::Tensor got = train(model, &f);
+      if (kind == "fsdp") got = full_values(f, model);
+      c.expect(at::allclose(got, expected, 1e-5, 1e-6),
+               kind + " " + what + ": the parameters differ from one process's by " +
+                   std::to_string((got - expected).abs().max().item<double>()));
+    };
     at::manual_seed(3);
-    at::Tensor trained;
     if (form == "holder") {
       Net model;
       model = f.setup_module(model);
-      trained = train(*model, &f);
+      check(*model, form);
     } else if (form == "shared_ptr") {
       std::shared_ptr<NetImpl> model = f.setup_module(std::make_shared<NetImpl>());
-      trained = train(*model, &f);
+      check(*model, form);
     } else {
       // By value, gone before the strategy's teardown; twice in a row, so
       // the second is likely built where the first was.
@@ -114,18 +121,9 @@ STRATA_WORKER(module_idioms) {
         NetImpl model;
         NetImpl& same = f.setup_module(model);
         c.expect(&same == &model, "setup_module returns the module held by value");
-        at::Tensor got = train(model, &f);
-        if (kind == "fsdp") got = full_values(f, model);
-        c.expect(at::allclose(got, expected, 1e-5, 1e-6),
-                 kind + " " + form + " run " + std::to_string(run) + ": the parameters differ from one process's by " +
-                     std::to_string((got - expected).abs().max().item<double>()));
+        check(model, form + " run " + std::to_string(run));
       }
-      return;
     }
-    if (kind == "fsdp") return;  // the holder forms are fsdp_test's
-    c.expect(at::allclose(trained, expected, 1e-5, 1e-6),
-             form + ": the parameters differ from one process's by " +
-                 std::to_string((trained - expected).abs().max().item<double>()));
   });
   return c.result();
 }

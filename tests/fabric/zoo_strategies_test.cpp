@@ -130,6 +130,24 @@ Trained train(const ZooCase& zc, Fabric* fabric, Checks* c) {
   return out;
 }
 
+// Every loss to 1e-5 (relative, at least absolute), then every parameter
+// and buffer to allclose(1e-4, 1e-5); `what` names the run in messages.
+void expect_as_one_process(Checks& c, const std::string& what, const Trained& got, const Trained& want) {
+  c.expect(got.losses.size() == want.losses.size(), what + ": as many losses");
+  for (size_t i = 0; i < want.losses.size() && i < got.losses.size(); ++i) {
+    c.expect(std::abs(got.losses[i] - want.losses[i]) <= 1e-5 * std::max(1.0, std::abs(want.losses[i])),
+             what + " loss " + std::to_string(i) + ": " + std::to_string(got.losses[i]) + " vs " +
+                 std::to_string(want.losses[i]));
+  }
+  c.expect(got.state.size() == want.state.size(), what + ": the same parameters and buffers");
+  for (const auto& [name, value] : want.state) {
+    auto it = got.state.find(name);
+    const bool close = it != got.state.end() && it->second.sizes() == value.sizes() &&
+                       at::allclose(it->second.to(value.scalar_type()), value, 1e-4, 1e-5);
+    c.expect(close, what + ": " + name + " differs from one process");
+  }
+}
+
 // Picks the strategy of `kind` (ddp, fsdp or fsdp-checkpoint) with `units`
 // as FSDP's units (and checkpointed modules).
 std::shared_ptr<strata::strategies::Strategy> strategy_of(const std::string& kind,
@@ -162,18 +180,7 @@ STRATA_WORKER(zoo_strategy) {
       const ZooCase& zc = cases[m];
       const Trained got = train(zc, &f, &c);
       const Trained& want = reference[m];
-      for (int i = 0; i < kSteps; ++i) {
-        c.expect(std::abs(got.losses[i] - want.losses[i]) <= 1e-5 * std::max(1.0, std::abs(want.losses[i])),
-                 kind + " " + zc.name + " step " + std::to_string(i) + ": loss " + std::to_string(got.losses[i]) +
-                     " vs " + std::to_string(want.losses[i]));
-      }
-      c.expect(got.state.size() == want.state.size(), kind + " " + zc.name + ": the same parameters and buffers");
-      for (const auto& [name, value] : want.state) {
-        auto it = got.state.find(name);
-        const bool close = it != got.state.end() && it->second.sizes() == value.sizes() &&
-                           at::allclose(it->second.to(value.scalar_type()), value, 1e-4, 1e-5);
-        c.expect(close, kind + " " + zc.name + ": " + name + " differs from one process");
-      }
+      expect_as_one_process(c, kind + " " + zc.name, got, want);
     }
   });
   return c.result();
@@ -261,18 +268,7 @@ STRATA_WORKER(zoo_dcgan_strategy) {
   fabric.launch([&](Fabric& f) {
     c.rank = f.global_rank();
     const Trained got = train_dcgan(&f, &c);
-    for (size_t i = 0; i < want.losses.size(); ++i) {
-      c.expect(std::abs(got.losses[i] - want.losses[i]) <= 1e-5 * std::max(1.0, std::abs(want.losses[i])),
-               kind + " dcgan loss " + std::to_string(i) + ": " + std::to_string(got.losses[i]) + " vs " +
-                   std::to_string(want.losses[i]));
-    }
-    c.expect(got.state.size() == want.state.size(), kind + " dcgan: the same parameters and buffers");
-    for (const auto& [name, value] : want.state) {
-      auto it = got.state.find(name);
-      const bool close = it != got.state.end() && it->second.sizes() == value.sizes() &&
-                         at::allclose(it->second.to(value.scalar_type()), value, 1e-4, 1e-5);
-      c.expect(close, kind + " dcgan: " + name + " differs from one process");
-    }
+    expect_as_one_process(c, kind + " dcgan", got, want);
   });
   return c.result();
 }

@@ -103,15 +103,14 @@ FSDPState::FSDPState(ModulePtr root_module, comm::Group group, const FSDPOptions
       prefetch_(options.prefetch),
       overlap_backward_(options.overlap_backward.value_or(!device.is_cpu())),
       root_module_(std::move(root_module)),
-      root_borrowed_(borrowed(root_module_)),
       grad_hooks_([this](size_t i) { return post_backward(i); }) {
   context_.world = context_.group.size();
   // Note [Modules held by value]: the units below the root outlive it.
-  if (root_borrowed_) root_children_ = root_module_->children();
+  if (borrowed(root_module_)) root_children_ = root_module_->children();
 }
 
 void FSDPState::watch_root() {
-  if (root_borrowed_) root_life_ = forward_hooks_holder(*root_module_);
+  if (borrowed(root_module_)) root_life_ = forward_hooks_holder(*root_module_);
 }
 
 void FSDPState::build(const FSDPOptions& options, Presharded* presharded,

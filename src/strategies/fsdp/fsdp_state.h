@@ -82,7 +82,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   const ModulePtr& root_module() const { return root_module_; }
   /// False once a root module held by value is gone (Note [Modules held by
   /// value] in strategies/strategy.h); always true for an owned one.
-  bool root_alive() const { return !root_borrowed_ || !root_life_.expired(); }
+  bool root_alive() const { return !borrowed(root_module_) || !root_life_.expired(); }
   /// For a root held by value: watches its lifetime through the hooks set
   /// on it (call after setting them).
   void watch_root();
@@ -138,7 +138,6 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool overlap_backward_ = true;  ///< Note [Overlap in backward]
   bool sync_ = true;  ///< gradients reduced in this backward (no_backward_sync turns it off)
   ModulePtr root_module_;
-  bool root_borrowed_ = false;  ///< held by value: root_module_ does not own it
   std::vector<ModulePtr> root_children_;  ///< a borrowed root's children, kept past the root
   std::weak_ptr<const torch::nn::Module> root_life_;  ///< expires with a borrowed root
   GradHooks grad_hooks_;  ///< Note [Gradient hooks]
