@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <unistd.h>
 
@@ -80,27 +81,79 @@ std::string type_json(const stablehlo::Type& t) {
 
 // Note [Dumping programs]
 // With STRATA_XLA_DUMP_DIR set, each distinct program a step runs is
-// written there once, as HASH.mlir (the module text, which XLA's tools and
-// JAX read) and HASH.json (its arguments' and results' types), HASH being
-// the FNV-1a hash of the text. Each file is written under a temporary name
-// and renamed, so a reader never sees half of one, and two processes
-// dumping the same program write the same bytes.
-void dump_program(const std::filesystem::path& dir, const Program& program) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : program.text) hash = (hash ^ c) * 0x100000001b3ull;
-  char name[17];
-  std::snprintf(name, sizeof(name), "%016llx", static_cast<unsigned long long>(hash));
-  const std::filesystem::path mlir = dir / (std::string(name) + ".mlir");
-  std::error_code ec;
-  if (std::filesystem::exists(mlir, ec)) return;
-  std::filesystem::create_directories(dir, ec);
-  std::string json = "{\"module\": \"" + mlir.filename().string() + "\", \"arguments\": [";
-  for (size_t i = 0; i < program.parameters.size(); ++i)
-    json += (i ? ", " : "") + type_json(program.parameters[i]->type());
-  json += "], \"results\": [";
-  for (size_t i = 0; i < program.outputs.size(); ++i) json += (i ? ", " : "") + type_json(program.outputs[i]->type());
-  json += "]}\n";
-  auto write = [&](const std::filesystem::path& path, const std::string& bytes) {
+// written there once, before it is compiled, as HASH.mlir (the module
+// text, which XLA's tools and JAX read) and HASH.json (its replicas and
+// its arguments' and results' types), HASH being the FNV-1a hash of the
+// text. With STRATA_XLA_DUMP_VALUES=1 as well, the program's first run
+// leaves its values beside it: HASH.values/rR.inI.bin and rR.outO.bin,
+// replica R's argument I and result O as raw row-major bytes (a bool one
+// byte), so the run can be replayed on another XLA and compared
+// (tests/xla/jax_oracle.py --replay). The arguments are read before the
+// program runs, as it may consume them, and the results after. Each file
+// is written under a temporary name and renamed, so a reader never sees
+// half of one; the types come before the text, so a reader that finds
+// HASH.mlir finds HASH.json; two processes dumping the same program write
+// the same bytes.
+class ProgramDump {
+ public:
+  /// Writes `program` unless no dump is asked for or it is there already;
+  /// returns what records its values, or null.
+  static std::unique_ptr<ProgramDump> begin(const Program& program, size_t replicas) {
+    const char* dir = std::getenv("STRATA_XLA_DUMP_DIR");
+    if (dir == nullptr || *dir == '\0') return nullptr;
+    auto dump = std::unique_ptr<ProgramDump>(new ProgramDump(dir, program));
+    std::error_code ec;
+    if (std::filesystem::exists(dump->path(".mlir"), ec)) return nullptr;
+    std::filesystem::create_directories(dump->dir_, ec);
+    std::string json = "{\"module\": \"" + dump->path(".mlir").filename().string() +
+                       "\", \"replicas\": " + std::to_string(replicas) + ", \"arguments\": [";
+    for (size_t i = 0; i < program.parameters.size(); ++i)
+      json += (i ? ", " : "") + type_json(program.parameters[i]->type());
+    json += "], \"results\": [";
+    for (size_t i = 0; i < program.outputs.size(); ++i) json += (i ? ", " : "") + type_json(program.outputs[i]->type());
+    json += "]}\n";
+    write(dump->path(".json"), json);
+    write(dump->path(".mlir"), program.text);
+    const char* values = std::getenv("STRATA_XLA_DUMP_VALUES");
+    if (values == nullptr || std::string(values) != "1") return nullptr;
+    return dump;
+  }
+
+  void arguments(const std::vector<std::vector<const Buffer*>>& per_replica) {
+    write_values(per_replica, "in");
+  }
+
+  void results(const std::vector<std::vector<Buffer>>& per_replica) {
+    std::vector<std::vector<const Buffer*>> pointers(per_replica.size());
+    for (size_t r = 0; r < per_replica.size(); ++r)
+      for (const Buffer& b : per_replica[r]) pointers[r].push_back(&b);
+    write_values(pointers, "out");
+  }
+
+ private:
+  ProgramDump(std::filesystem::path dir, const Program& program) : dir_(std::move(dir)) {
+    uint64_t hash = 0xcbf29ce484222325ull;
+    for (unsigned char c : program.text) hash = (hash ^ c) * 0x100000001b3ull;
+    char name[17];
+    std::snprintf(name, sizeof(name), "%016llx", static_cast<unsigned long long>(hash));
+    name_ = name;
+  }
+
+  std::filesystem::path path(const std::string& suffix) const { return dir_ / (name_ + suffix); }
+
+  void write_values(const std::vector<std::vector<const Buffer*>>& per_replica, const char* kind) const {
+    const std::filesystem::path folder = path(".values");
+    std::error_code ec;
+    std::filesystem::create_directories(folder, ec);
+    for (size_t r = 0; r < per_replica.size(); ++r)
+      for (size_t i = 0; i < per_replica[r].size(); ++i) {
+        const std::vector<uint8_t> bytes = per_replica[r][i]->to_host();
+        write(folder / ("r" + std::to_string(r) + "." + kind + std::to_string(i) + ".bin"),
+              std::string(bytes.begin(), bytes.end()));
+      }
+  }
+
+  static void write(const std::filesystem::path& path, const std::string& bytes) {
     const std::filesystem::path temporary = path.string() + ".tmp" + std::to_string(::getpid());
     {
       std::ofstream out(temporary, std::ios::binary);
@@ -108,14 +161,15 @@ void dump_program(const std::filesystem::path& dir, const Program& program) {
       STRATA_CHECK(out.good(), ConfigError, "[xla] STRATA_XLA_DUMP_DIR: cannot write ", temporary.string(),
                    "; point it at a writable folder, or unset it");
     }
+    std::error_code ec;
     std::filesystem::rename(temporary, path, ec);
     STRATA_CHECK(!ec, ConfigError, "[xla] STRATA_XLA_DUMP_DIR: cannot rename ", temporary.string(), " to ",
                  path.string(), ": ", ec.message());
-  };
-  // The types first: a reader that finds HASH.mlir finds HASH.json too.
-  write(dir / (std::string(name) + ".json"), json);
-  write(mlir, program.text);
-}
+  }
+
+  std::filesystem::path dir_;
+  std::string name_;
+};
 
 }  // namespace
 
@@ -203,7 +257,7 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
                       "collective");
   }
   const auto emit_took = Clock::now() - traced;
-  if (const char* dir = std::getenv("STRATA_XLA_DUMP_DIR"); dir != nullptr && *dir != '\0') dump_program(dir, programs[0]);
+  std::unique_ptr<ProgramDump> dump = ProgramDump::begin(programs[0], replicas);
   std::shared_ptr<const LoadedExecutable> executable = compiled(programs[0].text);
   // Host scalars are uploaded for this run, to each replica's device
   // (Note [Graph parameters]). The reserve keeps the pointers valid.
@@ -226,9 +280,11 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
       arguments[r].push_back(&uploaded.back());
     }
   }
+  if (dump) dump->arguments(arguments);
   const auto start = Clock::now();
   std::vector<std::vector<Buffer>> results = executable->execute(arguments);
   const auto took = Clock::now() - start;
+  if (dump) dump->results(results);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     metrics_.execute_time += took;

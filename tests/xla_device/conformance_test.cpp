@@ -7,6 +7,10 @@
 // lowered op without a sample fails the test: a new lowering brings its
 // sample here.
 //
+// Every program the samples make is also replayed on JAX's CPU backend,
+// with the arguments and results of its run on the plugin
+// (xla_device/jax_replay.h).
+//
 // The CI-sized run is one seed. STRATA_XLA_CONFORMANCE=full
 // (scripts/xla-conformance.sh) runs three seeds and also every sample of
 // an op that is not lowered, reporting where it falls back.
@@ -27,6 +31,7 @@
 
 #include "strata/xla/device.h"
 #include "xla_device/core_ops.h"
+#include "xla_device/jax_replay.h"
 #include "xla_device/xla_device_test.h"
 
 namespace {
@@ -745,15 +750,25 @@ TEST_F(CoreOpConformanceTest, LoweredCoreOpsMatchLibTorchsCpuKernels) {
   const std::vector<uint64_t> seeds = full_run() ? std::vector<uint64_t>{1, 2, 3} : std::vector<uint64_t>{1};
   Tally run;
   int lowered = 0;
-  for (const auto& op : strata::testing::classify_core_ops()) {
-    const bool is_lowered = op.kind == strata::testing::CoreOpClass::kLowered;
-    auto it = table.find(op.name);
-    if (it == table.end() || (!is_lowered && !full_run())) continue;
-    lowered += is_lowered;
-    run_op(op.name, it->second, seeds, is_lowered, device_, run);
-  }
+  // Every program the samples make also runs on JAX, as on the plugin.
+  const auto replay = strata::testing::replay_on_jax("conformance", [&] {
+    for (const auto& op : strata::testing::classify_core_ops()) {
+      const bool is_lowered = op.kind == strata::testing::CoreOpClass::kLowered;
+      auto it = table.find(op.name);
+      if (it == table.end() || (!is_lowered && !full_run())) continue;
+      lowered += is_lowered;
+      run_op(op.name, it->second, seeds, is_lowered, device_, run);
+    }
+  });
   std::printf("%d lowered core ops, %d comparisons; %lld programs compiled in %.1f s, run in %.1f s\n", lowered,
               run.compared, static_cast<long long>(run.compiles), run.compile_seconds, run.execute_seconds);
+  if (replay.skipped.empty()) {
+    std::printf("%zu distinct programs replayed on jax %s\n", replay.cases.size(), replay.jax.c_str());
+    EXPECT_GT(replay.cases.size(), 0u);
+    strata::testing::expect_all_agree(replay);
+  } else {
+    std::printf("not replayed on jax: %s\n", replay.skipped.c_str());
+  }
   for (const Gap& g : kKnownGaps)
     if (full_run())
       EXPECT_TRUE(run.gaps_seen.count(&g))
