@@ -130,10 +130,11 @@ struct DDPStrategy::Reducer {
   bool order_rebuilt = false;
   size_t next_to_launch = 0;
   bool sync_enabled = true;
+  bool lazy = false;  // on a lazy device (xla): Note [A gradient no rank had]
   std::mutex mutex;
 
-  Reducer(comm::Group g, std::vector<at::Tensor> ps, int64_t cap_bytes)
-      : group(std::move(g)), params(std::move(ps)), bucket_cap_bytes(cap_bytes) {
+  Reducer(comm::Group g, std::vector<at::Tensor> ps, int64_t cap_bytes, bool on_lazy_device)
+      : group(std::move(g)), params(std::move(ps)), bucket_cap_bytes(cap_bytes), lazy(on_lazy_device) {
     ready.assign(params.size(), false);
     scale = 1.0 / group.size();
     for (const at::Tensor& p : params) viewable.push_back(p.layout() == at::kStrided && p.is_contiguous());
@@ -283,10 +284,11 @@ struct DDPStrategy::Reducer {
       bucket.work.reset();
     }
     torch::NoGradGuard no_grad;
+    const std::vector<bool> none_anywhere = no_rank_had(none_here);
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor& grad = params[i].mutable_grad();
       at::Tensor averaged = slot(i).view(params[i].sizes());
-      if (none_here[i] && averaged.abs().max().item<double>() == 0.0) {
+      if (none_anywhere[i]) {
         grad.reset();  // no rank had one: none, as in single-process training
       } else if (!grad.defined()) {
         grad = viewable[i] ? grad_slot(i) : averaged.clone();
@@ -296,6 +298,34 @@ struct DDPStrategy::Reducer {
     }
     if (!order_rebuilt) rebuild_order();
     reset();
+  }
+
+  // Note [A gradient no rank had]
+  // A parameter this backward gave a gradient on no rank keeps none, as in
+  // one process. On the CPU and CUDA a parameter without one here is
+  // looked at once its average is in: an average of all zeros is taken to
+  // mean that no rank had one. On a lazy device reading the average would
+  // run the step's program so far, once per such parameter (a second
+  // module's parameters in a backward that does not reach them, as the
+  // DCGAN's generator in the discriminator's backward), so there every
+  // rank says on the host which parameters it had, in one all-reduce of
+  // flags every backward, and no program runs.
+  std::vector<bool> no_rank_had(const std::vector<bool>& none_here) {
+    std::vector<bool> out(params.size(), false);
+    if (!lazy) {
+      for (size_t i = 0; i < params.size(); ++i)
+        out[i] = none_here[i] && slot(i).abs().max().item<double>() == 0.0;
+      return out;
+    }
+    at::Tensor had = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
+    int32_t* flags = had.data_ptr<int32_t>();
+    for (size_t i = 0; i < params.size(); ++i) flags[i] = none_here[i] ? 0 : 1;
+    at::Tensor shared = had.to(group.device());
+    group.all_reduce(shared, comm::ReduceOp::kSum);
+    had = shared.cpu();
+    flags = had.data_ptr<int32_t>();
+    for (size_t i = 0; i < params.size(); ++i) out[i] = flags[i] == 0;
+    return out;
   }
 
   // Note [Rebuilt bucket order]
@@ -400,7 +430,7 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
   }
   auto replica = std::make_unique<Replica>();
   replica->module = module;
-  replica->reducer = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024);
+  replica->reducer = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024, lazy_device());
   std::weak_ptr<Reducer> weak = replica->reducer;
   replica->hooks = std::make_unique<GradHooks>([weak](size_t i) {
     auto reducer = weak.lock();
