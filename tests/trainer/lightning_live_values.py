@@ -68,6 +68,17 @@ class Probe(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": step_lr, "interval": self.scheduler}}
 
 
+class StopAtStep(pl.Callback):
+    """Sets should_stop after the batch that reaches `step` (as a Timer would)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
 def fit(root, module, train, val=None, **kw):
     kw.setdefault("logger", False)
     t = pl.Trainer(default_root_dir=root, accelerator="cpu", devices=1, enable_progress_bar=False,
@@ -116,13 +127,21 @@ def main(root):
         # "step", an epoch schedule, every 2nd step logged: 5 batches (steps of 2, 2, 1) an epoch.
         "step_interval_every_2_epoch_schedule": dict(interval="step", scheduler="epoch", batches=5,
                                                      log_every_n_steps=2),
+        # every 2nd step logged, should_stop set after step 3 (8 batches an epoch): step 3's
+        # values are logged though off the cadence.
+        "step_interval_stop_at_3": dict(interval="step", scheduler="step", batches=8, log_every_n_steps=2,
+                                        stop_at_step=3),
     }
     out["lr_monitor"] = {}
     for name, run in lr_runs.items():
+        run.setdefault("stop_at_step", None)
+        callbacks = [LearningRateMonitor(logging_interval=run["interval"])]
+        if run["stop_at_step"] is not None:
+            callbacks.append(StopAtStep(run["stop_at_step"]))
         logger = CSVLogger(root, name=name)
         fit(root, Probe(lr=0.1, scheduler=run["scheduler"]), indices(run["batches"], 1), indices(4, 4),
             max_epochs=2, accumulate_grad_batches=2, log_every_n_steps=run["log_every_n_steps"], logger=logger,
-            enable_checkpointing=False, callbacks=[LearningRateMonitor(logging_interval=run["interval"])])
+            enable_checkpointing=False, callbacks=callbacks)
         with open(os.path.join(logger.log_dir, "metrics.csv"), newline="") as f:
             out["lr_monitor"][name] = dict(run, rows=list(csv.reader(f)))
     json.dump(out, sys.stdout)

@@ -326,14 +326,18 @@ TEST(LightningLoopTest, AStopInsideAnEpochCountsThatEpoch) {
   }
 }
 
-/// Sets should_stop after the batch that reaches step 3 (as a Timer would).
-class StopAtStep3 : public strata::trainer::Callback {
+/// Sets should_stop after the batch that reaches `step` (as a Timer would).
+class StopAtStep : public strata::trainer::Callback {
  public:
-  std::string state_key() const override { return "StopAtStep3"; }
+  explicit StopAtStep(int64_t step) : step_(step) {}
+  std::string state_key() const override { return "StopAtStep"; }
   void on_train_batch_end(strata::Trainer& trainer, strata::TrainModule&, const at::Tensor&,
                           const strata::data::Batch&, int64_t) override {
-    if (trainer.global_step() == 3) trainer.should_stop = true;
+    if (trainer.global_step() == step_) trainer.should_stop = true;
   }
+
+ private:
+  int64_t step_;
 };
 
 // "12_should_stop_in_a_batch": the batch that set should_stop is followed
@@ -341,7 +345,7 @@ class StopAtStep3 : public strata::trainer::Callback {
 // check the epochs that did not validate.
 TEST(LightningLoopTest, AStopSetInABatchValidatesAndEarlyStoppingWaitsForValidations) {
   {
-    FitRun r = run(options().with_max_epochs(3).with_callback(std::make_shared<StopAtStep3>()), indices(8, 1),
+    FitRun r = run(options().with_max_epochs(3).with_callback(std::make_shared<StopAtStep>(3)), indices(8, 1),
                    indices(4, 4));
     EXPECT_EQ(r.trainer->global_step(), 3);
     EXPECT_EQ(r.trainer->current_epoch(), 1);
@@ -505,7 +509,8 @@ class ScheduledProbe : public Probe {
 // Item 3: the LearningRateMonitor with accumulate_grad_batches=2 (2
 // epochs, validation at each epoch's end) in the run the script describes
 // (logging_interval, the scheduler's interval, training batches an epoch,
-// log_every_n_steps): strata's metrics.csv equals
+// log_every_n_steps, the step after which a callback sets should_stop):
+// strata's metrics.csv equals
 // Lightning's for the same run row by row, the same header, the same cells
 // filled, the same numbers (the losses to float32's last bits). Lightning
 // writes a whole number as "103.0", strata as "103": cells compare as numbers.
@@ -513,10 +518,14 @@ void expect_lr_monitor_rows(const std::string& run_name, const nlohmann::json& l
   SCOPED_TRACE(run_name);
   TempDir dir(run_name);
   auto logger = std::make_shared<strata::trainer::CSVLogger>(dir.path, run_name);
-  run(options().with_max_epochs(2).with_accumulate_grad_batches(2)
+  strata::TrainerOptions o =
+      options().with_max_epochs(2).with_accumulate_grad_batches(2)
           .with_log_every_n_steps(lightning["log_every_n_steps"].get<int64_t>()).with_logger(logger)
-          .with_callback(std::make_shared<strata::trainer::LearningRateMonitor>(lightning["interval"].get<std::string>())),
-      indices(lightning["batches"].get<int64_t>(), 1), indices(4, 4),
+          .with_callback(std::make_shared<strata::trainer::LearningRateMonitor>(lightning["interval"].get<std::string>()));
+  if (!lightning["stop_at_step"].is_null()) {
+    o.with_callback(std::make_shared<StopAtStep>(lightning["stop_at_step"].get<int64_t>()));
+  }
+  run(o, indices(lightning["batches"].get<int64_t>(), 1), indices(4, 4),
       std::make_shared<ScheduledProbe>(0.1, lightning["scheduler"].get<std::string>()));
   const nlohmann::json& lightning_rows = lightning["rows"];
   const auto rows = read_csv(logger->metrics_file());
@@ -564,7 +573,7 @@ TEST(LightningLoopTest, CheckpointStateSaveLastAndLearningRateRowsAreWhatLightni
     expect_save_last_at_the_end(answers["save_last_top_0"], answers["save_last_monitor_missing"]);
   }
   SCOPED_TRACE("item 3: LearningRateMonitor under accumulation");
-  ASSERT_EQ(answers["lr_monitor"].size(), 3u);
+  ASSERT_EQ(answers["lr_monitor"].size(), 4u);
   for (const auto& [run_name, lightning_run] : answers["lr_monitor"].items()) expect_lr_monitor_rows(run_name, lightning_run);
 }
 

@@ -416,8 +416,8 @@ class Trainer {
   /// The values logged since the last call into callback_metrics, the
   /// progress bar's and the loggers' pending row.
   void collect_step_metrics();
-  /// Hands the pending row to the loggers after a step at the
-  /// log_every_n_steps cadence.
+  /// Hands the pending row to the loggers after a step whose values
+  /// reach them (should_update_logs()).
   void log_step_metrics(bool stepped);
   std::string resolve_ckpt_path(const std::string& ckpt_path);
   void restore(const std::string& path, bool training);
