@@ -71,28 +71,29 @@ Metrics LearningRateMonitor::learning_rates(const Trainer& trainer) {
   return out;
 }
 
-void LearningRateMonitor::on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor&, const data::Batch&,
-                                             int64_t) {
-  if (interval_ != "step" || !trainer.is_global_zero() || trainer.global_step() == 0) return;
-  // Once per optimizer step, at the logging cadence, at the step it used.
-  if (trainer.global_step() % trainer.options().log_every_n_steps != 0 || trainer.global_step() == last_step_) return;
-  last_step_ = trainer.global_step();
-  for (const auto& logger : trainer.loggers()) {
-    logger->log_metrics(last_rates_.empty() ? learning_rates(trainer) : last_rates_, trainer.global_step() - 1);
-  }
-  last_rates_.clear();
-}
-
+// Note [When the LR monitor logs]
+// As Lightning 2.6.6's LearningRateMonitor: with "step" it logs at each
+// training batch's start, so every batch of an accumulation window logs
+// the rate its step will use (accumulate_grad_batches=2 writes two rows a
+// step), when that step's values reach the loggers (should_update_logs:
+// the log_every_n_steps cadence, or should_stop), filed under the steps
+// taken before it (log_step(), Lightning's _batches_that_stepped). With
+// "epoch" it logs at each epoch's start under the steps taken so far, so
+// the second epoch's rate after 3 steps is filed under step 3. Its rows
+// hold the rates only (no "epoch"), and go to the loggers directly, as
+// Lightning's do, so they are written at the loggers' next save, in the
+// order logged (tests/trainer/lightning_loop_test.cpp compares the CSV
+// with Lightning's for the same run).
 void LearningRateMonitor::on_train_batch_start(Trainer& trainer, TrainModule&, const data::Batch&, int64_t) {
-  // The rate the coming step uses (a step scheduler changes it after the step).
-  if (interval_ == "step") last_rates_ = learning_rates(trainer);
+  if (interval_ != "step" || !trainer.is_global_zero() || !trainer.should_update_logs()) return;
+  const Metrics rates = learning_rates(trainer);
+  for (const auto& logger : trainer.loggers()) logger->log_metrics(rates, trainer.log_step());
 }
 
 void LearningRateMonitor::on_train_epoch_start(Trainer& trainer, TrainModule&) {
   if (interval_ != "epoch" || !trainer.is_global_zero()) return;
-  for (const auto& logger : trainer.loggers()) {
-    logger->log_metrics(learning_rates(trainer), std::max<int64_t>(trainer.global_step() - 1, 0));
-  }
+  const Metrics rates = learning_rates(trainer);
+  for (const auto& logger : trainer.loggers()) logger->log_metrics(rates, trainer.log_step());
 }
 
 // ---- Timer ------------------------------------------------------------------------

@@ -556,7 +556,10 @@ void Trainer::collect_step_metrics() {
 }
 
 void Trainer::log_step_metrics(bool stepped) {
-  if (stepped && global_step_ % options_.log_every_n_steps == 0 && !pending_step_metrics_.empty()) {
+  // Lightning's update_train_step_metrics: after a batch that stepped,
+  // when should_update_logs(), so also off the cadence once a hook has set
+  // should_stop (that step is the run's last).
+  if (stepped && should_update_logs() && !pending_step_metrics_.empty()) {
     log_to_loggers(pending_step_metrics_, log_step());
     pending_step_metrics_.clear();
   }

@@ -1,11 +1,13 @@
-"""Lightning 2.6.6's answers for the loop settings of issues 25 and 41.
+"""Lightning 2.6.6's answers for the loop settings of issue 25.
 
 tests/trainer/lightning_loop_test.cpp asserts these values as literals;
 this script is how they were measured (run it with the venv's Python:
 `python tests/trainer/lightning_loop_values.py`). The module is the
 C++ test's Probe: y = x regression on index data, SGD; its validation
 logs val_loss = 100 + global_step (or a value the case gives), so every
-score is known without the weights.
+score is known without the weights. Issue 41's items (ModelCheckpoint's
+state and save_last, the LearningRateMonitor) are decided by Lightning as
+the test runs: tests/trainer/lightning_live_values.py.
 """
 import csv
 import glob
@@ -215,29 +217,6 @@ with tempfile.TemporaryDirectory() as root:
     t, rec = run("15b", root, SeeBatches(), shuffled, val, max_epochs=2, overfit_batches=2)
     out["15_overfit_batches_2"] = dict(global_step=t.global_step, current_epoch=t.current_epoch, seen=seen,
                                        validations=rec.validations)
-
-    # 16. two checkpoints of one step (epoch=2-step=30 and last.ckpt, save_last with
-    # top -1 at each epoch's end): the callback state inside each.
-    d = os.path.join(root, "ck16")
-    mc = ModelCheckpoint(dirpath=d, save_last=True, save_top_k=-1)
-    t, rec = run("16", root, Probe(), indices(40, 4), max_epochs=3, callbacks=[mc])
-    def mc_state(name):
-        state = torch.load(os.path.join(d, name), weights_only=False)["callbacks"]
-        (key,) = [k for k in state if k.startswith("ModelCheckpoint")]
-        return state[key]
-    a, b = mc_state("epoch=2-step=30.ckpt"), mc_state("last.ckpt")
-    out["16_same_step_same_state"] = dict(equal=a == b, keys=sorted(a), files=sorted(os.listdir(d)))
-    # 17. save_last with save_top_k=0; and with a monitor never logged (no validation data).
-    d = os.path.join(root, "ck17a")
-    mc = ModelCheckpoint(dirpath=d, save_last=True, save_top_k=0)
-    t, rec = run("17a", root, Probe(), indices(8, 4), max_epochs=2, callbacks=[mc])
-    out["17_save_last_top_0"] = dict(files=sorted(os.listdir(d)) if os.path.exists(d) else [],
-                                     last=os.path.basename(mc.last_model_path), global_step=t.global_step)
-    d = os.path.join(root, "ck17b")
-    mc = ModelCheckpoint(dirpath=d, monitor="val_nope", save_last=True, save_top_k=1)
-    t, rec = run("17b", root, Probe(), indices(8, 4), max_epochs=2, callbacks=[mc])
-    out["17_save_last_monitor_missing"] = dict(files=sorted(os.listdir(d)) if os.path.exists(d) else [],
-                                               last=os.path.basename(mc.last_model_path))
 
 json.dump(out, sys.stdout, indent=1)
 print()

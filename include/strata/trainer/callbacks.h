@@ -169,8 +169,11 @@ class EarlyStopping : public Callback {
 };
 
 /// Logs every optimizer's learning rate ("lr-<Optimizer>", "/pg<i>" for
-/// further param groups, or the scheduler's name) each
-/// log_every_n_steps steps ("step") or each epoch ("epoch").
+/// further param groups, or the scheduler's name), on rank 0, as
+/// Lightning's LearningRateMonitor: with "step" at the start of each
+/// training batch of a step whose values reach the loggers (every batch
+/// of an accumulation window, every log_every_n_steps steps), with
+/// "epoch" at the start of each epoch (Note [When the LR monitor logs]).
 class LearningRateMonitor : public Callback {
  public:
   /// Throws ConfigError unless interval is "step" or "epoch".
@@ -179,16 +182,12 @@ class LearningRateMonitor : public Callback {
   CallbackPtr replica() const override { return std::make_shared<LearningRateMonitor>(*this); }
   /// The names and values it would log now.
   static Metrics learning_rates(const Trainer& trainer);
-  void on_train_batch_end(Trainer& trainer, TrainModule& module, const at::Tensor& loss, const data::Batch& batch,
-                          int64_t batch_idx) override;
   void on_train_batch_start(Trainer& trainer, TrainModule& module, const data::Batch& batch,
                             int64_t batch_idx) override;
   void on_train_epoch_start(Trainer& trainer, TrainModule& module) override;
 
  private:
   std::string interval_;
-  int64_t last_step_ = -1;
-  Metrics last_rates_;  // the rates the running step uses
 };
 
 /// Stops fit once `duration` of training time has passed (the Trainer's

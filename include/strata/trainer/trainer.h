@@ -262,6 +262,16 @@ class Trainer {
   int64_t current_epoch() const { return epoch_ + (stopped_inside_epoch_ ? 1 : 0); }
   /// Optimizer steps taken.
   int64_t global_step() const { return global_step_; }
+  /// The step a value handed to the loggers now is filed under
+  /// (Lightning's _batches_that_stepped): the optimizer steps taken before
+  /// the running batch's, so global_step - 1 after a batch that stepped
+  /// (its on_train_batch_end hooks) and global_step before it
+  /// (on_train_batch_start) or inside an accumulation window.
+  int64_t log_step() const { return std::max<int64_t>(global_step_ - (batch_stepped_ ? 1 : 0), 0); }
+  /// Whether values logged now reach the loggers (Lightning's
+  /// should_update_logs): the step being trained, log_step() + 1, is a
+  /// multiple of log_every_n_steps, or should_stop is set.
+  bool should_update_logs() const { return (log_step() + 1) % options_.log_every_n_steps == 0 || should_stop; }
   /// Set to stop fit after the current batch (every rank must set it).
   bool should_stop = false;
   /// The signal that stopped fit (Note [Stopping on a signal]: SIGINT,
@@ -399,11 +409,6 @@ class Trainer {
   /// Warns when the xla device compiled a program after the warm-up steps.
   void warn_about_recompiles();
   void run_validation(data::Loader& loader, int64_t limit, bool sanity = false);
-  /// The step loggers get now (Lightning's _batches_that_stepped): the
-  /// optimizer steps before the running batch's, so a value logged after a
-  /// batch that stepped goes to global_step - 1, one logged inside an
-  /// accumulation window to global_step.
-  int64_t log_step() const { return std::max<int64_t>(global_step_ - (batch_stepped_ ? 1 : 0), 0); }
   trainer::Metrics evaluation_loop(data::Loader& loader, int64_t limit, const std::string& stage);
   trainer::Metrics run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
                                   const std::string& stage, const std::string& ckpt_path);
@@ -411,8 +416,8 @@ class Trainer {
   /// The values logged since the last call into callback_metrics, the
   /// progress bar's and the loggers' pending row.
   void collect_step_metrics();
-  /// Hands the pending row to the loggers after a step at the
-  /// log_every_n_steps cadence.
+  /// Hands the pending row to the loggers after a step whose values
+  /// reach them (should_update_logs()).
   void log_step_metrics(bool stepped);
   std::string resolve_ckpt_path(const std::string& ckpt_path);
   void restore(const std::string& path, bool training);
