@@ -171,6 +171,13 @@ std::string Function::reduction_region(ReduceOp op, ElementType dtype) {
          ") -> " + scalar + "\n      \"stablehlo.return\"(" + r + ") : (" + scalar + ") -> ()\n  }";
 }
 
+std::string Function::replace_region(ElementType dtype) {
+  const std::string scalar = tensor_type(dtype, {});
+  const std::string a = fresh(), b = fresh();
+  return "{\n    ^bb0(" + a + ": " + scalar + ", " + b + ": " + scalar + "):\n      \"stablehlo.return\"(" + b +
+         ") : (" + scalar + ") -> ()\n  }";
+}
+
 Value Function::constant(const Type& type, const std::vector<double>& values) {
   check_open("constant");
   const int64_t n = type.numel();

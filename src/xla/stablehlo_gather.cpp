@@ -142,6 +142,18 @@ Value Function::take_rows(const Value& table, const Value& indices, int64_t dim)
 Value Function::scatter(const Value& operand, const Value& indices, const Value& updates,
                         const ScatterDims& dims, ReduceOp op_kind, bool indices_are_sorted,
                         bool unique_indices) {
+  return scatter_with_region(operand, indices, updates, dims, reduction_region(op_kind, operand.type.dtype),
+                             indices_are_sorted, unique_indices);
+}
+
+Value Function::scatter_replace(const Value& operand, const Value& indices, const Value& updates,
+                                const ScatterDims& dims) {
+  return scatter_with_region(operand, indices, updates, dims, replace_region(operand.type.dtype), false, false);
+}
+
+Value Function::scatter_with_region(const Value& operand, const Value& indices, const Value& updates,
+                                    const ScatterDims& dims, const std::string& region, bool indices_are_sorted,
+                                    bool unique_indices) {
   const char* op = "scatter";
   check_open(op);
   check_integer(op, "indices", indices);
@@ -187,7 +199,6 @@ Value Function::scatter(const Value& operand, const Value& indices, const Value&
                  {"scatter_indices_batching_dims", &dims.scatter_indices_batching_dims},
                  {"scatter_dims_to_operand_dims", &dims.scatter_dims_to_operand_dims}},
                 dims.index_vector_dim);
-  const std::string region = reduction_region(op_kind, operand.type.dtype);
   return emit(op, {operand, indices, updates}, region,
               "indices_are_sorted = " + bool_text(indices_are_sorted) + ", scatter_dimension_numbers = " +
                   numbers + ", unique_indices = " + bool_text(unique_indices),

@@ -280,10 +280,21 @@ std::map<std::string, std::vector<Sample>> samples() {
                                          x[0].scatter_add(1, longs(x[0], {0, 0, 1, 2, 3, 3}).view({3, 2}), x[1]));
                                    },
                                    kSum}};
-  s["aten::index.Tensor"] = {Sample{"index", {{5, 3}}, [](auto& x) {
-                                      return one(x[0].index({longs(x[0], {1, 4, 1})}));
-                                    },
-                                    kExact}};
+  s["aten::scatter.value"] = {Sample{"scatter value", {{3, 4}}, [](auto& x) {
+                                       return one(x[0].scatter(1, longs(x[0], {0, 3, 1, 2, 2, 0}).view({3, 2}), 0.5));
+                                     },
+                                     kExact}};
+  s["aten::index.Tensor"] = {
+      Sample{"index", {{5, 3}}, [](auto& x) { return one(x[0].index({longs(x[0], {1, 4, 1})})); }, kExact},
+      Sample{"index two dims, negative", {{5, 3}}, [](auto& x) {
+               return one(x[0].index({longs(x[0], {1, -1, 0, 2}).view({2, 2}), longs(x[0], {2, 0})}));
+             },
+             kExact},
+      Sample{"index the middle dim", {{2, 5, 3}}, [](auto& x) {
+               using at::indexing::Slice;
+               return one(x[0].index({Slice(), longs(x[0], {3, 0, 3})}));
+             },
+             kExact}};
   s["aten::embedding"] = {Sample{"embedding", {{6, 3}}, [](auto& x) {
                                    return one(at::embedding(x[0], longs(x[0], {1, 5, 1, 0}).view({2, 2})));
                                  },
@@ -447,10 +458,6 @@ const std::vector<Gap> kKnownGaps = {
     {"aten::sigmoid", "empty", "empty out"},
     {"aten::tanh", "empty", "empty out"},
     // Backwards that reach ops with no lowering.
-    {"aten::max.dim", "gradients", "scatter.src_out"},
-    {"aten::min.dim", "gradients", "scatter.src_out"},
-    {"aten::topk", "gradients", "scatter.src_out"},
-    {"aten::cumsum", "gradients", "flip"},
     {"aten::clamp", "gradients", "ge.Scalar_out, le.Scalar_out, logical_and.out, where.self"},
     {"aten::maximum", "gradients", "eq/gt/lt.Tensor_out, masked_fill_, where.self"},
     {"aten::minimum", "gradients", "eq/gt/lt.Tensor_out, masked_fill_, where.self"},

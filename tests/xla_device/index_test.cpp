@@ -93,6 +93,61 @@ TEST_F(XlaIndexTest, ReductionsWithIndicesGatherScatterAndCumsumMatchTheCpu) {
   for (const auto& c : cases) EXPECT_TRUE(close(c.xla, c.cpu, c.tol)) << c.what;
 }
 
+// Indexing by integer tensors (Note [Indexing by integer tensors] in
+// kernels_index.cpp), scatter with replacement and flip: as the CPU, with
+// no fallback, backwards included (index's backward is index_put_ with
+// accumulate; the backward of max along a dim and of topk a scatter; of
+// cumsum a flip).
+TEST_F(XlaIndexTest, IndexingByTensorsIndexPutScatterAndFlipMatchTheCpu) {
+  using at::indexing::Slice;
+  torch::manual_seed(62);
+  const at::Tensor m = torch::randn({4, 5}), t = torch::randn({2, 4, 3}), v = torch::randn({3, 5});
+  const at::Tensor rows = torch::tensor({2, -1, 0}, at::kLong), cols = torch::tensor({4, 0, 1}, at::kLong);
+  const at::Tensor pairs = torch::tensor({{0, 3}, {1, 1}}, at::kInt);
+  const at::Tensor two = torch::tensor({0, 1, 0}, at::kLong), two_cols = torch::tensor({1, 0, 1}, at::kLong);  // (0, 1) twice
+  const at::Tensor at_ = torch::tensor({{0, 4}, {3, 1}, {2, 0}}, at::kLong);
+  const at::Tensor down = torch::tensor({{0, 3, 2}, {1, 2, 0}}, at::kLong);  // distinct in each column
+  const at::Tensor xm = on(m), xt = on(t), xv = on(v), xrows = on(rows), xcols = on(cols), xpairs = on(pairs),
+                   xat = on(at_), xdown = on(down),
+                   xtwo = on(two), xtwo_cols = on(two_cols);
+  at::Tensor gm = m.clone().requires_grad_(true), xgm = xm.clone().detach().requires_grad_(true);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  auto put = [](at::Tensor x, const at::Tensor& r, const at::Tensor& c, const at::Tensor& val, bool acc) {
+    return x.index_put_({r, c}, val, acc);
+  };
+  // The backwards: of index (index_put_ accumulating, repeated rows), max
+  // along a dim and topk (scatter), cumsum (flip).
+  auto backwards = [](const at::Tensor& x, const at::Tensor& r) {
+    at::Tensor loss = x.index({r}).square().sum() + std::get<0>(x.max(1)).sum() + std::get<0>(x.topk(2, 1)).sum() * 0.5 +
+                      (x.cumsum(1) * x).sum();
+    loss.backward();
+    return x.grad();
+  };
+  std::vector<Case> cases = {
+      {"rows", xm.index({xrows}), m.index({rows}), 0},
+      {"rows and columns", xm.index({xrows, xcols}), m.index({rows, cols}), 0},
+      {"broadcast int32 pairs", xm.index({xpairs, xcols.narrow(0, 0, 2)}), m.index({pairs, cols.narrow(0, 0, 2)}), 0},
+      {"the middle dim", xt.index({Slice(), xrows.narrow(0, 0, 2)}), t.index({Slice(), rows.narrow(0, 0, 2)}), 0},
+      {"of a transposed view", xm.t().index({xcols}), m.t().index({cols}), 0},
+      {"index_put_ values", put(xm.clone(), xrows, xcols, xv.index({Slice(), 0}), false),
+       put(m.clone(), rows, cols, v.index({Slice(), 0}), false), 0},
+      {"index_put_ a scalar", xm.clone().index_put_({xrows}, at::scalar_tensor(2.5)),
+       m.clone().index_put_({rows}, at::scalar_tensor(2.5)), 0},
+      {"index_put_ rows", xm.clone().index_put_({xrows}, xv), m.clone().index_put_({rows}, v), 0},
+      {"index_put_ accumulate, repeated", put(xm.clone(), xtwo, xtwo_cols, xv.index({0, Slice(0, 3)}), true),
+       put(m.clone(), two, two_cols, v.index({0, Slice(0, 3)}), true), 1e-6},
+      {"scatter dim 1", xm.index({Slice(0, 3)}).scatter(1, xat, xv), m.index({Slice(0, 3)}).scatter(1, at_, v), 0},
+      {"scatter_ a value", xm.clone().scatter_(0, xdown, -1.5), m.clone().scatter_(0, down, -1.5), 0},
+      {"flip", xt.flip({0, 2}), t.flip({0, 2}), 0},
+      {"gradients", backwards(xgm, xtwo), backwards(gm, two), 1e-6},
+  };
+  const auto recorded = metrics();
+  for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";
+  strata::xla::mark_step();
+  for (const auto& c : cases) EXPECT_TRUE(close(c.xla, c.cpu, c.tol)) << c.what;
+}
+
 TEST_F(XlaIndexTest, ComparisonsMasksAndLogicalReductionsMatchTheCpu) {
   torch::manual_seed(64);
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();

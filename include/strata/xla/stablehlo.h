@@ -183,6 +183,10 @@ class Function {
   /// into it by `op` at `indices`; the result has operand's type.
   Value scatter(const Value& operand, const Value& indices, const Value& updates, const ScatterDims& dims,
                 ReduceOp op = ReduceOp::kSum, bool indices_are_sorted = false, bool unique_indices = false);
+  /// scatter whose update replaces the operand's element (torch.scatter,
+  /// index_put_): with repeated indices XLA keeps one of the updates,
+  /// which one unspecified, as LibTorch leaves it undefined.
+  Value scatter_replace(const Value& operand, const Value& indices, const Value& updates, const ScatterDims& dims);
   /// take_rows' adjoint (embedding backward): `table` plus each slice of
   /// `updates` added at its index along `dim`; `updates` has take_rows'
   /// result shape for `indices`. Repeated indices accumulate.
@@ -276,6 +280,10 @@ class Function {
                              const std::string& region, const std::string& attributes,
                              const std::vector<Type>& results);
   std::string reduction_region(ReduceOp op, ElementType dtype);
+  /// The region of a scatter that keeps the update.
+  std::string replace_region(ElementType dtype);
+  Value scatter_with_region(const Value& operand, const Value& indices, const Value& updates, const ScatterDims& dims,
+                            const std::string& region, bool indices_are_sorted, bool unique_indices);
   std::string fresh();
   void check_open(const char* op) const;
 
