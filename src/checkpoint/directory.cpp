@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <system_error>
 
 #include "strata/checkpoint/atomic.h"
@@ -88,8 +91,86 @@ bool parse_staging(const std::string& name, long& pid, std::string& host) {
   return staging_pid(name, pid);
 }
 
-bool process_gone(long pid) {
-  return pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH;
+// What /proc/PID/stat says of a process: its state letter (field 3) and
+// its start time in clock ticks after boot (field 22). False when it
+// cannot be read (no such process, or no /proc).
+bool read_process_stat(long pid, char& state, unsigned long long& start) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  // The name (field 2) is in parentheses and may hold spaces or ')'.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 3) state = field.empty() ? '?' : field[0];
+    if (i == 22) {
+      try {
+        start = std::stoull(field);
+      } catch (const std::exception&) {
+        return false;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+// This process's start time, as its owner files record it ("" if unknown).
+std::string own_start_time() {
+  char state = '?';
+  unsigned long long start = 0;
+  return read_process_stat(::getpid(), state, start) ? std::to_string(start) : std::string();
+}
+
+// Note [Who owns a staging directory]
+// A staging directory belongs to the process its name gives (the pid, on
+// this host) for as long as that process runs. Three things say it no
+// longer does: no such process (kill(pid, 0) fails with ESRCH); a zombie
+// (state Z, or X while being reaped): it has exited and waits only for its
+// parent to reap it, which can take a while when the parent is itself
+// busy or stopped (kill-during-save trials left folders behind this way in
+// 9 runs of 40); and a process whose start time differs from the one recorded
+// in the owner file: its pid was reused by another process. The start time
+// (field 22 of /proc/PID/stat) is written on a third line of the owner
+// file, "start T"; owner files without it (older strata, or one cut short)
+// rely on the first two tests. A process that cannot be looked at (no
+// /proc) counts as running: strata removes only what it knows is dead.
+bool process_gone(long pid, const std::optional<unsigned long long>& recorded_start) {
+  if (::kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH) return true;
+  char state = '?';
+  unsigned long long start = 0;
+  if (!read_process_stat(pid, state, start)) return false;
+  if (state == 'Z' || state == 'X') return true;
+  return recorded_start.has_value() && *recorded_start != start;
+}
+
+// Reads an owner file: "host H\npid P\n" and, from newer strata, "start T\n".
+// True when it names `host` and `pid`; `start` is then the recorded start
+// time, if any. Anything else (missing, cut short, another owner) is false.
+bool read_owner(const std::string& path, const std::string& host, long pid,
+                std::optional<unsigned long long>& start) {
+  std::string owner;
+  try {
+    owner = read_regular_file(path + "/" + kStagingOwner, 4096);
+  } catch (const CheckpointError&) {
+    return false;
+  }
+  const std::string named = cat("host ", host, "\npid ", pid, "\n");
+  if (owner.compare(0, named.size(), named) != 0) return false;
+  const std::string rest = owner.substr(named.size());
+  start.reset();
+  if (rest.empty()) return true;
+  if (rest.rfind("start ", 0) != 0 || rest.back() != '\n') return false;
+  const std::string digits = rest.substr(6, rest.size() - 7);
+  if (digits.empty() || digits.size() > 20 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  try {
+    start = std::stoull(digits);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -106,7 +187,8 @@ bool process_gone(long pid) {
 // host's is left alone. Directories named by older strata, without the
 // host, are removed only when their owner file names this host and a
 // process that is gone; one without an owner file is left alone: strata
-// removes only what it knows it wrote and nobody is still writing.
+// removes only what it knows it wrote and nobody is still writing. Whether
+// the process still runs: Note [Who owns a staging directory].
 std::vector<std::string> remove_stale_staging(const std::string& dir_in) {
   std::vector<std::string> removed;
   const std::string dir = dir_in.empty() ? "." : dir_in;
@@ -121,18 +203,14 @@ std::vector<std::string> remove_stale_staging(const std::string& dir_in) {
     struct stat st {};
     const std::string path = it->path().string();
     if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    std::optional<unsigned long long> start;
     if (!named_host.empty()) {
       if (named_host != tag) continue;
-    } else {
-      std::string owner;
-      try {
-        owner = read_regular_file(path + "/" + kStagingOwner, 4096);
-      } catch (const CheckpointError&) {
-        continue;
-      }
-      if (owner != cat("host ", host, "\npid ", pid, "\n")) continue;
+      if (!read_owner(path, host, pid, start)) start.reset();  // the name is enough
+    } else if (!read_owner(path, host, pid, start)) {
+      continue;
     }
-    if (!process_gone(pid)) continue;  // alive, ours, or unknown
+    if (!process_gone(pid, start)) continue;  // alive, or unknown
     std::error_code rm;
     fs::remove_all(path, rm);
     if (!rm) removed.push_back(path);
@@ -167,7 +245,10 @@ CheckpointWriter CheckpointWriter::begin(const std::string& path_in) {
   if (::mkdir(staging.c_str(), 0755) == -1)
     detail::throw_write_error(errno, path, cat("creating its staging directory ", staging));
   CheckpointWriter writer(path, staging, /*owner=*/true);
-  atomic_write_file(staging + "/" + kStagingOwner, cat("host ", host_name(), "\npid ", ::getpid(), "\n"));
+  // Note [Who owns a staging directory]: the start time tells a reused pid.
+  const std::string start = own_start_time();
+  atomic_write_file(staging + "/" + kStagingOwner,
+                    cat("host ", host_name(), "\npid ", ::getpid(), "\n", start.empty() ? "" : "start " + start + "\n"));
   return writer;
 }
 

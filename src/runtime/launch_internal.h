@@ -71,6 +71,23 @@ struct Liveness {
   Clock::time_point changed;   // last heartbeat with new events
 };
 
+// What a worker said went wrong, from the lines it wrote to stderr
+// (error_line.cpp, Note [The last error line]).
+class ErrorLines {
+ public:
+  /// One line of the worker's stderr, as the launcher relays it.
+  void add(const std::string& line);
+  /// The line its report quotes: its last error line; without one, the
+  /// last line that says anything, unless it was killed by a signal; or "".
+  std::string quote(bool killed_by_signal) const;
+
+ private:
+  std::string error_;     // the last error line
+  std::string last_;      // the last line that is no backtrace, model summary or blank
+  std::string previous_;  // the line before this one (cleared by a backtrace or summary line)
+  int lines_since_error_ = 1 << 20;
+};
+
 struct Worker {
   int local_rank = 0;
   int rank = 0;
@@ -78,7 +95,7 @@ struct Worker {
   bool running = false;
   int status = 0;
   Stream out, err;
-  std::string last_error;
+  ErrorLines errors;
   Liveness live;
   // Still running when the launcher escalated a stop (SIGTERM after the
   // stop timeout, SIGKILL): its end was forced, not its own.

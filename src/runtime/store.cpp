@@ -56,6 +56,23 @@ constexpr auto kReplySlack = std::chrono::seconds(10);
 
 std::string address(const std::string& host, int port) { return detail::cat(host, ":", port); }
 
+// How long the store waits for a client's hello (Note [Strangers] in
+// store_server.cpp): STRATA_STORE_HELLO_TIMEOUT_MS, else the default. Above
+// the client's own kHandshakeLimit, so no client that could succeed is cut.
+std::chrono::milliseconds hello_timeout_from_env() {
+  const char* text = std::getenv("STRATA_STORE_HELLO_TIMEOUT_MS");
+  if (text == nullptr || *text == '\0') return kDefaultHelloTimeout;
+  errno = 0;
+  char* end = nullptr;
+  const long long ms = std::strtoll(text, &end, 10);
+  constexpr long long kLo = 100, kHi = 3600 * 1000;
+  STRATA_CHECK(errno == 0 && end != text && *end == '\0' && ms >= kLo && ms <= kHi, ConfigError,
+               "[store] STRATA_STORE_HELLO_TIMEOUT_MS='", std::string(text, ::strnlen(text, 64)),
+               "' is not a number of milliseconds between ", kLo, " and ", kHi, "; unset it to use the default (",
+               kDefaultHelloTimeout.count(), ")");
+  return std::chrono::milliseconds(ms);
+}
+
 std::string join_keys(const std::vector<std::string>& keys) {
   std::string out;
   for (const std::string& key : keys) out += (out.empty() ? "'" : ", '") + key + "'";
@@ -198,12 +215,17 @@ class Connection {
 class TcpStore final : public Store {
  public:
   explicit TcpStore(const TcpStoreOptions& options) : options_(options) {
+    // Note [Strangers] in store_server.cpp: a hello is a small frame.
+    STRATA_CHECK(options.token.size() <= kMaxToken, ConfigError, "[store] the job token (STRATA_JOB_TOKEN) is ",
+                 options.token.size(), " bytes long; the rendezvous store accepts at most ", kMaxToken,
+                 " bytes: choose a shorter secret");
     if (options.is_server) {
       ServerOptions server;
       server.host = options.host;
       server.port = options.port;
       server.world_size = options.rank >= 0 ? options.world_size : 0;
       server.token = options.token;
+      server.hello_timeout = hello_timeout_from_env();
       server_ = start_server(server);
       port_ = server_->port();
     } else {

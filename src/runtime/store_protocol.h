@@ -11,7 +11,9 @@
 // the magic, or kError and why it refuses. A reader never trusts a length:
 // a frame over kMaxFrame, or a field that runs past its frame, is a
 // ProtocolError, so junk on the wire is an error message, never a huge
-// allocation or a crash.
+// allocation or a crash. Until its hello is accepted a client is a stranger
+// and gets less: one frame of at most kMaxHelloFrame bytes, within the
+// server's hello timeout (Note [Strangers] in store_server.cpp).
 #pragma once
 
 #include <chrono>
@@ -26,6 +28,14 @@ namespace strata::runtime::store_protocol {
 inline constexpr const char* kMagic = "strata-rendezvous-store/1";
 inline constexpr uint32_t kMaxFrame = 64u << 20;  // 64 MiB
 inline constexpr size_t kMaxKeys = 1 << 16;
+/// The longest frame a client may send before its hello is accepted: the
+/// magic, a token of up to kMaxToken bytes, rank, world size and identity.
+inline constexpr uint32_t kMaxHelloFrame = 4096;
+/// The longest job token a client may carry (STRATA_JOB_TOKEN).
+inline constexpr size_t kMaxToken = 2048;
+/// How long a client may take to say hello, unless
+/// STRATA_STORE_HELLO_TIMEOUT_MS says otherwise.
+inline constexpr std::chrono::milliseconds kDefaultHelloTimeout{10000};
 
 enum class Op : uint8_t { kHello = 1, kSet, kGet, kAdd, kCheck, kWait, kRemove, kJoin };
 enum class Reply : uint8_t { kOk = 1, kValue, kInt, kBool, kTimeout, kError };
@@ -111,10 +121,16 @@ class Reader {
   size_t pos_ = 0;
 };
 
-/// Decodes a 4-byte frame length; throws ProtocolError over kMaxFrame.
-inline uint32_t frame_length(const char* p) {
+/// Decodes a 4-byte frame length as it is, whatever its size.
+inline uint32_t raw_frame_length(const char* p) {
   uint32_t n = 0;
   for (int i = 0; i < 4; ++i) n = (n << 8) | static_cast<uint8_t>(p[i]);
+  return n;
+}
+
+/// Decodes a 4-byte frame length; throws ProtocolError over kMaxFrame.
+inline uint32_t frame_length(const char* p) {
+  const uint32_t n = raw_frame_length(p);
   if (n > kMaxFrame) throw ProtocolError("frame of " + std::to_string(n) + " bytes is over the limit");
   return n;
 }
@@ -137,6 +153,9 @@ struct ServerOptions {
   int port = 0;           ///< 0: a free port
   int world_size = 0;     ///< ranks expected at kJoin; 0: no rank checks
   std::string token;      ///< "" accepts any client
+  /// A client that has not said hello this long after it connected is
+  /// dropped (Note [Strangers] in store_server.cpp).
+  std::chrono::milliseconds hello_timeout = kDefaultHelloTimeout;
 };
 
 /// Binds host:port and starts serving. Throws strata::CommError naming

@@ -8,6 +8,32 @@
 // parsed under try/catch, and a client that breaks the protocol loses its
 // connection, not the job. An error in the loop itself is caught too (it
 // pauses briefly and goes on); std::terminate is never reached from here.
+//
+// Note [Strangers]
+// A connection is a stranger until its hello carries the job's token, and
+// anyone who reaches the port can open one. So a stranger may cost rank 0
+// only a little, and only for a little while:
+// - It may send one frame of at most kMaxHelloFrame bytes, and nothing past
+//   it is read: a larger length is refused at its first four bytes, before
+//   any body is buffered. (A length up to kMaxFrame used to be buffered from
+//   anyone: a client that announced 64 MiB and sent 48 MiB held 48 MiB of
+//   rank 0's memory.) c10d's TCPStore client opens with bytes that read as a
+//   13 MB length, so it is refused at once and is named in the log.
+// - It must say hello within the hello timeout (kDefaultHelloTimeout,
+//   STRATA_STORE_HELLO_TIMEOUT_MS), counted by poll's own timeout whether
+//   or not it sends anything; the deadline was once checked only when bytes
+//   arrived, so a silent client stayed for ever. A strata client sends its
+//   hello the moment it connects and gives up after 5 s itself (Note
+//   [Handshake limit] in store.cpp): none that could succeed is cut off.
+// - At most kMaxStrangers are held at once. At the limit the store accepts
+//   no more until the oldest stranger has waited kStrangerGrace, and then
+//   drops it to make room. Ranks that connect together are only delayed
+//   (each says hello at once and stops being a stranger), while a flood of
+//   silent connections cannot hold the descriptors, nor keep a rank out
+//   for longer than the grace.
+// Every stranger the store drops is said in rank 0's log, with its address
+// and why, at most one line per kDropLogInterval: the drops in between are
+// counted in the next line, so a flood of connections is no flood of lines.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -28,24 +54,86 @@
 
 #include "store_protocol.h"
 #include "strata/core/error.h"
+#include "strata/core/log.h"
 
 namespace strata::runtime::store_protocol {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A client that has not said hello within this long is dropped.
-constexpr auto kHelloDeadline = std::chrono::seconds(60);
+// Note [Strangers]: how many may wait at once, how long the oldest waits
+// before a new one may take its place, and how often drops are logged.
+constexpr size_t kMaxStrangers = 64;
+constexpr auto kStrangerGrace = std::chrono::seconds(1);
+constexpr auto kDropLogInterval = std::chrono::seconds(10);
 
 std::string peer_name(const sockaddr_storage& addr) {
   char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
   if (addr.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, host, sizeof(host));
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
   } else if (addr.ss_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, host, sizeof(host));
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
   }
-  return host;
+  return detail::cat(host, ":", port);
 }
+
+// Why a stranger's first frame length is refused (Note [Strangers]). c10d's
+// TCPStore client starts with a VALIDATE query: a zero byte, then the magic
+// number 0x3C85F7CE in little-endian order.
+std::string refused_length(const std::string& in, uint32_t announced) {
+  if (in.compare(0, 4, std::string("\x00\xce\xf7\x85", 4)) == 0) {
+    return "it speaks the protocol of c10d's TCPStore (torch.distributed), not strata's; give that PyTorch job "
+           "its own MASTER_PORT";
+  }
+  return detail::cat("its first message announced ", announced, " bytes, more than a hello's ", kMaxHelloFrame,
+                     ": it is not a strata client");
+}
+
+// Says in the log which strangers were dropped and why, one line per
+// kDropLogInterval at most (Note [Strangers]). Owned by the server's thread.
+class DropLog {
+ public:
+  void dropped(const std::string& where, const std::string& peer, const std::string& why, Clock::time_point now) {
+    if (open_ && now - since_ < kDropLogInterval) {
+      ++held_;
+      last_ = detail::cat(peer, ": ", why);
+      return;
+    }
+    log::warning_all_ranks("[store] dropped a connection from ", peer, " to the rendezvous store at ", where, ": ",
+                           why);
+    open_ = true;
+    since_ = now;
+    held_ = 0;
+  }
+
+  // Called on every turn of the loop: writes what was held back once the
+  // interval is over.
+  void tick(const std::string& where, Clock::time_point now) {
+    if (!open_ || now - since_ < kDropLogInterval) return;
+    if (held_ == 0) {
+      open_ = false;
+      return;
+    }
+    log::warning_all_ranks("[store] dropped ", held_, held_ == 1 ? " more connection" : " more connections",
+                           " to the rendezvous store at ", where, " in the last ",
+                           std::chrono::duration_cast<std::chrono::seconds>(now - since_).count(),
+                           " s from clients that did not identify themselves as this job's workers; the last from ",
+                           last_);
+    since_ = now;
+    held_ = 0;
+  }
+
+ private:
+  bool open_ = false;  // a line was written less than kDropLogInterval ago
+  Clock::time_point since_;
+  size_t held_ = 0;
+  std::string last_;
+};
 
 struct Conn {
   int fd = -1;
@@ -56,6 +144,7 @@ struct Conn {
   int rank = -1;
   std::string identity;
   Clock::time_point since = Clock::now();
+  std::string why;  // why the store drops this stranger, for the log ("": it left by itself)
 };
 
 // A request that waits: get (one key), wait (keys) or join (every rank).
@@ -113,18 +202,25 @@ class TcpServer final : public Server {
   }
 
   void poll_once() {
-    std::vector<pollfd> fds{{wake_read_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    auto now = Clock::now();
+    // Note [Strangers]: at the limit, the port waits until one may go.
+    const Conn* oldest = oldest_stranger();
+    const bool full = strangers() >= kMaxStrangers;
+    const bool may_accept = !full || (oldest != nullptr && now - oldest->since >= kStrangerGrace);
+    std::vector<pollfd> fds{{wake_read_, POLLIN, 0}, {listen_fd_, static_cast<short>(may_accept ? POLLIN : 0), 0}};
     std::vector<int> ids{-1, -1};
+    int timeout_ms = 1000;
+    auto wake_at = [&](Clock::time_point t) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1;
+      timeout_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(timeout_ms, left)));
+    };
     for (auto& [id, c] : conns_) {
       fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
       ids.push_back(id);
+      if (!c.hello) wake_at(c.since + options_.hello_timeout);  // a timer, whether or not it sends
     }
-    int timeout_ms = 1000;
-    auto now = Clock::now();
-    for (const Waiter& w : waiters_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - now).count() + 1;
-      timeout_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(timeout_ms, left)));
-    }
+    for (const Waiter& w : waiters_) wake_at(w.deadline);
+    if (!may_accept) wake_at(oldest->since + kStrangerGrace);
     int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0) return;  // EINTR
     if (fds[1].revents & POLLIN) accept_all();
@@ -136,19 +232,54 @@ class TcpServer final : public Server {
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) keep = receive(ids[i], it->second);
         if (keep && (fds[i].revents & POLLOUT)) keep = flush(it->second);
       } catch (...) {  // a client that breaks the protocol loses its connection
+        if (it->second.why.empty()) it->second.why = "it broke strata's protocol";
         keep = false;
       }
       if (!keep) drop(ids[i]);
     }
-    expire(Clock::now());
+    now = Clock::now();
+    expire(now);
+    expire_strangers(now);
+    drop_log_.tick(where(), now);
+  }
+
+  std::string where() const { return detail::cat(options_.host, ":", port_); }
+
+  size_t strangers() const {
+    size_t n = 0;
+    for (const auto& [id, c] : conns_) n += c.hello ? 0 : 1;
+    return n;
+  }
+
+  const Conn* oldest_stranger() const {
+    const Conn* oldest = nullptr;
+    for (const auto& [id, c] : conns_)
+      if (!c.hello && (oldest == nullptr || c.since < oldest->since)) oldest = &c;
+    return oldest;
   }
 
   void accept_all() {
     while (true) {
+      // Note [Strangers]: at the limit, a new connection takes the place of
+      // the oldest stranger once that one has waited kStrangerGrace.
+      int oldest_id = -1;
+      if (strangers() >= kMaxStrangers) {
+        const auto now = Clock::now();
+        for (const auto& [id, c] : conns_) {
+          if (c.hello || now - c.since < kStrangerGrace) continue;
+          if (oldest_id < 0 || c.since < conns_.at(oldest_id).since) oldest_id = id;
+        }
+        if (oldest_id < 0) return;
+      }
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) return;
+      if (oldest_id >= 0) {
+        conns_.at(oldest_id).why = detail::cat(kMaxStrangers, " connections were waiting to identify themselves; "
+                                               "the oldest made room for a new one");
+        drop(oldest_id);
+      }
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       Conn c;
@@ -158,9 +289,26 @@ class TcpServer final : public Server {
     }
   }
 
+  // Drops every stranger whose hello timeout has passed (Note [Strangers]).
+  void expire_strangers(Clock::time_point now) {
+    std::vector<int> late;
+    for (auto& [id, c] : conns_) {
+      if (c.hello || now - c.since < options_.hello_timeout) continue;
+      if (c.why.empty()) {
+        c.why = detail::cat("it did not identify itself as one of this job's workers within ",
+                            options_.hello_timeout.count(), " ms (STRATA_STORE_HELLO_TIMEOUT_MS)");
+      }
+      late.push_back(id);
+    }
+    for (int id : late) drop(id);
+  }
+
   void drop(int id) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
+    if (!it->second.hello && !it->second.why.empty()) {
+      drop_log_.dropped(where(), it->second.peer, it->second.why, Clock::now());
+    }
     if (it->second.hello && it->second.rank >= 0) {
       std::lock_guard<std::mutex> lock(ranks_mu_);
       auto held = connected_ranks_.find(it->second.rank);
@@ -175,18 +323,32 @@ class TcpServer final : public Server {
   // Reads what arrived and handles every complete frame; false: close.
   bool receive(int id, Conn& c) {
     char buffer[65536];
-    ssize_t n = ::recv(c.fd, buffer, sizeof(buffer), 0);
+    size_t room = sizeof(buffer);
+    if (!c.hello) {
+      // Note [Strangers]: nothing past one hello's frame is read.
+      const size_t most = 4 + static_cast<size_t>(kMaxHelloFrame);
+      room = std::min(room, most - std::min(most, c.in.size()));
+      if (room == 0) {
+        c.why = "it sent more than a hello before its hello was answered";
+        return false;
+      }
+    }
+    ssize_t n = ::recv(c.fd, buffer, room, 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
     if (n <= 0) return false;
     c.in.append(buffer, static_cast<size_t>(n));
-    while (c.in.size() >= 4) {
+    while (c.in.size() >= 4 && !c.close_after_write) {
+      const uint32_t announced = raw_frame_length(c.in.data());
+      if (!c.hello && announced > kMaxHelloFrame) {
+        c.why = refused_length(c.in, announced);
+        return false;
+      }
       uint32_t len = frame_length(c.in.data());  // throws over the limit
       if (c.in.size() < 4 + static_cast<size_t>(len)) break;
       std::string payload = c.in.substr(4, len);
       c.in.erase(0, 4 + static_cast<size_t>(len));
       if (!handle(id, c, payload)) return false;
     }
-    if (!c.hello && Clock::now() - c.since > kHelloDeadline) return false;
     return flush(c);
   }
 
@@ -203,13 +365,22 @@ class TcpServer final : public Server {
 
   static void reply(Conn& c, const Writer& w) { c.out += w.frame(); }
   static void reply_error(Conn& c, const std::string& message) { reply(c, Writer().u8(uint8_t(Reply::kError)).str(message)); }
+  // Answers a hello with why it is refused; the connection closes once the
+  // answer is out, and the log says so (Note [Strangers]).
+  static void refuse(Conn& c, const std::string& message, const std::string& why = "") {
+    reply_error(c, message);
+    c.why = why.empty() ? "its hello was refused: " + message : why;
+  }
 
   // Handles one request; false: close the connection at once.
   bool handle(int id, Conn& c, const std::string& payload) {
     Reader r(payload);
     Op op = static_cast<Op>(r.u8());
     if (!c.hello) {
-      if (op != Op::kHello) return false;  // not a strata client
+      if (op != Op::kHello) {
+        c.why = "its first message is not strata's hello: it is not a strata client";
+        return false;
+      }
       hello(c, r);
       return true;
     }
@@ -288,11 +459,14 @@ class TcpServer final : public Server {
     std::string identity = r.str();
     c.close_after_write = true;  // unless accepted below
     if (magic != kMagic) {
-      reply_error(c, "the client speaks another protocol");
+      refuse(c, "the client speaks another protocol",
+             "its hello names another protocol than this store's (a strata of another version?)");
       return;
     }
     if (!options_.token.empty() && token != options_.token) {
-      reply_error(c, "refused: the client does not carry this job's token (STRATA_JOB_TOKEN)");
+      refuse(c, "refused: the client does not carry this job's token (STRATA_JOB_TOKEN)",
+             "its hello does not carry this job's token (STRATA_JOB_TOKEN): a worker of another job, or one "
+             "started by hand");
       return;
     }
     if (rank >= 0 && options_.world_size > 0) {
@@ -301,7 +475,7 @@ class TcpServer final : public Server {
                                       options_.world_size, ", rank ", rank, " (", identity, ") has WORLD_SIZE=",
                                       world_size, "; start every worker with the same WORLD_SIZE");
         record_failure(why);
-        reply_error(c, why);
+        refuse(c, why);
         return;
       }
       auto held = ranks_.find(rank);
@@ -309,7 +483,7 @@ class TcpServer final : public Server {
         std::string why = detail::cat("two processes claim rank ", rank, ": ", held->second, " joined first, ",
                                       identity, " was refused; give every worker a distinct RANK");
         record_failure(why);
-        reply_error(c, why);
+        refuse(c, why);
         return;
       }
       ranks_[rank] = identity;
@@ -408,6 +582,7 @@ class TcpServer final : public Server {
   std::map<std::string, std::string> data_;
   std::map<int64_t, std::string> ranks_;  // rank -> identity of the process that holds it
   std::string failure_;                   // the first rendezvous conflict
+  DropLog drop_log_;                      // Note [Strangers]
   // Shared with wait_for_ranks_to_leave: connections per rank still open.
   std::mutex ranks_mu_;
   std::condition_variable ranks_cv_;

@@ -42,54 +42,6 @@ namespace {
 // not as a failure: it does not signal the others (they may be saving, and
 // may have been sent the signal too: a second one would kill them) but
 // gives them stop_timeout to end.
-// Note [The last error line]
-// A failed worker's summary quotes its last line on stderr that says what
-// went wrong. Some lines after the message do not: LibTorch's c10::Error
-// carries its backtrace in what() ("Exception raised from f at file:line
-// (most recent call first):" and "frame #N: ..." lines), which a worker
-// that prints what() (strata's own launch does) ends with, and a Trainer's
-// model summary (a table printed at the start of fit) may be the last
-// thing a worker that crashed said. Such lines are never quoted; blank
-// lines neither. Anything else counts, so a plain "boom" from any program
-// is quoted as it is.
-std::string_view without_rank_prefix(std::string_view line) {
-  const size_t start = line.find_first_not_of(" \t");
-  if (start == std::string_view::npos) return {};
-  line.remove_prefix(start);
-  if (line.substr(0, 6) == "[rank ") {
-    const size_t close = line.find("] ");
-    if (close != std::string_view::npos) line.remove_prefix(close + 2);
-  }
-  return line;
-}
-
-bool is_backtrace_line(std::string_view line) {
-  if (line.substr(0, 22) == "Exception raised from ") return true;
-  if (line.substr(0, 7) != "frame #") return false;
-  return line.size() > 7 && line[7] >= '0' && line[7] <= '9';
-}
-
-bool is_model_summary_line(std::string_view line) {
-  if (line.find(" | ") != std::string_view::npos) return true;  // a row of the table, or its header
-  if (line.find_first_not_of('-') == std::string_view::npos) return true;  // its rules
-  static constexpr std::string_view kFooters[] = {"Trainable params", "Non-trainable params", "Total params",
-                                                  "Total estimated model params size (MB)",
-                                                  "Modules in train mode", "Modules in eval mode"};
-  for (std::string_view footer : kFooters) {
-    if (line.size() > footer.size() && line.substr(line.size() - footer.size()) == footer &&
-        line[0] >= '0' && line[0] <= '9') {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Whether `line` (a worker's stderr line) may be quoted as its last error.
-bool says_what_failed(std::string_view line) {
-  const std::string_view text = without_rank_prefix(line);
-  return !text.empty() && !is_backtrace_line(text) && !is_model_summary_line(text);
-}
-
 constexpr bool is_stop_signal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGUSR1; }
 
 class Supervisor {
@@ -470,7 +422,7 @@ class Supervisor {
 
   void emit(Worker& w, OutputStream kind, std::string line) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (kind == OutputStream::kStderr && says_what_failed(line)) w.last_error = line;
+    if (kind == OutputStream::kStderr) w.errors.add(line);  // Note [The last error line] in error_line.cpp
     end_redraw();
     write(w, kind, prefix(w) + line + "\n");
   }
@@ -541,7 +493,7 @@ class Supervisor {
     while (text.size() >= kClear.size() && text.compare(text.size() - kClear.size(), kClear.size(), kClear) == 0)
       text.resize(text.size() - kClear.size());
     if (open_ != nullptr && open_ != &s) end_redraw();
-    if (final_draw && s.kind == OutputStream::kStderr && says_what_failed(text)) w.last_error = text;
+    if (final_draw && s.kind == OutputStream::kStderr) w.errors.add(text);
     write(w, s.kind, "\r" + prefix(w) + text + kClear + (final_draw ? "\n" : ""));
     open_ = final_draw ? nullptr : &s;
     s.shown = final_draw ? 0 : s.partial.size();
@@ -586,7 +538,7 @@ class Supervisor {
     if (failed_ != nullptr) {
       const Worker& w = *failed_;
       r.failed_rank = w.rank;
-      r.last_error = w.last_error;
+      r.last_error = w.errors.quote(WIFSIGNALED(w.status));
       if (WIFSIGNALED(w.status)) {
         r.failed_signal = WTERMSIG(w.status);
         r.exit_code = 128 + r.failed_signal;
@@ -597,7 +549,7 @@ class Supervisor {
         r.exit_code = r.failed_exit_code;
         r.summary = detail::cat("rank ", w.rank, " exited with code ", r.failed_exit_code);
       }
-      if (!w.last_error.empty()) r.summary += "; last error: " + w.last_error;
+      if (!r.last_error.empty()) r.summary += "; last error: " + r.last_error;
     } else if (!summary_.empty()) {
       r.exit_code = 124;
       r.hung_rank = hung_ != nullptr ? hung_->rank : -1;
@@ -634,7 +586,8 @@ class Supervisor {
                          ? detail::cat("; rank ", w.rank, " was killed by signal ", WTERMSIG(w.status), " (",
                                        signal_name(WTERMSIG(w.status)), ") while stopping")
                          : detail::cat("; rank ", w.rank, " exited with code ", WEXITSTATUS(w.status), " while stopping");
-        if (!w.last_error.empty()) r.summary += "; last error: " + w.last_error;
+        const std::string last_error = w.errors.quote(WIFSIGNALED(w.status));
+        if (!last_error.empty()) r.summary += "; last error: " + last_error;
       }
     }
     return r;

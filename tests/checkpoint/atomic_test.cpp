@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "checkpoint/test_util.h"
 #include "strata/checkpoint/directory.h"
@@ -324,6 +326,109 @@ TEST_F(CheckpointDirTest, StagingFolderOfADeadSaveIsRemovedWhateverItsOwnerFileH
   EXPECT_THAT(removed, ElementsAre(no_owner, empty_owner, cut_owner));
   for (const std::string& kept : {live, mine, elsewhere, old_style}) EXPECT_TRUE(fs::exists(kept)) << kept;
   EXPECT_TRUE(remove_stale_staging(dir_).empty());
+}
+
+// A child that has exited but is not reaped: a zombie, until reap().
+class Zombie {
+ public:
+  Zombie() {
+    pid_ = ::fork();
+    if (pid_ == 0) ::_exit(0);
+    // Wait (with a deadline) until /proc shows it exited.
+    for (int i = 0; i < 1000 && state() != 'Z'; ++i) ::usleep(10000);
+  }
+  ~Zombie() { reap(); }
+  pid_t pid() const { return pid_; }
+  char state() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+    std::string line;
+    std::getline(in, line);
+    const auto close = line.rfind(") ");
+    return close == std::string::npos ? '?' : line[close + 2];
+  }
+  void reap() {
+    if (pid_ <= 0) return;
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Field 22 of /proc/self/stat: what an owner file records as "start".
+std::string own_start_time() {
+  std::ifstream in("/proc/self/stat");
+  std::string line;
+  std::getline(in, line);
+  std::istringstream fields(line.substr(line.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) fields >> field;
+  return field;
+}
+
+// Note [Who owns a staging directory]: an owner that has exited but is not
+// yet reaped owns nothing.
+TEST_F(CheckpointDirTest, StagingFolderOfAZombieOwnerIsRemoved) {
+  std::string staging;
+  {
+    CheckpointWriter writer = CheckpointWriter::begin(path("probe"));
+    staging = writer.staging_dir();
+  }
+  const std::string host_tag = staging.substr(staging.rfind('@') + 1);
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  Zombie zombie;
+  ASSERT_EQ(zombie.state(), 'Z');
+  const std::string pid = std::to_string(zombie.pid());
+  // As the zombie's save left it: named after it, with its owner file.
+  const std::string named = path("step-1.tmp-" + pid + "-0@" + host_tag);
+  fs::create_directory(named);
+  write_bytes(named + "/model.safetensors", "partial");
+  write_bytes(named + "/" + kStagingOwner, "host " + std::string(name) + "\npid " + pid + "\n");
+  // Older strata's name: removed on its owner file's word.
+  const std::string old_style = path("step-2.tmp-" + pid + "-1");
+  fs::create_directory(old_style);
+  write_bytes(old_style + "/" + kStagingOwner, "host " + std::string(name) + "\npid " + pid + "\n");
+  std::vector<std::string> removed = remove_stale_staging(dir_);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_THAT(removed, ElementsAre(named, old_style));
+  EXPECT_FALSE(fs::exists(named));
+  EXPECT_FALSE(fs::exists(old_style));
+  EXPECT_EQ(zombie.state(), 'Z') << "the test reaped the owner too early";
+}
+
+// Note [Who owns a staging directory]: a running process whose start time
+// is not the one recorded got the owner's pid after the owner exited.
+TEST_F(CheckpointDirTest, StagingFolderWhosePidWasReusedIsRemovedAndTheOwnersOwnIsKept) {
+  std::string staging;
+  {
+    CheckpointWriter writer = CheckpointWriter::begin(path("probe"));
+    staging = writer.staging_dir();
+    // A save records its owner's start time.
+    const std::string owner = read_bytes(staging + "/" + kStagingOwner);
+    EXPECT_THAT(owner, ::testing::EndsWith("\npid " + std::to_string(::getpid()) + "\nstart " + own_start_time() +
+                                           "\n"));
+  }
+  const std::string host_tag = staging.substr(staging.rfind('@') + 1);
+  char name[256] = {0};
+  ::gethostname(name, sizeof(name) - 1);
+  const std::string pid = std::to_string(::getpid());  // runs, but is not the recorded owner
+  auto make = [&](const std::string& folder, const std::string& start_line) {
+    fs::create_directory(path(folder));
+    write_bytes(path(folder + "/" + kStagingOwner), "host " + std::string(name) + "\npid " + pid + "\n" + start_line);
+    return path(folder);
+  };
+  const std::string reused = make("step-1.tmp-" + pid + "-0@" + host_tag, "start 1\n");
+  const std::string reused_old_style = make("step-2.tmp-" + pid + "-1", "start 1\n");
+  const std::string mine = make("step-3.tmp-" + pid + "-2@" + host_tag, "start " + own_start_time() + "\n");
+  const std::string unrecorded = make("step-4.tmp-" + pid + "-3@" + host_tag, "");  // older strata
+  const std::string garbled = make("step-5.tmp-" + pid + "-4", "start soon\n");
+  std::vector<std::string> removed = remove_stale_staging(dir_);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_THAT(removed, ElementsAre(reused, reused_old_style));
+  for (const std::string& kept : {mine, unrecorded, garbled}) EXPECT_TRUE(fs::exists(kept)) << kept;
 }
 
 }  // namespace

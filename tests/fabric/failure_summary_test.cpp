@@ -1,5 +1,5 @@
 // A failed worker's summary quotes the exception's message, never its
-// backtrace (Note [The last error line] in runtime/supervisor.cpp): a
+// backtrace (Note [The last error line] in runtime/error_line.cpp): a
 // c10::Error carries a backtrace in what(), which the worker prints after
 // the message; a std::runtime_error has none. Fabric::launch throws
 // LaunchError with the summary.

@@ -3,6 +3,7 @@
 // the grace period without leaving orphans, arguments passed verbatim, the
 // stop on a signal (workers finish and save; a second signal, the stop
 // timeout), lines redrawn in place on a terminal, and MASTER_PORT.
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -62,6 +63,69 @@ STRATA_WORKER(fail_on_rank) {
 STRATA_WORKER(kill_self_on_rank) {
   Environment env = Environment::from_env();
   if (env.rank == std::stoi(args.at(0))) ::kill(::getpid(), SIGKILL);
+  return 0;
+}
+
+// What a Trainer's rank writes to stderr before a crash that says nothing
+// of itself: log lines, a warning, the model summary (its last line was
+// once quoted as the error), a progress line.
+constexpr const char* kTrainerChatter =
+    "[trainer] fit: 2 ranks, DDPStrategy on cpu\n"
+    "warning: [data] the last batch of each epoch is dropped\n"
+    "  | Name  | Type   | Params | Mode \n"
+    "----------------------------------------\n"
+    "0 | model | GPT    | 110 K  | train\n"
+    "----------------------------------------\n"
+    "110 K     Trainable params\n"
+    "0         Non-trainable params\n"
+    "110 K     Total params\n"
+    "0.442     Total estimated model params size (MB)\n"
+    "12        Modules in train mode\n"
+    "0         Modules in eval mode\n";
+
+// args: rank to kill, then "quiet" or "said-error". That rank writes what a
+// Trainer writes (after an error line of its own with "said-error"), then
+// SIGKILLs itself.
+STRATA_WORKER(chatter_then_kill) {
+  Environment env = Environment::from_env();
+  if (env.rank != std::stoi(args.at(0))) return 0;
+  if (args.at(1) == "said-error") std::cerr << "error: [checkpoint] cannot write ckpt/step-3: disk full\n";
+  std::cerr << kTrainerChatter << "Epoch 0: step 3/100 loss 4.21" << std::endl;
+  ::kill(::getpid(), SIGKILL);
+  return 0;
+}
+
+// args: how rank 1 fails with a c10::Error (whose what() ends with its
+// backtrace): "caught" as strata's main reports it ("strata: internal
+// error: " + what(), exit 2); "raw", what() printed as it is after an older
+// error line and before a farewell (exit 3); "uncaught", escaping a thread
+// (std::terminate: SIGABRT). "python": a Python traceback and a torch
+// warning after it (exit 1).
+STRATA_WORKER(c10_failure) {
+  Environment env = Environment::from_env();
+  if (env.rank != 1) return 0;
+  const std::string how = args.at(0);
+  std::cerr << kTrainerChatter;
+  auto fail = [] { TORCH_CHECK(false, "planted c10 failure on rank ", 1); };
+  if (how == "uncaught") std::thread(fail).join();
+  if (how == "python") {
+    std::cerr << "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n"
+                 "RuntimeError: planted python failure\n"
+                 "[W1207 00:36:25.410209576 ProcessGroup.cpp:95] Warning: the process group was not destroyed"
+              << std::endl;
+    return 1;
+  }
+  try {
+    fail();
+  } catch (const std::exception& e) {
+    if (how == "caught") {
+      std::cerr << "strata: internal error: " << e.what() << std::endl;
+      return 2;
+    }
+    std::cerr << "error: [ddp] an earlier problem, handled\n" << kTrainerChatter << e.what() << "\nshutting down"
+              << std::endl;
+    return 3;
+  }
   return 0;
 }
 
@@ -240,6 +304,43 @@ TEST(LauncherTest, WorkerKilledBySignalIsReportedAsThatSignal) {
   EXPECT_EQ(result.launch.failed_signal, 9);
   EXPECT_EQ(result.launch.exit_code, 128 + 9);
   EXPECT_EQ(result.launch.summary, "rank 0 was killed by signal 9 (SIGKILL)");
+}
+
+// Note [The last error line]: a rank killed by a signal is reported with an
+// error line it wrote, or with none; never with its model summary.
+TEST(LauncherTest, ARankKilledBySignalIsReportedWithItsErrorLineOrNone) {
+  auto quiet = run_workers(2, "chatter_then_kill", {"0", "quiet"});
+  EXPECT_EQ(quiet.launch.failed_signal, 9);
+  EXPECT_EQ(quiet.launch.last_error, "");
+  EXPECT_EQ(quiet.launch.summary, "rank 0 was killed by signal 9 (SIGKILL)") << quiet.output;
+  auto said = run_workers(2, "chatter_then_kill", {"0", "said-error"});
+  EXPECT_EQ(said.launch.summary, "rank 0 was killed by signal 9 (SIGKILL); last error: error: [checkpoint] cannot "
+                                 "write ckpt/step-3: disk full")
+      << said.output;
+}
+
+// Note [The last error line]: a c10::Error is quoted by its message, never
+// by a line of its backtrace, however the worker printed it.
+TEST(LauncherTest, ARankThatThrewAC10ErrorIsReportedByTheErrorsMessage) {
+  auto caught = run_workers(2, "c10_failure", {"caught"});
+  EXPECT_EQ(caught.launch.summary, "rank 1 exited with code 2; last error: strata: internal error: planted c10 "
+                                   "failure on rank 1")
+      << caught.output;
+  auto uncaught = run_workers(2, "c10_failure", {"uncaught"});
+  EXPECT_EQ(uncaught.launch.summary, "rank 1 was killed by signal 6 (SIGABRT); last error: what():  planted c10 "
+                                     "failure on rank 1")
+      << uncaught.output;
+}
+
+// Note [The last error line]: an exception's message printed without
+// "error:" is found before its backtrace, and a Python exception by its
+// name, whatever follows them.
+TEST(LauncherTest, AnExceptionPrintedAsItIsIsReportedByItsMessage) {
+  auto raw = run_workers(2, "c10_failure", {"raw"});
+  EXPECT_EQ(raw.launch.summary, "rank 1 exited with code 3; last error: planted c10 failure on rank 1") << raw.output;
+  auto python = run_workers(2, "c10_failure", {"python"});
+  EXPECT_EQ(python.launch.summary, "rank 1 exited with code 1; last error: RuntimeError: planted python failure")
+      << python.output;
 }
 
 void expect_hanging_workers_are_stopped(bool ignore_sigterm) {

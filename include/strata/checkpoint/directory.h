@@ -33,12 +33,15 @@ void check_checkpoint_format(const nlohmann::json& meta, const std::string& wher
 /// Name of the metadata file inside a checkpoint directory.
 inline constexpr const char* kMetadataFile = "metadata.json";
 /// Name of the file inside a staging directory that says which process
-/// (host and pid) is writing it; removed before the save is published.
+/// (host, pid and the process's start time) is writing it; removed before
+/// the save is published.
 inline constexpr const char* kStagingOwner = ".staging-owner";
 
 /// Removes the staging directories in `dir` left by interrupted saves:
 /// "NAME.tmp-<pid>-<n>@<host>" made on this host by a process that no longer
-/// runs, whatever their owner file holds (missing, empty or cut short), and
+/// runs (none with that pid, a zombie, or one whose start time differs from
+/// the one the owner file records: the pid was reused), whatever their
+/// owner file holds (missing, empty or cut short), and
 /// the older "NAME.tmp-<pid>-<n>" whose owner file names this host and a
 /// process that no longer runs. Returns the paths removed. Never removes
 /// another host's or a live process's, nor an older-style one without an
