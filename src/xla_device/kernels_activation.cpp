@@ -316,7 +316,9 @@ Result where_result(const at::Tensor& condition, const at::Tensor& self, const a
 
 NodePtr where_of(Recorder& r, const Result& res, const at::Tensor& condition, const at::Tensor& self,
                  const at::Tensor& other) {
-  NodePtr c = r.broadcast(r.tensor(condition), res.dims);
+  // A 0-dim CPU condition (pow's backward compares a wrapped exponent) is
+  // a host scalar, as the values are.
+  NodePtr c = r.operand(condition, ElementType::kPred, res.dims);
   return r.select(c, r.operand(self, res.dtype, res.dims), r.operand(other, res.dtype, res.dims));
 }
 
@@ -324,7 +326,8 @@ at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::
   try {
     Recorder r("aten::where.self");
     const Result res = where_result(condition, self, other);
-    at::Tensor out = at::empty(res.dims, self.options().dtype(at::result_type(self, other)));
+    const at::Tensor& on_device = self.device().type() == kXla ? self : other.device().type() == kXla ? other : condition;
+    at::Tensor out = at::empty(res.dims, on_device.options().dtype(at::result_type(self, other)));
     r.write(out, where_of(r, res, condition, self, other));
     return out;
   } catch (const NotLowered&) {
