@@ -427,21 +427,6 @@ struct Gap {
   const char* why;
 };
 const std::vector<Gap> kKnownGaps = {
-    // Element-wise results keep a transposed input's layout, and a
-    // non-contiguous out= takes the fallback (Note [What is lowered]).
-    {"aten::add.Tensor", "transposed", "non-contiguous out"},
-    {"aten::sub.Tensor", "transposed", "non-contiguous out"},
-    {"aten::mul.Tensor", "transposed", "non-contiguous out"},
-    {"aten::div.Tensor", "transposed", "non-contiguous out"},
-    {"aten::maximum", "transposed", "non-contiguous out"},
-    {"aten::minimum", "transposed", "non-contiguous out"},
-    {"aten::pow.Tensor_Scalar", "transposed", "non-contiguous out"},
-    {"aten::clamp", "transposed", "non-contiguous out"},
-    {"aten::neg", "transposed", "non-contiguous out"},
-    {"aten::sqrt", "transposed", "non-contiguous out"},
-    {"aten::gelu", "transposed", "non-contiguous out"},
-    {"aten::addmm", "transposed", "a transposed bias"},
-    {"aten::native_dropout", "transposed", "the sample's mul.out on a transposed input"},
     // Empty tensors take the fallback.
     {"aten::neg", "empty", "empty out"},
     {"aten::sqrt", "empty", "empty out"},
@@ -459,8 +444,6 @@ const std::vector<Gap> kKnownGaps = {
     {"aten::tanh", "empty", "empty out"},
     // Backwards that reach ops with no lowering.
     {"aten::clamp", "gradients", "ge.Scalar_out, le.Scalar_out, logical_and.out, where.self"},
-    {"aten::maximum", "gradients", "eq/gt/lt.Tensor_out, masked_fill_, where.self"},
-    {"aten::minimum", "gradients", "eq/gt/lt.Tensor_out, masked_fill_, where.self"},
     {"aten::index_select", "gradients", "index_add.out"},
 };
 
