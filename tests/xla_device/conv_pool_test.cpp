@@ -250,6 +250,16 @@ TEST_F(XlaConvPoolTest, PadsAndTheirGradientsMatchTheCpu) {
       run_both("replicate 1-d", pad({3, 1}, torch::kReplicate), {x3}, device_, kSum),
       run_both("replicate 2-d", pad({2, 2, 1, 3}, torch::kReplicate), {x4}, device_, kSum),
       run_both("replicate 3-d", pad({1, 0, 1, 2, 2, 1}, torch::kReplicate), {x5}, device_, kSum),
+      run_both("circular 1-d", pad({2, 1}, torch::kCircular), {x3}, device_, kSum),
+      run_both("circular 2-d", pad({1, 2, 2, 1}, torch::kCircular), {x4}, device_, kSum),
+      run_both("a convolution with circular padding",
+               [](const auto& in) {
+                 torch::manual_seed(3);
+                 torch::nn::Conv2d conv(torch::nn::Conv2dOptions(2, 3, 3).padding(1).padding_mode(torch::kCircular));
+                 conv->to(in[0].device());
+                 return conv->forward(in[0]);
+               },
+               {x4}, device_, kSum),
   };
   expect_no_fallback();
   strata::xla::mark_step();
