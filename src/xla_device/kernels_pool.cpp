@@ -10,6 +10,8 @@
 #include <ATen/ops/_adaptive_avg_pool2d_backward.h>
 #include <ATen/ops/_adaptive_avg_pool3d.h>
 #include <ATen/ops/_adaptive_avg_pool3d_backward.h>
+#include <ATen/ops/adaptive_max_pool2d.h>
+#include <ATen/ops/adaptive_max_pool2d_backward.h>
 #include <ATen/ops/avg_pool2d.h>
 #include <ATen/ops/avg_pool2d_backward.h>
 #include <ATen/ops/avg_pool3d.h>
@@ -243,6 +245,49 @@ at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad_output, const
   }
   return at::native::call_fallback_fn<&cpu_fallback, at::_ops::max_pool3d_with_indices_backward>::call(
       grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices);
+}
+
+// Adaptive max pooling where each output cell covers in/out input cells
+// (the output size divides the input's): max pooling with that window and
+// stride. Other sizes, whose windows overlap unevenly, take the fallback.
+// The backward is max pooling's, whatever the forward's sizes: the
+// indices are flat within each plane either way.
+std::tuple<at::Tensor&, at::Tensor&> adaptive_max_pool2d_out(const at::Tensor& self, c10::IntArrayRef output_size,
+                                                             at::Tensor& out, at::Tensor& indices) {
+  try {
+    Recorder r("aten::adaptive_max_pool2d.out");
+    if ((self.dim() != 3 && self.dim() != 4) || output_size.size() != 2) throw NotLowered{};
+    std::vector<int64_t> window;
+    for (size_t i = 0; i < 2; ++i) {
+      const int64_t in = self.size(self.dim() - 2 + static_cast<int64_t>(i)), n = output_size[i];
+      if (n < 1 || in % n != 0) throw NotLowered{};
+      window.push_back(in / n);
+    }
+    if (out.scalar_type() != self.scalar_type() || indices.scalar_type() != at::kLong) throw NotLowered{};
+    const auto [values, where] = max_pool_with_indices(r, self, 2, window, window, {0, 0}, {1, 1}, false);
+    at::native::resize_output(out, values.sizes());
+    at::native::resize_output(indices, where.sizes());
+    out.copy_(values);
+    indices.copy_(where);
+    return {out, indices};
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::adaptive_max_pool2d_out>::call(self, output_size, out,
+                                                                                              indices);
+}
+
+at::Tensor& adaptive_max_pool2d_backward_out(const at::Tensor& grad_output, const at::Tensor& self,
+                                             const at::Tensor& indices, at::Tensor& grad_input) {
+  try {
+    Recorder r("aten::adaptive_max_pool2d_backward.grad_input");
+    NodePtr value = max_pool_grad(r, grad_output, self, indices, 2);
+    at::native::resize_output(grad_input, self.sizes());
+    r.write(grad_input, value);
+    return grad_input;
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::adaptive_max_pool2d_backward_grad_input>::call(
+      grad_output, self, indices, grad_input);
 }
 
 // ---- Average pooling ----------------------------------------------------------------
@@ -681,6 +726,8 @@ void register_pool(torch::Library& library) {
   library.impl("max_pool3d_with_indices", TORCH_FN(max_pool3d_with_indices));
   library.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
   library.impl("max_pool3d_with_indices_backward", TORCH_FN(max_pool3d_with_indices_backward));
+  library.impl("adaptive_max_pool2d.out", TORCH_FN(adaptive_max_pool2d_out));
+  library.impl("adaptive_max_pool2d_backward.grad_input", TORCH_FN(adaptive_max_pool2d_backward_out));
   library.impl("avg_pool2d", TORCH_FN(avg_pool2d));
   library.impl("avg_pool3d", TORCH_FN(avg_pool3d));
   library.impl("avg_pool2d_backward", TORCH_FN(avg_pool2d_backward));

@@ -215,7 +215,15 @@ TEST_F(XlaConvPoolTest, PoolingAndItsGradientsMatchTheCpu) {
                kSum),
       run_both("adaptive_avg_pool3d", [](const auto& in) { return at::adaptive_avg_pool3d(in[0], {2, 3, 4}); }, {x5},
                device_, kSum),
+      run_both("adaptive_max_pool2d, even windows",
+               [](const auto& in) { return std::get<0>(at::adaptive_max_pool2d(in[0].narrow(3, 0, 6), {7, 3})); },
+               {x4}, device_, kExact),
+      run_both("adaptive_max_pool2d of a transposed input",
+               [](const auto& in) { return std::get<0>(at::adaptive_max_pool2d(in[0].transpose(2, 3), {2, 7})); },
+               {x4}, device_, kExact),
   };
+  const auto [adaptive, adaptive_indices] = at::adaptive_max_pool2d(ties, {2, 3});
+  const auto [xla_adaptive, xla_adaptive_indices] = at::adaptive_max_pool2d(ties.to(device_), {2, 3});
   expect_no_fallback();
   EXPECT_EQ(metrics().lowered.at("aten::max_pool2d_with_indices_backward"), 4);
   strata::xla::mark_step();
@@ -224,6 +232,8 @@ TEST_F(XlaConvPoolTest, PoolingAndItsGradientsMatchTheCpu) {
   EXPECT_TRUE(at::equal(xla_indices.cpu(), indices)) << "the flat index of each max within its plane";
   EXPECT_TRUE(at::equal(xla_tie_values.cpu(), tie_values));
   EXPECT_TRUE(at::equal(xla_tie_indices.cpu(), tie_indices)) << "ties go to the first maximum";
+  EXPECT_TRUE(at::equal(xla_adaptive.cpu(), adaptive));
+  EXPECT_TRUE(at::equal(xla_adaptive_indices.cpu(), adaptive_indices)) << "adaptive max pooling's ties";
 }
 
 TEST_F(XlaConvPoolTest, PadsAndTheirGradientsMatchTheCpu) {
