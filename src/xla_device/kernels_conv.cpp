@@ -304,6 +304,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_on_host(
 
 // The pooling and padding kernels (kernels_pool.cpp), registered with these.
 void register_pool(torch::Library& library);
+void register_pad(torch::Library& library);
 
 void register_conv(torch::Library& library) {
   library.impl("convolution_overrideable", TORCH_FN(convolution));
@@ -313,6 +314,7 @@ void register_conv(torch::Library& library) {
   host->impl("convolution_overrideable", TORCH_FN(convolution_on_host));
   host->impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_on_host));
   register_pool(library);
+  register_pad(library);
 }
 
 }  // namespace strata::xla::detail::lowering

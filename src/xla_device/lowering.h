@@ -513,6 +513,14 @@ Result result_of(F&& run_on_meta, const at::Tensor* out = nullptr) {
   }                                                                                          \
   return at::native::call_fallback_fn<&cpu_fallback, at::_ops::FALLBACK_OP>::call(__VA_ARGS__)
 
+// The dtype a pooling or padding kernel computes in: a floating input's
+// opmath type; an integer input is left to the fallback.
+inline ElementType float_dtype(const at::Tensor& t) {
+  const ElementType stored = element_type(t.scalar_type());
+  if (!is_floating(stored)) throw NotLowered{};
+  return opmath(stored);
+}
+
 // The dims a reduction over `dim` (none or empty: all) covers.
 inline std::vector<int64_t> reduced_dims(const at::Tensor& self, at::OptionalIntArrayRef dim) {
   std::vector<int64_t> dims;
