@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "strata/core/error.h"
+#include "strata/core/module_hooks.h"
 #include "strata/optim/fused.h"
 #include "strata/trainer/trainer.h"
 
@@ -250,6 +251,53 @@ void MetricsFile::on_train_end(Trainer& trainer, TrainModule&) {
     text += "; MFU: no matmul rate measured for this device";
   }
   std::cout << text << std::endl;
+}
+
+Sample::Sample(int64_t tokens, uint64_t seed, at::Tensor prompt, bool bytes)
+    : tokens_(tokens), seed_(seed), prompt_(std::move(prompt)), bytes_(bytes) {}
+
+// Note [Sampling on every rank]
+// A forward of the trained model may need every rank: under fsdp and
+// xla_fsdp each unit's parameters are gathered from all of them, and on
+// several xla devices every sync of a replica (a host read, the CPU
+// fallback that multinomial takes) is a meeting of the replicas, whose
+// programs must be one text (Note [Replicas in one process] in
+// src/xla_device/recorder.cpp). So the sample runs inside fit, in
+// on_fit_end, on every rank, each with a generator seeded alike: the
+// ranks draw the same tokens, hence run the same forwards, collectives
+// and host reads in the same order, and every rank reads its result back
+// (rank 0 prints it). Sampling after fit returned ran on rank 0 alone: the
+// other ranks had ended (as threads of the xla process, or as processes
+// waiting in teardown), and under xla_fsdp rank 0's gathers were
+// recorded into a program run without its peers, which XLA refused
+// (replica_id < replica_count). Reading the result on rank 0 alone fails
+// the same way: that read is a step end that the other replicas, having
+// finished, never reach.
+void Sample::on_fit_end(Trainer& trainer, TrainModule& module) {
+  text_.clear();
+  if (tokens_ <= 0 || trainer.stop_signal() != 0) return;
+  auto* job = dynamic_cast<GPTJob*>(&module);
+  STRATA_ASSERT(job != nullptr, "the Sample callback samples a GPTJob");
+  torch::NoGradGuard no_grad;
+  const bool was_training = job->is_training();
+  job->eval();
+  at::Generator generator = at::detail::createCPUGenerator(seed_);
+  at::Tensor prompt = prompt_.to(trainer.strategy().root_device());
+  at::Tensor out;
+  // Through the TrainModule's forward hooks, as the Trainer runs its
+  // steps: under FSDP the module is the root unit, gathered around it.
+  hooked_forward(*job, prompt, [&](const at::Tensor& p) {
+    out = job->gpt->generate(p, tokens_, 0.8, 40, generator);
+    return out;
+  });
+  const at::Tensor ids = out.cpu();  // on every rank (above)
+  job->train(was_training);
+  if (bytes_) {
+    text_ = models::decode_bytes(ids);
+  } else {
+    for (int64_t i = 0; i < ids.numel(); ++i) text_ += (i ? " " : "") + std::to_string(ids[i].item<int64_t>());
+  }
+  if (trainer.is_global_zero()) std::cout << (bytes_ ? "sample: " : "sample (token ids): ") << text_ << std::endl;
 }
 
 FinalSave::FinalSave(std::string dir, int64_t every) : dir_(std::move(dir)), every_(every) {}

@@ -21,20 +21,21 @@ Command make_train_command() {
         "         strata train --devices 2 --strategy fsdp --activation-checkpointing --ckpt-dir ckpt");
     TrainConfig& c = *config;
     *strategy_flag = sub->add_option("--strategy", c.strategy,
-                    "Training strategy: ddp (replicated), fsdp (fully sharded), single_device (the default with "
-                    "--accelerator xla)")
+                    "Training strategy: ddp (replicated), fsdp (fully sharded), single_device; with --accelerator "
+                    "xla: xla (replicated, the default on several devices), xla_fsdp (fully sharded), single_device "
+                    "(the default on one)")
         ->capture_default_str();
     sub->add_option("--wrap-policy", c.wrap_policy,
-                    "fsdp: comma-separated module types that become sharded units (default: Block, each "
+                    "fsdp, xla_fsdp: comma-separated module types that become sharded units (default: Block, each "
                     "transformer block; 'none': the whole model is one unit)");
     sub->add_flag("--activation-checkpointing", c.activation_checkpointing,
-                  "fsdp: recompute every transformer block's forward during backward instead of keeping its "
+                  "fsdp, xla_fsdp: recompute every transformer block's forward during backward instead of keeping its "
                   "activations");
     sub->add_option("--state-dict-type", c.state_dict_type,
-                    "Checkpoint layout: sharded (one file per rank; fsdp's default) or full (one file; ddp "
-                    "writes only this)");
+                    "Checkpoint layout: sharded (one file per rank; the default of fsdp and xla_fsdp) or full (one "
+                    "file; the replicated strategies write only this)");
     sub->add_flag("--sequential-save", c.sequential_save,
-                  "fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
+                  "fsdp, xla_fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
     sub->add_option("--accelerator", c.accelerator,
                     "Device kind: cpu, cuda (one worker per GPU, worker i on cuda:i), auto, xla (one PJRT device; "
                     "ops without a lowering run on the CPU and are reported)")

@@ -51,10 +51,20 @@ std::set<std::string> gpt_module_types(const std::string& model_size) {
   return types;
 }
 
-// The strategy object for --strategy fsdp (and ddp --debug); null: the
-// Trainer makes the named strategy with its defaults.
+// Note [The FSDP flags under xla_fsdp]
+// XLAFSDPStrategy's own parameters are FSDP's (auto_wrap_policy,
+// activation_checkpointing_policy, state_dict_type="sharded" by default,
+// sequential_save), and strata's xla_fsdp is FSDP whose collectives are
+// recorded into the xla step (strategies/xla.h). So --wrap-policy,
+// --activation-checkpointing, --state-dict-type and --sequential-save mean
+// the same under fsdp and xla_fsdp, build the strategy object the same way,
+// and both save sharded checkpoints unless told otherwise; a sharded
+// checkpoint of either resumes under the other, at any world size.
+
+// The strategy object for --strategy fsdp and xla_fsdp (and ddp --debug);
+// null: the Trainer makes the named strategy with its defaults.
 std::shared_ptr<strategies::Strategy> make_train_strategy(const TrainConfig& config) {
-  if (config.strategy != "fsdp" && !(config.strategy == "ddp" && config.debug)) return nullptr;
+  if (!config.sharded() && !(config.strategy == "ddp" && config.debug)) return nullptr;
   auto accelerator = strategies::make_accelerator(config.accelerator);
   strategies::StrategyOptions options;
   options.with_kind(config.strategy)
@@ -76,9 +86,9 @@ std::shared_ptr<strategies::Strategy> make_train_strategy(const TrainConfig& con
 
 // The strategy and its settings, for the line that starts the run.
 std::string describe_strategy(const TrainConfig& config, const std::string& name) {
-  if (name != "fsdp") return name;
+  if (name != "fsdp" && name != "xla_fsdp") return name;
   std::set<std::string> units = config.wrap_types();
-  std::string out = "fsdp (units: " + (units.empty() ? std::string("the whole model") : join(units));
+  std::string out = name + " (units: " + (units.empty() ? std::string("the whole model") : join(units));
   if (config.activation_checkpointing) out += ", activation checkpointing";
   out += ", " + config.checkpoint_layout() + " checkpoints";
   if (config.sequential_save) out += " saved sequentially";
@@ -146,10 +156,12 @@ void TrainConfig::validate() const {
 
   STRATA_CHECK(pjrt_plugin.empty() || accelerator == "xla", ConfigError, "[train] --pjrt-plugin applies only to "
                "--accelerator xla, but --accelerator is '", accelerator, "'; drop one of them");
-  const bool fsdp = strategy == "fsdp";
+  // Note [The FSDP flags under xla_fsdp]
+  const bool fsdp = sharded();
   auto fsdp_only = [&](bool given, const char* flag) {
-    STRATA_CHECK(!given || fsdp, ConfigError, "[train] ", flag, " applies only to --strategy fsdp, but --strategy is '",
-                 strategy, "'; drop ", flag, " or train with --strategy fsdp");
+    STRATA_CHECK(!given || fsdp, ConfigError, "[train] ", flag,
+                 " applies only to --strategy fsdp or xla_fsdp, but --strategy is '", strategy, "'; drop ", flag,
+                 " or train with --strategy fsdp (xla_fsdp with --accelerator xla)");
   };
   fsdp_only(!wrap_policy.empty(), "--wrap-policy");
   fsdp_only(activation_checkpointing, "--activation-checkpointing");
@@ -157,7 +169,7 @@ void TrainConfig::validate() const {
   STRATA_CHECK(state_dict_type.empty() || state_dict_type == "full" || state_dict_type == "sharded", ConfigError,
                "[train] --state-dict-type must be 'full' or 'sharded', got '", state_dict_type, "'");
   STRATA_CHECK(fsdp || state_dict_type != "sharded", ConfigError,
-               "[train] --state-dict-type sharded needs --strategy fsdp: with --strategy '", strategy,
+               "[train] --state-dict-type sharded needs --strategy fsdp or xla_fsdp: with --strategy '", strategy,
                "' every rank holds the whole model and rank 0 writes one full checkpoint; drop the flag or pass "
                "--state-dict-type full");
   if (fsdp) wrap_types();  // throws for a type that cannot be a unit
@@ -184,8 +196,10 @@ std::set<std::string> TrainConfig::wrap_types() const {
 
 std::string TrainConfig::checkpoint_layout() const {
   if (!state_dict_type.empty()) return state_dict_type;
-  return strategy == "fsdp" ? "sharded" : "full";
+  return sharded() ? "sharded" : "full";  // the seeds' default: XLAFSDPStrategy(state_dict_type="sharded")
 }
+
+bool TrainConfig::sharded() const { return strategy == "fsdp" || strategy == "xla_fsdp"; }
 
 void TrainConfig::check_world(int world) const {
   STRATA_CHECK(batch_size % (static_cast<int64_t>(world) * grad_accum) == 0, ConfigError, "[train] --batch-size ",
@@ -199,8 +213,8 @@ int64_t TrainConfig::validation_interval() const { return val_every == -1 ? 50 :
 // Every flag becomes a field of TrainerOptions here and nowhere else: the
 // placement (accelerator, devices, nodes, strategy, precision), the loop
 // (steps, epochs, accumulation, clipping, logging, validation) and the
-// callbacks (metrics file, final save, periodic and best checkpoints, early
-// stopping) and logger. The Trainer then launches the workers, as for any
+// callbacks (metrics file, final save, the sample, periodic and best
+// checkpoints, early stopping) and logger. The Trainer then launches the workers, as for any
 // Trainer user. Validation settings are given whenever --val-every is not
 // 0; they only act when the job passes held-out data to fit.
 TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
@@ -230,7 +244,9 @@ TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
   const int64_t seq_len = config.seq_len > 0 ? config.seq_len : models::GPTConfig::preset(config.model_size).block_size;
   options.with_callback(std::make_shared<MetricsFile>(config.metrics_file, config.batch_size * seq_len,
                                                       config.batch_size))
-      .with_callback(std::make_shared<FinalSave>(config.ckpt_dir, config.ckpt_every));
+      .with_callback(std::make_shared<FinalSave>(config.ckpt_dir, config.ckpt_every))
+      .with_callback(std::make_shared<Sample>(config.sample_tokens, config.seed, models::encode_bytes("The "),
+                                              /*bytes=*/true));
   if (!config.ckpt_dir.empty() && config.ckpt_every > 0) {
     options.with_callback(std::make_shared<trainer::ModelCheckpoint>(trainer::ModelCheckpointOptions()
                                                                          .with_dirpath(config.ckpt_dir)

@@ -93,28 +93,6 @@ TrainData load_train_data(const TrainConfig& config, int64_t seq_len) {
   return out;
 }
 
-// Note [Sampling under FSDP]
-// A sharded model's forward gathers each unit's parameters from every
-// rank, so under FSDP every rank samples, with the same seed (the same
-// tokens, hence the same forwards and collectives), and rank 0 prints.
-// Replicated strategies sample on rank 0 alone.
-void sample(Trainer& trainer, GPTJob& job, const TrainConfig& config) {
-  const bool sharded = trainer.strategy().shards_parameters();
-  if (config.sample_tokens <= 0 || !(sharded || trainer.is_global_zero())) return;
-  torch::NoGradGuard no_grad;
-  job.eval();
-  at::Generator generator = at::detail::createCPUGenerator(config.seed);
-  at::Tensor prompt = models::encode_bytes("The ").to(trainer.strategy().root_device());
-  at::Tensor out;
-  // Through the TrainModule's forward hooks, as the Trainer runs its
-  // steps: under FSDP the module is the root unit, gathered around it.
-  hooked_forward(job, prompt, [&](const at::Tensor& p) {
-    out = job.gpt->generate(p, config.sample_tokens, 0.8, 40, generator);
-    return out;
-  });
-  if (trainer.is_global_zero()) std::cout << "sample: " << models::decode_bytes(out.cpu()) << std::endl;
-}
-
 // Note [strata train's hyperparameters]
 // The run's configuration, typed, as the module's hyperparameters: the
 // loggers write them (hparams.yaml, TensorBoard's HPARAMS tab) and the
@@ -145,8 +123,8 @@ trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTC
                    {"val_batches", config.val_batches},
                    {"log_every", config.log_every},
                    {"data", config.data.empty() ? std::string(data::kDefaultDataPath) : config.data}};
-  if (config.strategy == "fsdp") {
-    h["state_dict_type"] = config.state_dict_type.empty() ? "sharded" : config.state_dict_type;
+  if (config.sharded()) {
+    h["state_dict_type"] = config.checkpoint_layout();
     h["activation_checkpointing"] = config.activation_checkpointing;
   }
   return h;
@@ -221,7 +199,6 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
               data.val ? std::optional<DataSource>(DataSource(data.val, DataOptions().with_batch_size(data.micro_global)))
                        : std::nullopt,
               resume_path);
-  sample(trainer, *job, config);
   if (!trainer.is_global_zero()) return;
   // The step's loss averaged over ranks; none when a run resumed at its last step.
   double loss = std::numeric_limits<double>::quiet_NaN();

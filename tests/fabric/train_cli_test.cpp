@@ -316,13 +316,19 @@ TEST_F(TrainCliTest, FsdpFlagsAreCheckedAndRefusedWithOtherStrategies) {
     CommandResult r = run_strata(std::string("train --model-size tiny ") + flag);
     EXPECT_NE(r.exit_code, 0) << flag;
     std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
-    EXPECT_NE(r.output.find(name + " applies only to --strategy fsdp, but --strategy is 'ddp'"), std::string::npos)
+    EXPECT_NE(r.output.find(name + " applies only to --strategy fsdp or xla_fsdp, but --strategy is 'ddp'"),
+              std::string::npos)
         << r.output;
   }
   CommandResult sharded = run_strata("train --model-size tiny --state-dict-type sharded");
   EXPECT_NE(sharded.exit_code, 0);
-  EXPECT_NE(sharded.output.find("--state-dict-type sharded needs --strategy fsdp"), std::string::npos)
+  EXPECT_NE(sharded.output.find("--state-dict-type sharded needs --strategy fsdp or xla_fsdp"), std::string::npos)
       << sharded.output;
+  CommandResult xla = run_strata("train --model-size tiny --accelerator xla --devices 2 --strategy xla --wrap-policy Block");
+  EXPECT_NE(xla.exit_code, 0);
+  EXPECT_NE(xla.output.find("--wrap-policy applies only to --strategy fsdp or xla_fsdp, but --strategy is 'xla'"),
+            std::string::npos)
+      << xla.output;
   CommandResult layout = run_strata("train --model-size tiny --strategy fsdp --state-dict-type partial");
   EXPECT_NE(layout.exit_code, 0);
   EXPECT_NE(layout.output.find("--state-dict-type must be 'full' or 'sharded', got 'partial'"), std::string::npos)
@@ -442,6 +448,97 @@ TEST_F(TrainCliTest, OneXlaDeviceTrainsAndItsCheckpointsResumeOnTheCpuAndBack) {
     EXPECT_NEAR(a[i], on_xla[3 + i], 1e-3 * on_xla[3 + i]) << "step " << i + 4 << " resumed on the cpu";
     EXPECT_NEAR(b[i], on_cpu[3 + i], 1e-3 * on_cpu[3 + i]) << "step " << i + 4 << " resumed on xla";
   }
+}
+
+// Note [The FSDP flags under xla_fsdp] (src/cli/train_config.cpp): every
+// parameter of XLAFSDPStrategy is a flag of strata train. Two xla devices
+// (ranks as threads of one process) train as two CPU workers under fsdp
+// do, to rounding (XLA may order a sum otherwise), save one file per rank
+// by default, and the shards resume under fsdp on 3 CPU workers at the step
+// they stopped. The run samples text at its end on both replicas (Note
+// [Sampling on every rank] in src/cli/gpt_job.cpp), and the same weights
+// sample the same text on the CPU.
+TEST_F(TrainCliTest, XlaFsdpTakesTheFsdpFlagsAndItsShardsResumeUnderFsdpOnThreeCpuWorkers) {
+  const std::string args = common(12) + " --val-every 0 --max-steps 4";
+  CommandResult xla = run_strata(common(12, 3) + " --val-every 0 --max-steps 4 --accelerator xla --devices 2 "
+                                 "--strategy xla_fsdp --state-dict-type sharded --wrap-policy Block "
+                                 "--activation-checkpointing --ckpt-every 2 --ckpt-dir " + path("xla") +
+                                 " --metrics-file " + path("xla.jsonl"));
+  if (xla.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << xla.output;
+  ASSERT_EQ(xla.exit_code, 0) << xla.output;
+  EXPECT_NE(xla.output.find("with xla_fsdp (units: Block, activation checkpointing, sharded checkpoints) on 2 "
+                            "worker(s)"),
+            std::string::npos)
+      << xla.output;
+  CommandResult cpu = run_strata(args + " --devices 2 --strategy fsdp --metrics-file " + path("cpu.jsonl"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  const std::vector<double> on_xla = losses(path("xla.jsonl")), on_cpu = losses(path("cpu.jsonl"));
+  ASSERT_EQ(on_xla.size(), 4u);
+  ASSERT_EQ(on_cpu.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(on_xla[i], on_cpu[i], 1e-5 * on_cpu[i]) << "step " << i + 1;
+
+  for (const char* step : {"step-00000002", "step-00000004"}) {
+    const std::string saved = path("xla/") + step;
+    nlohmann::json meta = metadata(saved);
+    EXPECT_EQ(meta.at("strategy"), "xla_fsdp") << step;
+    EXPECT_EQ(meta.at("state_dict_type"), "sharded") << step;
+    EXPECT_EQ(meta.at("world_size"), 2) << step;
+    EXPECT_TRUE(fs::exists(saved + "/shard-00000-of-00002.safetensors")) << step;
+    EXPECT_TRUE(fs::exists(saved + "/shard-00001-of-00002.safetensors")) << step;
+    EXPECT_FALSE(fs::exists(saved + "/state.safetensors")) << step;
+  }
+
+  // The checkpoint at the last step: no training, only the sample, now on
+  // 3 CPU workers.
+  CommandResult sample = run_strata(common(12, 3) + " --val-every 0 --max-steps 4 --devices 3 --strategy fsdp "
+                                    "--resume " + path("xla/step-00000004"));
+  ASSERT_EQ(sample.exit_code, 0) << sample.output;
+  EXPECT_NE(sample_of(xla.output), "") << xla.output;
+  EXPECT_EQ(sample_of(xla.output), sample_of(sample.output)) << xla.output << sample.output;
+
+  fs::remove_all(path("xla/step-00000004"));
+  CommandResult resumed = run_strata(args + " --devices 3 --strategy fsdp --resume latest --ckpt-dir " + path("xla") +
+                                     " --metrics-file " + path("resumed.jsonl"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + path("xla/step-00000002") + " at step 2"), std::string::npos)
+      << resumed.output;
+  const std::vector<double> after = losses(path("resumed.jsonl"));
+  ASSERT_EQ(after.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(after[i], on_xla[2 + i], 1e-5 * on_xla[2 + i]) << "step " << i + 3;
+  EXPECT_EQ(metadata(path("xla/step-00000004")).at("world_size"), 3);
+}
+
+// The other settings: one unit for the whole model, a full checkpoint (one
+// file, gathered tensor by tensor: Note [Gathered tensors on a lazy device]
+// in src/strategies/checkpoint_plan.h) written by rank 0, the shards saved
+// one rank after another; the file resumes under ddp as a ddp run goes on.
+TEST_F(TrainCliTest, XlaFsdpSavesAFullCheckpointSequentiallyThatResumesUnderDdp) {
+  const std::string args = common(12) + " --val-every 0";
+  CommandResult xla = run_strata(args + " --max-steps 1 --accelerator xla --devices 2 --strategy xla_fsdp "
+                                 "--state-dict-type full --sequential-save --wrap-policy none --ckpt-dir " +
+                                 path("xla") + " --metrics-file " + path("xla.jsonl"));
+  if (xla.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << xla.output;
+  ASSERT_EQ(xla.exit_code, 0) << xla.output;
+  EXPECT_NE(xla.output.find("with xla_fsdp (units: the whole model, full checkpoints saved sequentially) on 2 "
+                            "worker(s)"),
+            std::string::npos)
+      << xla.output;
+  const std::string first = path("xla/step-00000001");
+  EXPECT_EQ(metadata(first).at("state_dict_type"), "full");
+  EXPECT_TRUE(fs::exists(first + "/state.safetensors"));
+  EXPECT_FALSE(fs::exists(first + "/shard-00000-of-00002.safetensors"));
+  CommandResult ddp = run_strata(args + " --max-steps 2 --devices 2 --resume latest --ckpt-dir " + path("xla") +
+                                 " --metrics-file " + path("ddp.jsonl"));
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  CommandResult reference = run_strata(args + " --max-steps 2 --devices 2 --metrics-file " + path("ref.jsonl"));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const std::vector<double> a = losses(path("xla.jsonl")), b = losses(path("ddp.jsonl"));
+  const std::vector<double> ref = losses(path("ref.jsonl"));
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  ASSERT_EQ(ref.size(), 2u);
+  EXPECT_NEAR(a[0], ref[0], 1e-5 * ref[0]) << "step 1";
+  EXPECT_NEAR(b[0], ref[1], 1e-5 * ref[1]) << "step 2";
 }
 
 TEST_F(TrainCliTest, XlaRefusesSeveralDevicesAndReplicatedStrategiesNamingWhatWorks) {

@@ -129,6 +129,35 @@ class FinalSave : public trainer::Callback {
   int64_t every_;
 };
 
+/// Samples text from the trained model at the end of fit (--sample-tokens)
+/// and prints it on global rank 0 ("sample: ..."). Every rank samples the
+/// same tokens (Note [Sampling on every rank] in gpt_job.cpp); none does
+/// after a stop on a signal.
+class Sample : public trainer::Callback {
+ public:
+  /// `prompt`: a 1-D tensor of token ids (on the CPU); `bytes`: the ids are
+  /// bytes, printed as text (else as ids). `tokens` new tokens, top-k 40
+  /// at temperature 0.8, drawn from a generator seeded with `seed`.
+  Sample(int64_t tokens, uint64_t seed, at::Tensor prompt, bool bytes);
+  std::string state_key() const override { return "Sample"; }
+  trainer::CallbackPtr replica() const override { return std::make_shared<Sample>(tokens_, seed_, prompt_, bytes_); }
+  void on_fit_end(Trainer& trainer, TrainModule& module) override;
+  /// Replaces the prompt (before fit, so the ranks' copies get it).
+  void set_prompt(at::Tensor prompt, bool bytes) {
+    prompt_ = std::move(prompt);
+    bytes_ = bytes;
+  }
+  /// What the last fit sampled, as printed ("" before one, or with no tokens).
+  const std::string& text() const { return text_; }
+
+ private:
+  int64_t tokens_;
+  uint64_t seed_;
+  at::Tensor prompt_;
+  bool bytes_;
+  std::string text_;
+};
+
 /// "step-00000012": the name of a --ckpt-dir checkpoint.
 std::string step_name(int64_t step);
 

@@ -29,10 +29,10 @@ struct TrainConfig {
   /// and global rank 0 requeues it (scontrol requeue); Note [Stopping on a
   /// signal].
   bool requeue = false;
-  // fully-sharded training (--strategy fsdp only)
+  // fully-sharded training (--strategy fsdp and xla_fsdp only)
   std::string wrap_policy;  ///< comma-separated module types made FSDP units; "none": only the root; "": Block
   bool activation_checkpointing = false;  ///< recompute every transformer block during backward
-  std::string state_dict_type;  ///< "full" or "sharded"; "": the strategy's own (fsdp: sharded, ddp: full)
+  std::string state_dict_type;  ///< "full" or "sharded"; "": the strategy's own (fsdp, xla_fsdp: sharded; others: full)
   bool sequential_save = false;  ///< local ranks write their checkpoint shards one after another
   // model and data
   std::string model_size = "small";
@@ -85,6 +85,8 @@ struct TrainConfig {
   std::set<std::string> wrap_types() const;
   /// "full" or "sharded": state_dict_type, or the strategy's default.
   std::string checkpoint_layout() const;
+  /// --strategy shards the model: fsdp or xla_fsdp (the FSDP flags apply).
+  bool sharded() const;
 };
 
 /// The Trainer's options for `config` (Note [strata train is a Trainer
