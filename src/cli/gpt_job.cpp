@@ -26,14 +26,25 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
+std::string LRSchedule::scheduler_name() const {
+  if (!active()) return "";
+  if (kind == "cosine") return "WarmupCosineLR";
+  if (kind == "linear") return "WarmupLinearLR";
+  return "WarmupConstantLR";
+}
+
 GPTJob::GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay,
-               std::string optimizer)
-    : model_size_(std::move(model_size)), lr_(lr), weight_decay_(weight_decay), optimizer_(std::move(optimizer)) {
+               std::string optimizer, LRSchedule schedule)
+    : model_size_(std::move(model_size)),
+      lr_(lr),
+      weight_decay_(weight_decay),
+      optimizer_(std::move(optimizer)),
+      schedule_(std::move(schedule)) {
   gpt = register_module("model", models::GPT(config));
 }
 
 std::shared_ptr<TrainModule> GPTJob::replica() const {
-  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_, optimizer_);
+  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_, optimizer_, schedule_);
 }
 
 at::Tensor GPTJob::training_step(const data::Batch& batch, int64_t) {
@@ -60,10 +71,23 @@ at::Tensor GPTJob::validation_step(const data::Batch& batch, int64_t) {
   return {};
 }
 
+// The schedule's scheduler is stepped after every optimizer step
+// (interval "step"), so its counter is the global step: the rate of step
+// s + 1 is lr_at(s), and the Trainer's checkpoint keeps the counter.
 OptimizerConfig GPTJob::configure_optimizers() {
   const auto options = torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_);
-  if (optimizer_ == "adamw") return OptimizerConfig(std::make_shared<torch::optim::AdamW>(parameters(), options));
-  return OptimizerConfig(std::make_shared<optim::AdamW>(parameters(), options));
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  if (optimizer_ == "adamw") optimizer = std::make_shared<torch::optim::AdamW>(parameters(), options);
+  else optimizer = std::make_shared<optim::AdamW>(parameters(), options);
+  OptimizerConfig config(optimizer);
+  if (!schedule_.active()) return config;
+  using Decay = trainer::WarmupDecayLR::Decay;
+  const Decay decay = schedule_.kind == "cosine"   ? Decay::kCosine
+                      : schedule_.kind == "linear" ? Decay::kLinear
+                                                   : Decay::kConstant;
+  auto scheduler = std::make_shared<trainer::WarmupDecayLR>(*optimizer, decay, schedule_.warmup_steps,
+                                                            schedule_.decay_steps, schedule_.min_lr);
+  return config.with_scheduler(trainer::SchedulerConfig(std::move(scheduler)).with_interval("step"));
 }
 
 // The whole configuration travels with the checkpoint, so a reader (strata
@@ -153,8 +177,11 @@ void MetricsFile::on_train_start(Trainer& trainer, TrainModule& module) {
   }
 }
 
-void MetricsFile::on_train_batch_start(Trainer&, TrainModule&, const data::Batch&, int64_t) {
+void MetricsFile::on_train_batch_start(Trainer& trainer, TrainModule&, const data::Batch&, int64_t) {
   line_from_this_batch_ = false;
+  // A step scheduler sets the next step's rate once a step ends: the rate
+  // this step uses is the one its batches start with.
+  if (!trainer.optimizers().empty()) step_lr_ = trainer.optimizers().front()->param_groups()[0].options().get_lr();
 }
 
 // Note [Throughput through the Trainer's logging]
@@ -193,7 +220,7 @@ void MetricsFile::on_train_batch_end(Trainer& trainer, TrainModule& module, cons
   write_pending();
   pending_ = nlohmann::json{{"step", trainer.global_step()},
                             {"loss", last_loss_},
-                            {"lr", trainer.optimizers().front()->param_groups()[0].options().get_lr()},
+                            {"lr", step_lr_},
                             {"epoch", trainer.current_epoch()},
                             {"tokens_per_s", tokens_per_s},
                             {"samples_per_s", samples_per_s},

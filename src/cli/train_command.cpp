@@ -18,6 +18,7 @@ Command make_train_command() {
         "Train the example GPT on byte-level text on several workers.\n"
         "Default data: the texts under /usr/share/common-licenses.\n"
         "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt --logger csv\n"
+        "         strata train --devices 2 --lr-schedule cosine --warmup-steps 30 --min-lr 2e-4\n"
         "         strata train --devices 2 --strategy fsdp --activation-checkpointing --ckpt-dir ckpt");
     TrainConfig& c = *config;
     *strategy_flag = sub->add_option("--strategy", c.strategy,
@@ -65,6 +66,17 @@ Command make_train_command() {
     n.add_integer(sub, "--grad-accum", "Micro-batches accumulated per step", 1, 1 << 20,
                   [&c](int64_t v) { c.grad_accum = v; }, "1");
     n.add_real(sub, "--lr", "AdamW learning rate", Range{false, 0, 10, true}, [&c](double v) { c.lr = v; }, "0.002");
+    sub->add_option("--lr-schedule", c.lr_schedule,
+                    "Learning-rate schedule: constant (--lr after the warm-up), cosine or linear (warm up, then "
+                    "decay from --lr to --min-lr at --lr-decay-steps, as GPT training does); the rate each step "
+                    "used is logged as lr-AdamW and saved with checkpoints")
+        ->capture_default_str();
+    n.add_integer(sub, "--warmup-steps", "Steps of linear warm-up from --lr / N to --lr (0: none)", 0, 1000000000,
+                  [&c](int64_t v) { c.warmup_steps = v; }, "0");
+    n.add_integer(sub, "--lr-decay-steps", "cosine, linear: the step the decay reaches --min-lr at (then held)", 1,
+                  1000000000, [&c](int64_t v) { c.lr_decay_steps = v; }, "--max-steps");
+    n.add_real(sub, "--min-lr", "cosine, linear: the rate the decay ends at", Range{false, 0, 10},
+               [&c](double v) { c.min_lr = v; }, "--lr / 10");
     n.add_real(sub, "--weight-decay", "AdamW weight decay", Range{false, 0, 10}, [&c](double v) { c.weight_decay = v; },
                "0");
     n.add_real(sub, "--grad-clip", "Clip the global gradient norm to this (0: off)", Range{false, 0, 1e6},

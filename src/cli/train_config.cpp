@@ -104,6 +104,7 @@ void TrainConfig::validate() const {
   STRATA_CHECK(batch_size >= 1, ConfigError, "[train] --batch-size must be >= 1, got ", batch_size);
   STRATA_CHECK(grad_accum >= 1, ConfigError, "[train] --grad-accum must be >= 1, got ", grad_accum);
   STRATA_CHECK(lr > 0 && lr <= 10, ConfigError, "[train] --lr must be a number in (0, 10], got ", lr);
+  check_schedule();
   STRATA_CHECK(weight_decay >= 0 && weight_decay <= 10, ConfigError,
                "[train] --weight-decay must be a number in [0, 10], got ", weight_decay);
   STRATA_CHECK(grad_clip >= 0 && grad_clip <= 1e6, ConfigError,
@@ -200,6 +201,53 @@ std::string TrainConfig::checkpoint_layout() const {
 }
 
 bool TrainConfig::sharded() const { return strategy == "fsdp" || strategy == "xla_fsdp"; }
+
+// Note [strata train's learning-rate schedule]
+// --lr-schedule cosine|linear warms up linearly over --warmup-steps, then
+// decays from --lr to --min-lr (default --lr / 10, nanoGPT's choice after
+// Chinchilla) at step --lr-decay-steps (default --max-steps), and holds
+// --min-lr after it; constant holds --lr after the warm-up. The rates are
+// trainer::WarmupDecayLR's (Note [Warm-up and decay] in
+// trainer/scheduler.h), a function of the step alone, and the Trainer's
+// checkpoint keeps the step: a run of N steps equals one of N/2 steps
+// (with --lr-decay-steps N) resumed for the other N/2. A resumed run
+// follows the schedule its own flags give from the step it resumes at;
+// the scheduler's kind must be the checkpoint's (check_resume_schedule).
+void TrainConfig::check_schedule() const {
+  STRATA_CHECK(lr_schedule == "constant" || lr_schedule == "cosine" || lr_schedule == "linear", ConfigError,
+               "[train] --lr-schedule '", lr_schedule, "' is not one of constant, cosine, linear");
+  STRATA_CHECK(warmup_steps >= 0, ConfigError, "[train] --warmup-steps must be >= 0 (0: no warm-up), got ",
+               warmup_steps);
+  STRATA_CHECK(lr_decay_steps >= 0, ConfigError, "[train] --lr-decay-steps must be >= 0 (0: --max-steps), got ",
+               lr_decay_steps);
+  if (lr_schedule == "constant") {
+    STRATA_CHECK(!min_lr && lr_decay_steps == 0, ConfigError, "[train] ", min_lr ? "--min-lr" : "--lr-decay-steps",
+                 " applies to --lr-schedule cosine or linear, but the schedule is constant (--lr after the "
+                 "warm-up); drop the flag or choose a decay");
+    return;
+  }
+  if (min_lr) {
+    STRATA_CHECK(*min_lr >= 0, ConfigError, "[train] --min-lr must be >= 0, got ", *min_lr);
+    STRATA_CHECK(*min_lr <= lr, ConfigError, "[train] --min-lr ", *min_lr, " is above --lr ", lr,
+                 ": the schedule decays from --lr down to --min-lr; give a --min-lr <= --lr");
+  }
+  const LRSchedule s = schedule();
+  STRATA_CHECK(s.decay_steps > warmup_steps, ConfigError, "[train] --warmup-steps ", warmup_steps,
+               " leaves no step to decay over: the ", lr_schedule, " decay would end at step ", s.decay_steps,
+               lr_decay_steps > 0 ? " (--lr-decay-steps)" : " (--max-steps)",
+               "; use fewer warm-up steps or decay over more steps");
+}
+
+LRSchedule TrainConfig::schedule() const {
+  LRSchedule s;
+  s.kind = lr_schedule;
+  s.warmup_steps = warmup_steps;
+  if (lr_schedule != "constant") {
+    s.decay_steps = lr_decay_steps > 0 ? lr_decay_steps : max_steps;
+    s.min_lr = min_lr.value_or(lr / 10);
+  }
+  return s;
+}
 
 void TrainConfig::check_world(int world) const {
   STRATA_CHECK(batch_size % (static_cast<int64_t>(world) * grad_accum) == 0, ConfigError, "[train] --batch-size ",

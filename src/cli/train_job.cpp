@@ -103,6 +103,8 @@ trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTC
   trainer::Hyperparams h = {{"model_size", config.model_size},
                    {"model_config", model.to_json()},
                    {"lr", config.lr},
+                   {"lr_schedule", config.lr_schedule},
+                   {"warmup_steps", config.warmup_steps},
                    {"weight_decay", config.weight_decay},
                    {"batch_size", config.batch_size},
                    {"seq_len", model.block_size},
@@ -123,11 +125,46 @@ trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTC
                    {"val_batches", config.val_batches},
                    {"log_every", config.log_every},
                    {"data", config.data.empty() ? std::string(data::kDefaultDataPath) : config.data}};
+  if (config.lr_schedule != "constant") {
+    const LRSchedule schedule = config.schedule();
+    h["lr_decay_steps"] = schedule.decay_steps;
+    h["min_lr"] = schedule.min_lr;
+  }
   if (config.sharded()) {
     h["state_dict_type"] = config.checkpoint_layout();
     h["activation_checkpointing"] = config.activation_checkpointing;
   }
   return h;
+}
+
+// How a run's flags ask for the schedule a scheduler type name stands for.
+std::string schedule_flags(const std::string& scheduler) {
+  if (scheduler.empty()) return "no schedule (--lr-schedule constant without --warmup-steps)";
+  if (scheduler == "WarmupCosineLR") return "--lr-schedule cosine";
+  if (scheduler == "WarmupLinearLR") return "--lr-schedule linear";
+  if (scheduler == "WarmupConstantLR") return "--lr-schedule constant with --warmup-steps";
+  return "a " + scheduler + " scheduler";
+}
+
+// Note [strata train's learning-rate schedule] (train_config.cpp): the
+// checkpoint's scheduler must be of the kind this run makes, or the
+// Trainer would refuse it in its own terms (a count of schedulers, a type
+// name); said here in the flags' terms. A checkpoint that cannot be read
+// is left to the Trainer, which names what is wrong with it.
+void check_resume_schedule(const std::string& path, const TrainConfig& config) {
+  std::string saved;
+  try {
+    const checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open(path);
+    const nlohmann::json& schedulers = reader.metadata().at("entries").at("trainer").at("value").at("lr_schedulers");
+    if (!schedulers.is_array() || schedulers.size() > 1) return;
+    if (schedulers.size() == 1) saved = schedulers[0].at("type").get<std::string>();
+  } catch (const std::exception&) {
+    return;
+  }
+  const std::string wanted = config.schedule().scheduler_name();
+  STRATA_CHECK(saved == wanted, ConfigError, "[train] ", path, " was trained with ", schedule_flags(saved),
+               ", but this run asks for ", schedule_flags(wanted),
+               "; resume with the schedule flags it was trained with (the schedule is saved with the step)");
 }
 
 // SLURM_RESTART_COUNT: how often SLURM requeued this job (0 when unset).
@@ -152,8 +189,8 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
 
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   strategies::seed_everything(config.seed);
-  auto job =
-      std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay, config.optimizer);
+  auto job = std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay,
+                                      config.optimizer, config.schedule());
   job->save_hyperparameters(train_hparams(config, job->gpt->config(), trainer));
   const int64_t num_parameters = job->gpt->num_parameters();  // before FSDP leaves each rank a shard
 
@@ -185,6 +222,7 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   } else {
     resume_path = resume;
   }
+  if (!resume_path.empty()) check_resume_schedule(resume_path, config);
   if (rank_zero) {
     std::cout << "training a " << config.model_size << " GPT (" << num_parameters << " parameters) on "
               << data.windows->num_tokens() << " tokens with " << describe_strategy(config, trainer.strategy().name())

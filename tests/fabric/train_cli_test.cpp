@@ -12,7 +12,9 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
 
 #include "strata/checkpoint/directory.h"
@@ -65,12 +67,15 @@ std::string host_name() {
   return name;
 }
 
-std::vector<double> losses(const std::string& metrics_file) {
+// The field `key` of each line of a --metrics-file.
+std::vector<double> column(const std::string& metrics_file, const std::string& key) {
   std::vector<double> out;
   std::ifstream in(metrics_file);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at(key).get<double>());
   return out;
 }
+
+std::vector<double> losses(const std::string& metrics_file) { return column(metrics_file, "loss"); }
 
 nlohmann::json metadata(const std::string& checkpoint) {
   std::ifstream in(checkpoint + "/metadata.json");
@@ -447,6 +452,98 @@ TEST_F(TrainCliTest, OneXlaDeviceTrainsAndItsCheckpointsResumeOnTheCpuAndBack) {
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_NEAR(a[i], on_xla[3 + i], 1e-3 * on_xla[3 + i]) << "step " << i + 4 << " resumed on the cpu";
     EXPECT_NEAR(b[i], on_cpu[3 + i], 1e-3 * on_cpu[3 + i]) << "step " << i + 4 << " resumed on xla";
+  }
+}
+
+// Note [strata train's learning-rate schedule] (src/cli/train_config.cpp):
+// the rates each step used are the closed form's (computed here again),
+// the LR monitor logs the same ones, and a run of 16 steps equals one of 8
+// (decaying over 16) resumed for 8, rates and losses to the bit.
+TEST_F(TrainCliTest, ACosineScheduleWarmsUpDecaysAndResumesToTheSameRatesAndLosses) {
+  const std::string args = common() + " --devices 2 --val-every 0 --lr-schedule cosine --warmup-steps 4 "
+                           "--min-lr 3e-4";
+  CommandResult full = run_strata(args + " --max-steps 16 --logger jsonl --log-dir " + path("runs") +
+                                  " --metrics-file " + path("full.jsonl"));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const std::vector<double> lr = column(path("full.jsonl"), "lr"), loss = losses(path("full.jsonl"));
+  ASSERT_EQ(lr.size(), 16u);
+  for (int s = 0; s < 16; ++s) {
+    // Step s + 1 uses the rate after s steps: 3e-3 (s + 1) / 4 while warming
+    // up, then the cosine from 3e-3 at step index 4 to 3e-4 at 16.
+    const double want = s < 4 ? 3e-3 * (s + 1) / 4 : 3e-4 + (3e-3 - 3e-4) * (1 + std::cos(M_PI * (s - 4) / 12.0)) / 2;
+    EXPECT_NEAR(lr[s], want, 1e-15) << "step " << s + 1;
+  }
+  EXPECT_LT(loss.back(), loss.front() - 0.5) << "the run did not train";
+  // The LR monitor's rows every --log-every (5) steps, at the step index
+  // (the step - 1).
+  std::map<int64_t, double> logged;
+  std::ifstream rows(path("runs/train/version_0/metrics.jsonl"));
+  for (std::string line; std::getline(rows, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("lr-AdamW")) logged[j.at("step").get<int64_t>()] = j["lr-AdamW"].get<double>();
+  }
+  ASSERT_EQ(logged.size(), 3u);
+  for (int s : {4, 9, 14}) EXPECT_EQ(logged[s], lr[s]) << "step " << s + 1;
+
+  CommandResult first = run_strata(args + " --max-steps 8 --lr-decay-steps 16 --ckpt-dir " + path("part") +
+                                   " --metrics-file " + path("first.jsonl"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  CommandResult second = run_strata(args + " --max-steps 16 --resume latest --ckpt-dir " + path("part") +
+                                    " --metrics-file " + path("second.jsonl"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  std::vector<double> lr_a = column(path("first.jsonl"), "lr"), lr_b = column(path("second.jsonl"), "lr");
+  std::vector<double> loss_a = losses(path("first.jsonl")), loss_b = losses(path("second.jsonl"));
+  ASSERT_EQ(lr_a.size(), 8u);
+  ASSERT_EQ(lr_b.size(), 8u);
+  lr_a.insert(lr_a.end(), lr_b.begin(), lr_b.end());
+  loss_a.insert(loss_a.end(), loss_b.begin(), loss_b.end());
+  for (size_t i = 0; i < 16; ++i) {
+    EXPECT_EQ(lr_a[i], lr[i]) << "step " << i + 1;
+    EXPECT_EQ(loss_a[i], loss[i]) << "step " << i + 1;
+  }
+  nlohmann::json saved = metadata(path("part/step-00000008")).at("entries").at("trainer").at("value");
+  EXPECT_EQ(saved.at("lr_schedulers").at(0).at("type"), "WarmupCosineLR");
+  EXPECT_EQ(saved.at("lr_schedulers").at(0).at("last_epoch"), 8);
+
+  // Resumed under another schedule: refused, in the flags' terms.
+  CommandResult other = run_strata(common() + " --devices 2 --val-every 0 --max-steps 10 --lr-schedule linear "
+                                   "--resume " + path("part/step-00000008"));
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.output.find("step-00000008 was trained with --lr-schedule cosine, but this run asks for "
+                              "--lr-schedule linear; resume with the schedule flags it was trained with"),
+            std::string::npos)
+      << other.output;
+  CommandResult constant = run_strata(common() + " --devices 2 --val-every 0 --max-steps 10 --resume " +
+                                      path("part/step-00000008"));
+  EXPECT_NE(constant.exit_code, 0);
+  EXPECT_NE(constant.output.find("but this run asks for no schedule (--lr-schedule constant without "
+                                 "--warmup-steps)"),
+            std::string::npos)
+      << constant.output;
+}
+
+TEST_F(TrainCliTest, BadScheduleFlagsGetMessagesThatSayWhatToDo) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lr-schedule cosin", "[train] --lr-schedule 'cosin' is not one of constant, cosine, linear"},
+      {"--lr-schedule cosine --warmup-steps -1", "[train] --warmup-steps '-1' is out of range: it must be an "
+                                                 "integer in 0..1000000000"},
+      {"--lr-schedule cosine --lr 0.002 --min-lr 0.01", "[train] --min-lr 0.01 is above --lr 0.002: the schedule "
+                                                        "decays from --lr down to --min-lr"},
+      {"--lr-schedule cosine --min-lr -1", "[train] --min-lr '-1' is out of range"},
+      {"--min-lr 0.001", "[train] --min-lr applies to --lr-schedule cosine or linear, but the schedule is constant"},
+      {"--lr-decay-steps 10", "[train] --lr-decay-steps applies to --lr-schedule cosine or linear"},
+      {"--lr-schedule linear --warmup-steps 300 --max-steps 300",
+       "[train] --warmup-steps 300 leaves no step to decay over: the linear decay would end at step 300 "
+       "(--max-steps); use fewer warm-up steps or decay over more steps"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CommandResult r = run_strata("train --model-size tiny " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ":\n" << r.output;
+  }
+  CommandResult help = run_strata("train --help");
+  for (const char* flag : {"--lr-schedule", "--warmup-steps", "--lr-decay-steps", "--min-lr"}) {
+    EXPECT_NE(help.output.find(flag), std::string::npos) << flag << " missing from:\n" << help.output;
   }
 }
 

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "cli/gpt_job.h"
 #include "strata/trainer/trainer.h"
 
 namespace strata::cli {
@@ -43,6 +45,12 @@ struct TrainConfig {
   int64_t batch_size = 32;  ///< global: over all ranks and accumulation steps
   int64_t grad_accum = 1;
   double lr = 2e-3;  ///< docs/data.md, "The default learning rate": stable at 1 and 2 workers
+  /// The learning-rate schedule (Note [Warm-up and decay] in
+  /// trainer/scheduler.h): "constant", "cosine" or "linear".
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;          ///< steps of linear warm-up to --lr
+  int64_t lr_decay_steps = 0;        ///< the step the decay ends at (0: --max-steps)
+  std::optional<double> min_lr;      ///< the rate the decay ends at (unset: --lr / 10)
   double weight_decay = 0.0;
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables
   std::string optimizer = "adamw-fused";  ///< or "adamw" (torch::optim's loop)
@@ -87,6 +95,13 @@ struct TrainConfig {
   std::string checkpoint_layout() const;
   /// --strategy shards the model: fsdp or xla_fsdp (the FSDP flags apply).
   bool sharded() const;
+  /// The schedule the flags ask for, resolved (decay over --max-steps, to
+  /// --lr / 10, unless given).
+  LRSchedule schedule() const;
+  /// Throws ConfigError for a bad schedule: an unknown --lr-schedule, a
+  /// negative step count, --min-lr outside [0, --lr], no step left to
+  /// decay over, or a decay's flag with the constant schedule.
+  void check_schedule() const;
 };
 
 /// The Trainer's options for `config` (Note [strata train is a Trainer
