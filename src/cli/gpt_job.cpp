@@ -108,7 +108,7 @@ void GPTJob::on_load_checkpoint(const nlohmann::json& extra) {
     const nlohmann::json mine = gpt->config().to_json();
     STRATA_CHECK(extra["model_config"] == mine, ConfigError, "[train] the checkpoint holds a model configured as ",
                  extra["model_config"].dump().substr(0, 300), " but this run builds ", mine.dump(),
-                 " (another --seq-len?)");
+                 " (another --seq-len or --vocab-size?)");
   }
 }
 

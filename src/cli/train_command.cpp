@@ -15,7 +15,8 @@ Command make_train_command() {
   command.register_fn = [config, numbers, strategy_flag](CLI::App& app) {
     CLI::App* sub = app.add_subcommand(
         "train",
-        "Train the example GPT on byte-level text on several workers.\n"
+        "Train the example GPT on byte-level text, or on token ids (--data FILE.bin --vocab-size V), on several "
+        "workers.\n"
         "Default data: the texts under /usr/share/common-licenses.\n"
         "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt --logger csv\n"
         "         strata train --devices 2 --lr-schedule cosine --warmup-steps 30 --min-lr 2e-4\n"
@@ -56,7 +57,12 @@ Command make_train_command() {
                   "from that checkpoint (SLURM_RESTART_COUNT > 0 resumes as --resume latest does)");
     sub->add_flag("--debug", c.debug, "Check every collective across ranks and report communication per step");
     sub->add_option("--model-size", c.model_size, "GPT preset: tiny, small, medium, large")->capture_default_str();
-    sub->add_option("--data", c.data, "Text file or folder to train on (default: /usr/share/common-licenses)");
+    sub->add_option("--data", c.data,
+                    "Text file or folder to train on, read as bytes (default: /usr/share/common-licenses); or a "
+                    "file of token ids named *.bin (nanoGPT's train.bin: uint16 little-endian, memory-mapped), "
+                    "with --vocab-size");
+    n.add_integer(sub, "--vocab-size", "--data FILE.bin: the vocabulary of its ids (the model's; every id must "
+                  "be below it)", 1, TrainConfig::kMaxVocabSize, [&c](int64_t v) { c.vocab_size = v; }, "");
     n.add_integer(sub, "--seq-len", "Tokens per window", 1, TrainConfig::kMaxSeqLen,
                   [&c](int64_t v) { c.seq_len = v; }, "the model's block size");
     n.add_integer(sub, "--max-steps", "Optimizer steps to train for", 1, 1000000000,

@@ -11,6 +11,7 @@
 
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
+#include "strata/data/token_file.h"
 #include "strata/models/gpt.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/trainer/callbacks.h"
@@ -154,6 +155,23 @@ void TrainConfig::validate() const {
                  "[train] --mlflow-experiment must be 1 to 500 bytes, got ", mlflow_experiment.size());
   }
   models::GPTConfig::preset(model_size);  // throws for an unknown size
+  // Note [Token files as data]
+  // --data FILE.bin is nanoGPT's train.bin: uint16 token ids of some
+  // tokenizer, memory-mapped (data::TokenFile). The model's vocabulary is
+  // --vocab-size, which the file cannot say, so it is required; every id is
+  // checked against it when the file opens. Text (any other name) is bytes,
+  // a vocabulary of 256. Validation holds out the file's last windows, as
+  // for text.
+  if (token_data()) {
+    STRATA_CHECK(vocab_size >= 1, ConfigError, "[train] --data ", data, " is a token file (a .bin of uint16 ids), "
+                 "which needs --vocab-size, the vocabulary size of the tokenizer that wrote it (GPT-2's: 50257)");
+    STRATA_CHECK(vocab_size <= kMaxVocabSize, ConfigError, "[train] --vocab-size must be in 1..", kMaxVocabSize,
+                 ", got ", vocab_size);
+  } else {
+    STRATA_CHECK(vocab_size == 0, ConfigError, "[train] --vocab-size applies to a token file (--data FILE.bin of "
+                 "uint16 ids), but the data is text, read as bytes (a vocabulary of 256); drop --vocab-size or "
+                 "pass a .bin file");
+  }
 
   STRATA_CHECK(pjrt_plugin.empty() || accelerator == "xla", ConfigError, "[train] --pjrt-plugin applies only to "
                "--accelerator xla, but --accelerator is '", accelerator, "'; drop one of them");
@@ -199,6 +217,8 @@ std::string TrainConfig::checkpoint_layout() const {
   if (!state_dict_type.empty()) return state_dict_type;
   return sharded() ? "sharded" : "full";  // the seeds' default: XLAFSDPStrategy(state_dict_type="sharded")
 }
+
+bool TrainConfig::token_data() const { return data::is_token_file(data); }
 
 bool TrainConfig::sharded() const { return strategy == "fsdp" || strategy == "xla_fsdp"; }
 

@@ -46,6 +46,7 @@
 #include "strata/core/strings.h"
 #include "strata/data/loader.h"
 #include "strata/data/text_dataset.h"
+#include "strata/data/token_file.h"
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
 #include "strata/runtime/env.h"
@@ -66,7 +67,8 @@ using Clock = std::chrono::steady_clock;
 // Note [Validation split]: the last --val-fraction of the windows (in text
 // order) are held out; the rest is the training set.
 struct TrainData {
-  std::shared_ptr<data::TokenWindows> windows;
+  std::shared_ptr<const data::Dataset> windows;  ///< data::TokenWindows (text) or data::TokenFile (ids)
+  int64_t num_tokens = 0;
   std::shared_ptr<WindowRange> train;
   std::shared_ptr<WindowRange> val;  ///< null: no validation
   int64_t micro_global = 1;          ///< examples per micro-batch, over all ranks
@@ -74,8 +76,17 @@ struct TrainData {
 
 TrainData load_train_data(const TrainConfig& config, int64_t seq_len) {
   TrainData out;
-  out.windows = std::make_shared<data::TokenWindows>(
-      config.data.empty() ? std::string(data::kDefaultDataPath) : config.data, seq_len);
+  if (config.token_data()) {
+    // Note [Token files as data] (train_config.cpp).
+    auto file = std::make_shared<data::TokenFile>(config.data, seq_len, config.vocab_size);
+    out.num_tokens = file->num_tokens();
+    out.windows = file;
+  } else {
+    auto text = std::make_shared<data::TokenWindows>(
+        config.data.empty() ? std::string(data::kDefaultDataPath) : config.data, seq_len);
+    out.num_tokens = text->num_tokens();
+    out.windows = text;
+  }
   const size_t total = out.windows->size();
   out.micro_global = config.batch_size / config.grad_accum;
   size_t n_val = config.val_every != 0 ? static_cast<size_t>(std::floor(config.val_fraction * total)) : 0;
@@ -184,8 +195,18 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
   if (config.seq_len > 0) model_config.block_size = config.seq_len;
   model_config.attention = config.attention;
+  if (config.token_data()) model_config.vocab_size = config.vocab_size;
   const int64_t seq_len = model_config.block_size;
   TrainData data = load_train_data(config, seq_len);
+  if (config.token_data()) {
+    // The sample continues the data's first id, and prints ids: strata has
+    // no tokenizer to turn them back into text.
+    for (const auto& callback : trainer.callbacks()) {
+      if (auto sample = std::dynamic_pointer_cast<Sample>(callback)) {
+        sample->set_prompt(std::static_pointer_cast<const data::TokenFile>(data.windows)->ids(0, 1), false);
+      }
+    }
+  }
 
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   strategies::seed_everything(config.seed);
@@ -225,7 +246,10 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   if (!resume_path.empty()) check_resume_schedule(resume_path, config);
   if (rank_zero) {
     std::cout << "training a " << config.model_size << " GPT (" << num_parameters << " parameters) on "
-              << data.windows->num_tokens() << " tokens with " << describe_strategy(config, trainer.strategy().name())
+              << data.num_tokens << (config.token_data() ? " token ids (vocabulary " +
+                                                                std::to_string(config.vocab_size) + ")"
+                                                          : std::string(" tokens"))
+              << " with " << describe_strategy(config, trainer.strategy().name())
               << " on " << trainer.placement().world_size << " worker(s), " << config.precision << ", global batch "
               << config.batch_size << " x " << seq_len << " tokens"
               << (data.val ? detail::cat(", ", data.val->size(), " windows held out for validation") : std::string())

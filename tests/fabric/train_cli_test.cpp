@@ -547,6 +547,79 @@ TEST_F(TrainCliTest, BadScheduleFlagsGetMessagesThatSayWhatToDo) {
   }
 }
 
+// Writes `ids` as nanoGPT's prepare.py does (np.uint16's tofile: two
+// bytes each, low byte first).
+void write_token_file(const std::string& path, const std::vector<uint16_t>& ids) {
+  std::ofstream out(path, std::ios::binary);
+  for (uint16_t id : ids) {
+    const char bytes[2] = {static_cast<char>(id & 0xff), static_cast<char>(id >> 8)};
+    out.write(bytes, 2);
+  }
+}
+
+// Note [Token files as data] (src/cli/train_config.cpp): a text's bytes
+// written as ids train exactly as the text does (the same windows, the
+// same 256-id model), a larger vocabulary trains, and what is not a token
+// file of that vocabulary is refused before training, by name.
+TEST_F(TrainCliTest, ATokenFileTrainsAsTheTextItsIdsSpellAndBadFilesAreRefused) {
+  std::string text;
+  {
+    std::ifstream in("/usr/share/common-licenses/GPL-3", std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (text.size() < 20000) GTEST_SKIP() << "no /usr/share/common-licenses/GPL-3 to take text from";
+  text.resize(20000);
+  std::ofstream(path("text.txt"), std::ios::binary) << text;
+  write_token_file(path("text.bin"), std::vector<uint16_t>(text.begin(), text.end()));
+  const std::string args = common() + " --devices 2 --max-steps 6 --val-every 0";
+  CommandResult bytes = run_strata(args + " --data " + path("text.txt") + " --metrics-file " + path("text.jsonl"));
+  ASSERT_EQ(bytes.exit_code, 0) << bytes.output;
+  CommandResult ids = run_strata(args + " --data " + path("text.bin") + " --vocab-size 256 --metrics-file " +
+                                 path("ids.jsonl"));
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  EXPECT_NE(ids.output.find("on 20000 token ids (vocabulary 256)"), std::string::npos) << ids.output;
+  const std::vector<double> a = losses(path("text.jsonl")), b = losses(path("ids.jsonl"));
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+
+  // A vocabulary of 1000: the model's, and the sample prints ids.
+  std::vector<uint16_t> pattern(20000);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint16_t>((i * 7919 + i / 13) % 1000);
+  write_token_file(path("big.bin"), pattern);
+  CommandResult big = run_strata(common(8, 4) + " --devices 2 --max-steps 6 --val-every 0 --data " +
+                                 path("big.bin") + " --vocab-size 1000 --metrics-file " + path("big.jsonl"));
+  ASSERT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_NE(big.output.find("on 20000 token ids (vocabulary 1000)"), std::string::npos) << big.output;
+  EXPECT_NE(big.output.find("sample (token ids): 0 "), std::string::npos) << big.output;
+  const std::vector<double> c = losses(path("big.jsonl"));
+  ASSERT_EQ(c.size(), 6u);
+  EXPECT_NEAR(c.front(), std::log(1000.0), 0.5) << "the first loss is about ln(vocabulary)";
+
+  pattern[777] = 1000;
+  write_token_file(path("over.bin"), pattern);
+  write_token_file(path("short.bin"), {1, 2, 3});
+  write_token_file(path("empty.bin"), {});
+  std::ofstream(path("odd.bin"), std::ios::binary) << "abc";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--data " + path("big.bin"), "[train] --data " + path("big.bin") + " is a token file (a .bin of uint16 ids), "
+                                    "which needs --vocab-size"},
+      {"--data " + path("over.bin") + " --vocab-size 1000",
+       "[data] token file " + path("over.bin") + ": token 777 (byte offset 1554) is 1000, not below the vocabulary "
+       "size 1000"},
+      {"--data " + path("odd.bin") + " --vocab-size 1000", "holds 3 bytes, an odd count"},
+      {"--data " + path("empty.bin") + " --vocab-size 1000", "is empty (0 bytes)"},
+      {"--data " + path("short.bin") + " --vocab-size 1000", "holds 3 token ids, fewer than one window of seq_len + "
+                                                             "1 = 65 ids"},
+      {"--data " + path("text.txt") + " --vocab-size 1000", "[train] --vocab-size applies to a token file"},
+      {"--data " + path("big.bin") + " --vocab-size 70000", "[train] --vocab-size '70000' is out of range"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CommandResult r = run_strata(common() + " --devices 1 --max-steps 1 " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ":\n" << r.output;
+  }
+}
+
 // Note [The FSDP flags under xla_fsdp] (src/cli/train_config.cpp): every
 // parameter of XLAFSDPStrategy is a flag of strata train. Two xla devices
 // (ranks as threads of one process) train as two CPU workers under fsdp

@@ -19,6 +19,8 @@ struct TrainConfig {
   static constexpr int64_t kMaxSeqLen = 4096;
   /// Most --sample-tokens: the sample is text for a person to read.
   static constexpr int64_t kMaxSampleTokens = 4096;
+  /// Largest --vocab-size: every id a uint16 token file can hold (0..65535).
+  static constexpr int64_t kMaxVocabSize = 65536;
   // placement
   std::string accelerator = "cpu";
   std::string pjrt_plugin;  ///< --accelerator xla: the plugin to load ("": STRATA_PJRT_PLUGIN or the venv's)
@@ -38,7 +40,8 @@ struct TrainConfig {
   bool sequential_save = false;  ///< local ranks write their checkpoint shards one after another
   // model and data
   std::string model_size = "small";
-  std::string data;  ///< file or folder; empty: the default text
+  std::string data;  ///< text file or folder, or a token file (.bin); empty: the default text
+  int64_t vocab_size = 0;  ///< a token file's vocabulary (required for one, refused for text)
   int64_t seq_len = 0;  ///< 0: the model's block size
   // optimisation
   int64_t max_steps = 300;
@@ -95,6 +98,8 @@ struct TrainConfig {
   std::string checkpoint_layout() const;
   /// --strategy shards the model: fsdp or xla_fsdp (the FSDP flags apply).
   bool sharded() const;
+  /// --data is a token file (its name ends in .bin; Note [Token files as data]).
+  bool token_data() const;
   /// The schedule the flags ask for, resolved (decay over --max-steps, to
   /// --lr / 10, unless given).
   LRSchedule schedule() const;
