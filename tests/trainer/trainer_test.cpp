@@ -326,7 +326,8 @@ TEST(TrainerTest, WarmupDecaySchedulesWarmUpThenDecayToTheirFloorAndResumeExactl
   EXPECT_NE(error_of([&] { strata::trainer::WarmupDecayLR(c, Decay::kCosine, 12, 12, 0.1); })
                 .find("decay_steps must be greater than warmup_steps (12)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { strata::trainer::WarmupDecayLR(c, Decay::kLinear, 0, 12, 2.0); })
+  torch::optim::SGD fresh(layer->parameters(), torch::optim::SGDOptions(1.0));
+  EXPECT_NE(error_of([&] { strata::trainer::WarmupDecayLR(fresh, Decay::kLinear, 0, 12, 2.0); })
                 .find("min_lr 2 is above the base learning rate 1"),
             std::string::npos);
 }
