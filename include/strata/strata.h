@@ -19,6 +19,7 @@
 #include "strata/data/distributed_sampler.h"
 #include "strata/data/loader.h"
 #include "strata/data/text_dataset.h"
+#include "strata/data/token_file.h"
 #include "strata/fabric/fabric.h"
 #include "strata/models/gpt.h"
 #include "strata/models/mlp.h"

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "strata/core/error.h"
+#include "strata/core/module_hooks.h"
 #include "strata/optim/fused.h"
 #include "strata/trainer/trainer.h"
 
@@ -25,14 +26,25 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
+std::string LRSchedule::scheduler_name() const {
+  if (!active()) return "";
+  if (kind == "cosine") return "WarmupCosineLR";
+  if (kind == "linear") return "WarmupLinearLR";
+  return "WarmupConstantLR";
+}
+
 GPTJob::GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay,
-               std::string optimizer)
-    : model_size_(std::move(model_size)), lr_(lr), weight_decay_(weight_decay), optimizer_(std::move(optimizer)) {
+               std::string optimizer, LRSchedule schedule)
+    : model_size_(std::move(model_size)),
+      lr_(lr),
+      weight_decay_(weight_decay),
+      optimizer_(std::move(optimizer)),
+      schedule_(std::move(schedule)) {
   gpt = register_module("model", models::GPT(config));
 }
 
 std::shared_ptr<TrainModule> GPTJob::replica() const {
-  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_, optimizer_);
+  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_, optimizer_, schedule_);
 }
 
 at::Tensor GPTJob::training_step(const data::Batch& batch, int64_t) {
@@ -59,10 +71,23 @@ at::Tensor GPTJob::validation_step(const data::Batch& batch, int64_t) {
   return {};
 }
 
+// The schedule's scheduler is stepped after every optimizer step
+// (interval "step"), so its counter is the global step: the rate of step
+// s + 1 is lr_at(s), and the Trainer's checkpoint keeps the counter.
 OptimizerConfig GPTJob::configure_optimizers() {
   const auto options = torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_);
-  if (optimizer_ == "adamw") return OptimizerConfig(std::make_shared<torch::optim::AdamW>(parameters(), options));
-  return OptimizerConfig(std::make_shared<optim::AdamW>(parameters(), options));
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  if (optimizer_ == "adamw") optimizer = std::make_shared<torch::optim::AdamW>(parameters(), options);
+  else optimizer = std::make_shared<optim::AdamW>(parameters(), options);
+  OptimizerConfig config(optimizer);
+  if (!schedule_.active()) return config;
+  using Decay = trainer::WarmupDecayLR::Decay;
+  const Decay decay = schedule_.kind == "cosine"   ? Decay::kCosine
+                      : schedule_.kind == "linear" ? Decay::kLinear
+                                                   : Decay::kConstant;
+  auto scheduler = std::make_shared<trainer::WarmupDecayLR>(*optimizer, decay, schedule_.warmup_steps,
+                                                            schedule_.decay_steps, schedule_.min_lr);
+  return config.with_scheduler(trainer::SchedulerConfig(std::move(scheduler)).with_interval("step"));
 }
 
 // The whole configuration travels with the checkpoint, so a reader (strata
@@ -83,7 +108,7 @@ void GPTJob::on_load_checkpoint(const nlohmann::json& extra) {
     const nlohmann::json mine = gpt->config().to_json();
     STRATA_CHECK(extra["model_config"] == mine, ConfigError, "[train] the checkpoint holds a model configured as ",
                  extra["model_config"].dump().substr(0, 300), " but this run builds ", mine.dump(),
-                 " (another --seq-len?)");
+                 " (another --seq-len or --vocab-size?)");
   }
 }
 
@@ -152,8 +177,11 @@ void MetricsFile::on_train_start(Trainer& trainer, TrainModule& module) {
   }
 }
 
-void MetricsFile::on_train_batch_start(Trainer&, TrainModule&, const data::Batch&, int64_t) {
+void MetricsFile::on_train_batch_start(Trainer& trainer, TrainModule&, const data::Batch&, int64_t) {
   line_from_this_batch_ = false;
+  // A step scheduler sets the next step's rate once a step ends: the rate
+  // this step uses is the one its batches start with.
+  if (!trainer.optimizers().empty()) step_lr_ = trainer.optimizers().front()->param_groups()[0].options().get_lr();
 }
 
 // Note [Throughput through the Trainer's logging]
@@ -192,7 +220,7 @@ void MetricsFile::on_train_batch_end(Trainer& trainer, TrainModule& module, cons
   write_pending();
   pending_ = nlohmann::json{{"step", trainer.global_step()},
                             {"loss", last_loss_},
-                            {"lr", trainer.optimizers().front()->param_groups()[0].options().get_lr()},
+                            {"lr", step_lr_},
                             {"epoch", trainer.current_epoch()},
                             {"tokens_per_s", tokens_per_s},
                             {"samples_per_s", samples_per_s},
@@ -250,6 +278,53 @@ void MetricsFile::on_train_end(Trainer& trainer, TrainModule&) {
     text += "; MFU: no matmul rate measured for this device";
   }
   std::cout << text << std::endl;
+}
+
+Sample::Sample(int64_t tokens, uint64_t seed, at::Tensor prompt, bool bytes)
+    : tokens_(tokens), seed_(seed), prompt_(std::move(prompt)), bytes_(bytes) {}
+
+// Note [Sampling on every rank]
+// A forward of the trained model may need every rank: under fsdp and
+// xla_fsdp each unit's parameters are gathered from all of them, and on
+// several xla devices every sync of a replica (a host read, the CPU
+// fallback that multinomial takes) is a meeting of the replicas, whose
+// programs must be one text (Note [Replicas in one process] in
+// src/xla_device/recorder.cpp). So the sample runs inside fit, in
+// on_fit_end, on every rank, each with a generator seeded alike: the
+// ranks draw the same tokens, hence run the same forwards, collectives
+// and host reads in the same order, and every rank reads its result back
+// (rank 0 prints it). Sampling after fit returned ran on rank 0 alone: the
+// other ranks had ended (as threads of the xla process, or as processes
+// waiting in teardown), and under xla_fsdp rank 0's gathers were
+// recorded into a program run without its peers, which XLA refused
+// (replica_id < replica_count). Reading the result on rank 0 alone fails
+// the same way: that read is a step end that the other replicas, having
+// finished, never reach.
+void Sample::on_fit_end(Trainer& trainer, TrainModule& module) {
+  text_.clear();
+  if (tokens_ <= 0 || trainer.stop_signal() != 0) return;
+  auto* job = dynamic_cast<GPTJob*>(&module);
+  STRATA_ASSERT(job != nullptr, "the Sample callback samples a GPTJob");
+  torch::NoGradGuard no_grad;
+  const bool was_training = job->is_training();
+  job->eval();
+  at::Generator generator = at::detail::createCPUGenerator(seed_);
+  at::Tensor prompt = prompt_.to(trainer.strategy().root_device());
+  at::Tensor out;
+  // Through the TrainModule's forward hooks, as the Trainer runs its
+  // steps: under FSDP the module is the root unit, gathered around it.
+  hooked_forward(*job, prompt, [&](const at::Tensor& p) {
+    out = job->gpt->generate(p, tokens_, 0.8, 40, generator);
+    return out;
+  });
+  const at::Tensor ids = out.cpu();  // on every rank (above)
+  job->train(was_training);
+  if (bytes_) {
+    text_ = models::decode_bytes(ids);
+  } else {
+    for (int64_t i = 0; i < ids.numel(); ++i) text_ += (i ? " " : "") + std::to_string(ids[i].item<int64_t>());
+  }
+  if (trainer.is_global_zero()) std::cout << (bytes_ ? "sample: " : "sample (token ids): ") << text_ << std::endl;
 }
 
 FinalSave::FinalSave(std::string dir, int64_t every) : dir_(std::move(dir)), every_(every) {}

@@ -15,26 +15,29 @@ Command make_train_command() {
   command.register_fn = [config, numbers, strategy_flag](CLI::App& app) {
     CLI::App* sub = app.add_subcommand(
         "train",
-        "Train the example GPT on byte-level text on several workers.\n"
+        "Train the example GPT on byte-level text, or on token ids (--data FILE.bin --vocab-size V), on several "
+        "workers.\n"
         "Default data: the texts under /usr/share/common-licenses.\n"
         "Example: strata train --devices 2 --strategy ddp --max-steps 300 --ckpt-dir ckpt --logger csv\n"
+        "         strata train --devices 2 --lr-schedule cosine --warmup-steps 30 --min-lr 2e-4\n"
         "         strata train --devices 2 --strategy fsdp --activation-checkpointing --ckpt-dir ckpt");
     TrainConfig& c = *config;
     *strategy_flag = sub->add_option("--strategy", c.strategy,
-                    "Training strategy: ddp (replicated), fsdp (fully sharded), single_device (the default with "
-                    "--accelerator xla)")
+                    "Training strategy: ddp (replicated), fsdp (fully sharded), single_device; with --accelerator "
+                    "xla: xla (replicated, the default on several devices), xla_fsdp (fully sharded), single_device "
+                    "(the default on one)")
         ->capture_default_str();
     sub->add_option("--wrap-policy", c.wrap_policy,
-                    "fsdp: comma-separated module types that become sharded units (default: Block, each "
+                    "fsdp, xla_fsdp: comma-separated module types that become sharded units (default: Block, each "
                     "transformer block; 'none': the whole model is one unit)");
     sub->add_flag("--activation-checkpointing", c.activation_checkpointing,
-                  "fsdp: recompute every transformer block's forward during backward instead of keeping its "
+                  "fsdp, xla_fsdp: recompute every transformer block's forward during backward instead of keeping its "
                   "activations");
     sub->add_option("--state-dict-type", c.state_dict_type,
-                    "Checkpoint layout: sharded (one file per rank; fsdp's default) or full (one file; ddp "
-                    "writes only this)");
+                    "Checkpoint layout: sharded (one file per rank; the default of fsdp and xla_fsdp) or full (one "
+                    "file; the replicated strategies write only this)");
     sub->add_flag("--sequential-save", c.sequential_save,
-                  "fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
+                  "fsdp, xla_fsdp: workers on a host write their checkpoint shards one after another (less host memory)");
     sub->add_option("--accelerator", c.accelerator,
                     "Device kind: cpu, cuda (one worker per GPU, worker i on cuda:i), auto, xla (one PJRT device; "
                     "ops without a lowering run on the CPU and are reported)")
@@ -54,7 +57,12 @@ Command make_train_command() {
                   "from that checkpoint (SLURM_RESTART_COUNT > 0 resumes as --resume latest does)");
     sub->add_flag("--debug", c.debug, "Check every collective across ranks and report communication per step");
     sub->add_option("--model-size", c.model_size, "GPT preset: tiny, small, medium, large")->capture_default_str();
-    sub->add_option("--data", c.data, "Text file or folder to train on (default: /usr/share/common-licenses)");
+    sub->add_option("--data", c.data,
+                    "Text file or folder to train on, read as bytes (default: /usr/share/common-licenses); or a "
+                    "file of token ids named *.bin (nanoGPT's train.bin: uint16 little-endian, memory-mapped), "
+                    "with --vocab-size");
+    n.add_integer(sub, "--vocab-size", "--data FILE.bin: the vocabulary of its ids (the model's; every id must "
+                  "be below it)", 1, TrainConfig::kMaxVocabSize, [&c](int64_t v) { c.vocab_size = v; }, "");
     n.add_integer(sub, "--seq-len", "Tokens per window", 1, TrainConfig::kMaxSeqLen,
                   [&c](int64_t v) { c.seq_len = v; }, "the model's block size");
     n.add_integer(sub, "--max-steps", "Optimizer steps to train for", 1, 1000000000,
@@ -64,6 +72,17 @@ Command make_train_command() {
     n.add_integer(sub, "--grad-accum", "Micro-batches accumulated per step", 1, 1 << 20,
                   [&c](int64_t v) { c.grad_accum = v; }, "1");
     n.add_real(sub, "--lr", "AdamW learning rate", Range{false, 0, 10, true}, [&c](double v) { c.lr = v; }, "0.002");
+    sub->add_option("--lr-schedule", c.lr_schedule,
+                    "Learning-rate schedule: constant (--lr after the warm-up), cosine or linear (warm up, then "
+                    "decay from --lr to --min-lr at --lr-decay-steps, as GPT training does); the rate each step "
+                    "used is logged as lr-AdamW and saved with checkpoints")
+        ->capture_default_str();
+    n.add_integer(sub, "--warmup-steps", "Steps of linear warm-up from --lr / N to --lr (0: none)", 0, 1000000000,
+                  [&c](int64_t v) { c.warmup_steps = v; }, "0");
+    n.add_integer(sub, "--lr-decay-steps", "cosine, linear: the step the decay reaches --min-lr at (then held)", 1,
+                  1000000000, [&c](int64_t v) { c.lr_decay_steps = v; }, "--max-steps");
+    n.add_real(sub, "--min-lr", "cosine, linear: the rate the decay ends at", Range{false, 0, 10},
+               [&c](double v) { c.min_lr = v; }, "--lr / 10");
     n.add_real(sub, "--weight-decay", "AdamW weight decay", Range{false, 0, 10}, [&c](double v) { c.weight_decay = v; },
                "0");
     n.add_real(sub, "--grad-clip", "Clip the global gradient norm to this (0: off)", Range{false, 0, 1e6},

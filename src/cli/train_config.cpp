@@ -11,6 +11,7 @@
 
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
+#include "strata/data/token_file.h"
 #include "strata/models/gpt.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/trainer/callbacks.h"
@@ -51,10 +52,20 @@ std::set<std::string> gpt_module_types(const std::string& model_size) {
   return types;
 }
 
-// The strategy object for --strategy fsdp (and ddp --debug); null: the
-// Trainer makes the named strategy with its defaults.
+// Note [The FSDP flags under xla_fsdp]
+// XLAFSDPStrategy's own parameters are FSDP's (auto_wrap_policy,
+// activation_checkpointing_policy, state_dict_type="sharded" by default,
+// sequential_save), and strata's xla_fsdp is FSDP whose collectives are
+// recorded into the xla step (strategies/xla.h). So --wrap-policy,
+// --activation-checkpointing, --state-dict-type and --sequential-save mean
+// the same under fsdp and xla_fsdp, build the strategy object the same way,
+// and both save sharded checkpoints unless told otherwise; a sharded
+// checkpoint of either resumes under the other, at any world size.
+
+// The strategy object for --strategy fsdp and xla_fsdp (and ddp --debug);
+// null: the Trainer makes the named strategy with its defaults.
 std::shared_ptr<strategies::Strategy> make_train_strategy(const TrainConfig& config) {
-  if (config.strategy != "fsdp" && !(config.strategy == "ddp" && config.debug)) return nullptr;
+  if (!config.sharded() && !(config.strategy == "ddp" && config.debug)) return nullptr;
   auto accelerator = strategies::make_accelerator(config.accelerator);
   strategies::StrategyOptions options;
   options.with_kind(config.strategy)
@@ -76,9 +87,9 @@ std::shared_ptr<strategies::Strategy> make_train_strategy(const TrainConfig& con
 
 // The strategy and its settings, for the line that starts the run.
 std::string describe_strategy(const TrainConfig& config, const std::string& name) {
-  if (name != "fsdp") return name;
+  if (name != "fsdp" && name != "xla_fsdp") return name;
   std::set<std::string> units = config.wrap_types();
-  std::string out = "fsdp (units: " + (units.empty() ? std::string("the whole model") : join(units));
+  std::string out = name + " (units: " + (units.empty() ? std::string("the whole model") : join(units));
   if (config.activation_checkpointing) out += ", activation checkpointing";
   out += ", " + config.checkpoint_layout() + " checkpoints";
   if (config.sequential_save) out += " saved sequentially";
@@ -94,6 +105,7 @@ void TrainConfig::validate() const {
   STRATA_CHECK(batch_size >= 1, ConfigError, "[train] --batch-size must be >= 1, got ", batch_size);
   STRATA_CHECK(grad_accum >= 1, ConfigError, "[train] --grad-accum must be >= 1, got ", grad_accum);
   STRATA_CHECK(lr > 0 && lr <= 10, ConfigError, "[train] --lr must be a number in (0, 10], got ", lr);
+  check_schedule();
   STRATA_CHECK(weight_decay >= 0 && weight_decay <= 10, ConfigError,
                "[train] --weight-decay must be a number in [0, 10], got ", weight_decay);
   STRATA_CHECK(grad_clip >= 0 && grad_clip <= 1e6, ConfigError,
@@ -143,13 +155,32 @@ void TrainConfig::validate() const {
                  "[train] --mlflow-experiment must be 1 to 500 bytes, got ", mlflow_experiment.size());
   }
   models::GPTConfig::preset(model_size);  // throws for an unknown size
+  // Note [Token files as data]
+  // --data FILE.bin is nanoGPT's train.bin: uint16 token ids of some
+  // tokenizer, memory-mapped (data::TokenFile). The model's vocabulary is
+  // --vocab-size, which the file cannot say, so it is required; every id is
+  // checked against it when the file opens. Text (any other name) is bytes,
+  // a vocabulary of 256. Validation holds out the file's last windows, as
+  // for text.
+  if (token_data()) {
+    STRATA_CHECK(vocab_size >= 1, ConfigError, "[train] --data ", data, " is a token file (a .bin of uint16 ids), "
+                 "which needs --vocab-size, the vocabulary size of the tokenizer that wrote it (GPT-2's: 50257)");
+    STRATA_CHECK(vocab_size <= kMaxVocabSize, ConfigError, "[train] --vocab-size must be in 1..", kMaxVocabSize,
+                 ", got ", vocab_size);
+  } else {
+    STRATA_CHECK(vocab_size == 0, ConfigError, "[train] --vocab-size applies to a token file (--data FILE.bin of "
+                 "uint16 ids), but the data is text, read as bytes (a vocabulary of 256); drop --vocab-size or "
+                 "pass a .bin file");
+  }
 
   STRATA_CHECK(pjrt_plugin.empty() || accelerator == "xla", ConfigError, "[train] --pjrt-plugin applies only to "
                "--accelerator xla, but --accelerator is '", accelerator, "'; drop one of them");
-  const bool fsdp = strategy == "fsdp";
+  // Note [The FSDP flags under xla_fsdp]
+  const bool fsdp = sharded();
   auto fsdp_only = [&](bool given, const char* flag) {
-    STRATA_CHECK(!given || fsdp, ConfigError, "[train] ", flag, " applies only to --strategy fsdp, but --strategy is '",
-                 strategy, "'; drop ", flag, " or train with --strategy fsdp");
+    STRATA_CHECK(!given || fsdp, ConfigError, "[train] ", flag,
+                 " applies only to --strategy fsdp or xla_fsdp, but --strategy is '", strategy, "'; drop ", flag,
+                 " or train with --strategy fsdp (xla_fsdp with --accelerator xla)");
   };
   fsdp_only(!wrap_policy.empty(), "--wrap-policy");
   fsdp_only(activation_checkpointing, "--activation-checkpointing");
@@ -157,7 +188,7 @@ void TrainConfig::validate() const {
   STRATA_CHECK(state_dict_type.empty() || state_dict_type == "full" || state_dict_type == "sharded", ConfigError,
                "[train] --state-dict-type must be 'full' or 'sharded', got '", state_dict_type, "'");
   STRATA_CHECK(fsdp || state_dict_type != "sharded", ConfigError,
-               "[train] --state-dict-type sharded needs --strategy fsdp: with --strategy '", strategy,
+               "[train] --state-dict-type sharded needs --strategy fsdp or xla_fsdp: with --strategy '", strategy,
                "' every rank holds the whole model and rank 0 writes one full checkpoint; drop the flag or pass "
                "--state-dict-type full");
   if (fsdp) wrap_types();  // throws for a type that cannot be a unit
@@ -184,7 +215,58 @@ std::set<std::string> TrainConfig::wrap_types() const {
 
 std::string TrainConfig::checkpoint_layout() const {
   if (!state_dict_type.empty()) return state_dict_type;
-  return strategy == "fsdp" ? "sharded" : "full";
+  return sharded() ? "sharded" : "full";  // the seeds' default: XLAFSDPStrategy(state_dict_type="sharded")
+}
+
+bool TrainConfig::token_data() const { return data::is_token_file(data); }
+
+bool TrainConfig::sharded() const { return strategy == "fsdp" || strategy == "xla_fsdp"; }
+
+// Note [strata train's learning-rate schedule]
+// --lr-schedule cosine|linear warms up linearly over --warmup-steps, then
+// decays from --lr to --min-lr (default --lr / 10, nanoGPT's choice after
+// Chinchilla) at step --lr-decay-steps (default --max-steps), and holds
+// --min-lr after it; constant holds --lr after the warm-up. The rates are
+// trainer::WarmupDecayLR's (Note [Warm-up and decay] in
+// trainer/scheduler.h), a function of the step alone, and the Trainer's
+// checkpoint keeps the step: a run of N steps equals one of N/2 steps
+// (with --lr-decay-steps N) resumed for the other N/2. A resumed run
+// follows the schedule its own flags give from the step it resumes at;
+// the scheduler's kind must be the checkpoint's (check_resume_schedule).
+void TrainConfig::check_schedule() const {
+  STRATA_CHECK(lr_schedule == "constant" || lr_schedule == "cosine" || lr_schedule == "linear", ConfigError,
+               "[train] --lr-schedule '", lr_schedule, "' is not one of constant, cosine, linear");
+  STRATA_CHECK(warmup_steps >= 0, ConfigError, "[train] --warmup-steps must be >= 0 (0: no warm-up), got ",
+               warmup_steps);
+  STRATA_CHECK(lr_decay_steps >= 0, ConfigError, "[train] --lr-decay-steps must be >= 0 (0: --max-steps), got ",
+               lr_decay_steps);
+  if (lr_schedule == "constant") {
+    STRATA_CHECK(!min_lr && lr_decay_steps == 0, ConfigError, "[train] ", min_lr ? "--min-lr" : "--lr-decay-steps",
+                 " applies to --lr-schedule cosine or linear, but the schedule is constant (--lr after the "
+                 "warm-up); drop the flag or choose a decay");
+    return;
+  }
+  if (min_lr) {
+    STRATA_CHECK(*min_lr >= 0, ConfigError, "[train] --min-lr must be >= 0, got ", *min_lr);
+    STRATA_CHECK(*min_lr <= lr, ConfigError, "[train] --min-lr ", *min_lr, " is above --lr ", lr,
+                 ": the schedule decays from --lr down to --min-lr; give a --min-lr <= --lr");
+  }
+  const LRSchedule s = schedule();
+  STRATA_CHECK(s.decay_steps > warmup_steps, ConfigError, "[train] --warmup-steps ", warmup_steps,
+               " leaves no step to decay over: the ", lr_schedule, " decay would end at step ", s.decay_steps,
+               lr_decay_steps > 0 ? " (--lr-decay-steps)" : " (--max-steps)",
+               "; use fewer warm-up steps or decay over more steps");
+}
+
+LRSchedule TrainConfig::schedule() const {
+  LRSchedule s;
+  s.kind = lr_schedule;
+  s.warmup_steps = warmup_steps;
+  if (lr_schedule != "constant") {
+    s.decay_steps = lr_decay_steps > 0 ? lr_decay_steps : max_steps;
+    s.min_lr = min_lr.value_or(lr / 10);
+  }
+  return s;
 }
 
 void TrainConfig::check_world(int world) const {
@@ -199,8 +281,8 @@ int64_t TrainConfig::validation_interval() const { return val_every == -1 ? 50 :
 // Every flag becomes a field of TrainerOptions here and nowhere else: the
 // placement (accelerator, devices, nodes, strategy, precision), the loop
 // (steps, epochs, accumulation, clipping, logging, validation) and the
-// callbacks (metrics file, final save, periodic and best checkpoints, early
-// stopping) and logger. The Trainer then launches the workers, as for any
+// callbacks (metrics file, final save, the sample, periodic and best
+// checkpoints, early stopping) and logger. The Trainer then launches the workers, as for any
 // Trainer user. Validation settings are given whenever --val-every is not
 // 0; they only act when the job passes held-out data to fit.
 TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
@@ -230,7 +312,9 @@ TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
   const int64_t seq_len = config.seq_len > 0 ? config.seq_len : models::GPTConfig::preset(config.model_size).block_size;
   options.with_callback(std::make_shared<MetricsFile>(config.metrics_file, config.batch_size * seq_len,
                                                       config.batch_size))
-      .with_callback(std::make_shared<FinalSave>(config.ckpt_dir, config.ckpt_every));
+      .with_callback(std::make_shared<FinalSave>(config.ckpt_dir, config.ckpt_every))
+      .with_callback(std::make_shared<Sample>(config.sample_tokens, config.seed, models::encode_bytes("The "),
+                                              /*bytes=*/true));
   if (!config.ckpt_dir.empty() && config.ckpt_every > 0) {
     options.with_callback(std::make_shared<trainer::ModelCheckpoint>(trainer::ModelCheckpointOptions()
                                                                          .with_dirpath(config.ckpt_dir)

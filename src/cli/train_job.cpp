@@ -46,6 +46,7 @@
 #include "strata/core/strings.h"
 #include "strata/data/loader.h"
 #include "strata/data/text_dataset.h"
+#include "strata/data/token_file.h"
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
 #include "strata/runtime/env.h"
@@ -66,7 +67,8 @@ using Clock = std::chrono::steady_clock;
 // Note [Validation split]: the last --val-fraction of the windows (in text
 // order) are held out; the rest is the training set.
 struct TrainData {
-  std::shared_ptr<data::TokenWindows> windows;
+  std::shared_ptr<const data::Dataset> windows;  ///< data::TokenWindows (text) or data::TokenFile (ids)
+  int64_t num_tokens = 0;
   std::shared_ptr<WindowRange> train;
   std::shared_ptr<WindowRange> val;  ///< null: no validation
   int64_t micro_global = 1;          ///< examples per micro-batch, over all ranks
@@ -74,8 +76,17 @@ struct TrainData {
 
 TrainData load_train_data(const TrainConfig& config, int64_t seq_len) {
   TrainData out;
-  out.windows = std::make_shared<data::TokenWindows>(
-      config.data.empty() ? std::string(data::kDefaultDataPath) : config.data, seq_len);
+  if (config.token_data()) {
+    // Note [Token files as data] (train_config.cpp).
+    auto file = std::make_shared<data::TokenFile>(config.data, seq_len, config.vocab_size);
+    out.num_tokens = file->num_tokens();
+    out.windows = file;
+  } else {
+    auto text = std::make_shared<data::TokenWindows>(
+        config.data.empty() ? std::string(data::kDefaultDataPath) : config.data, seq_len);
+    out.num_tokens = text->num_tokens();
+    out.windows = text;
+  }
   const size_t total = out.windows->size();
   out.micro_global = config.batch_size / config.grad_accum;
   size_t n_val = config.val_every != 0 ? static_cast<size_t>(std::floor(config.val_fraction * total)) : 0;
@@ -93,28 +104,6 @@ TrainData load_train_data(const TrainConfig& config, int64_t seq_len) {
   return out;
 }
 
-// Note [Sampling under FSDP]
-// A sharded model's forward gathers each unit's parameters from every
-// rank, so under FSDP every rank samples, with the same seed (the same
-// tokens, hence the same forwards and collectives), and rank 0 prints.
-// Replicated strategies sample on rank 0 alone.
-void sample(Trainer& trainer, GPTJob& job, const TrainConfig& config) {
-  const bool sharded = trainer.strategy().shards_parameters();
-  if (config.sample_tokens <= 0 || !(sharded || trainer.is_global_zero())) return;
-  torch::NoGradGuard no_grad;
-  job.eval();
-  at::Generator generator = at::detail::createCPUGenerator(config.seed);
-  at::Tensor prompt = models::encode_bytes("The ").to(trainer.strategy().root_device());
-  at::Tensor out;
-  // Through the TrainModule's forward hooks, as the Trainer runs its
-  // steps: under FSDP the module is the root unit, gathered around it.
-  hooked_forward(job, prompt, [&](const at::Tensor& p) {
-    out = job.gpt->generate(p, config.sample_tokens, 0.8, 40, generator);
-    return out;
-  });
-  if (trainer.is_global_zero()) std::cout << "sample: " << models::decode_bytes(out.cpu()) << std::endl;
-}
-
 // Note [strata train's hyperparameters]
 // The run's configuration, typed, as the module's hyperparameters: the
 // loggers write them (hparams.yaml, TensorBoard's HPARAMS tab) and the
@@ -125,6 +114,8 @@ trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTC
   trainer::Hyperparams h = {{"model_size", config.model_size},
                    {"model_config", model.to_json()},
                    {"lr", config.lr},
+                   {"lr_schedule", config.lr_schedule},
+                   {"warmup_steps", config.warmup_steps},
                    {"weight_decay", config.weight_decay},
                    {"batch_size", config.batch_size},
                    {"seq_len", model.block_size},
@@ -145,11 +136,46 @@ trainer::Hyperparams train_hparams(const TrainConfig& config, const models::GPTC
                    {"val_batches", config.val_batches},
                    {"log_every", config.log_every},
                    {"data", config.data.empty() ? std::string(data::kDefaultDataPath) : config.data}};
-  if (config.strategy == "fsdp") {
-    h["state_dict_type"] = config.state_dict_type.empty() ? "sharded" : config.state_dict_type;
+  if (config.lr_schedule != "constant") {
+    const LRSchedule schedule = config.schedule();
+    h["lr_decay_steps"] = schedule.decay_steps;
+    h["min_lr"] = schedule.min_lr;
+  }
+  if (config.sharded()) {
+    h["state_dict_type"] = config.checkpoint_layout();
     h["activation_checkpointing"] = config.activation_checkpointing;
   }
   return h;
+}
+
+// How a run's flags ask for the schedule a scheduler type name stands for.
+std::string schedule_flags(const std::string& scheduler) {
+  if (scheduler.empty()) return "no schedule (--lr-schedule constant without --warmup-steps)";
+  if (scheduler == "WarmupCosineLR") return "--lr-schedule cosine";
+  if (scheduler == "WarmupLinearLR") return "--lr-schedule linear";
+  if (scheduler == "WarmupConstantLR") return "--lr-schedule constant with --warmup-steps";
+  return "a " + scheduler + " scheduler";
+}
+
+// Note [strata train's learning-rate schedule] (train_config.cpp): the
+// checkpoint's scheduler must be of the kind this run makes, or the
+// Trainer would refuse it in its own terms (a count of schedulers, a type
+// name); said here in the flags' terms. A checkpoint that cannot be read
+// is left to the Trainer, which names what is wrong with it.
+void check_resume_schedule(const std::string& path, const TrainConfig& config) {
+  std::string saved;
+  try {
+    const checkpoint::CheckpointReader reader = checkpoint::CheckpointReader::open(path);
+    const nlohmann::json& schedulers = reader.metadata().at("entries").at("trainer").at("value").at("lr_schedulers");
+    if (!schedulers.is_array() || schedulers.size() > 1) return;
+    if (schedulers.size() == 1) saved = schedulers[0].at("type").get<std::string>();
+  } catch (const std::exception&) {
+    return;
+  }
+  const std::string wanted = config.schedule().scheduler_name();
+  STRATA_CHECK(saved == wanted, ConfigError, "[train] ", path, " was trained with ", schedule_flags(saved),
+               ", but this run asks for ", schedule_flags(wanted),
+               "; resume with the schedule flags it was trained with (the schedule is saved with the step)");
 }
 
 // SLURM_RESTART_COUNT: how often SLURM requeued this job (0 when unset).
@@ -169,13 +195,23 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
   if (config.seq_len > 0) model_config.block_size = config.seq_len;
   model_config.attention = config.attention;
+  if (config.token_data()) model_config.vocab_size = config.vocab_size;
   const int64_t seq_len = model_config.block_size;
   TrainData data = load_train_data(config, seq_len);
+  if (config.token_data()) {
+    // The sample continues the data's first id, and prints ids: strata has
+    // no tokenizer to turn them back into text.
+    for (const auto& callback : trainer.callbacks()) {
+      if (auto sample = std::dynamic_pointer_cast<Sample>(callback)) {
+        sample->set_prompt(std::static_pointer_cast<const data::TokenFile>(data.windows)->ids(0, 1), false);
+      }
+    }
+  }
 
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   strategies::seed_everything(config.seed);
-  auto job =
-      std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay, config.optimizer);
+  auto job = std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay,
+                                      config.optimizer, config.schedule());
   job->save_hyperparameters(train_hparams(config, job->gpt->config(), trainer));
   const int64_t num_parameters = job->gpt->num_parameters();  // before FSDP leaves each rank a shard
 
@@ -207,9 +243,13 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   } else {
     resume_path = resume;
   }
+  if (!resume_path.empty()) check_resume_schedule(resume_path, config);
   if (rank_zero) {
     std::cout << "training a " << config.model_size << " GPT (" << num_parameters << " parameters) on "
-              << data.windows->num_tokens() << " tokens with " << describe_strategy(config, trainer.strategy().name())
+              << data.num_tokens << (config.token_data() ? " token ids (vocabulary " +
+                                                                std::to_string(config.vocab_size) + ")"
+                                                          : std::string(" tokens"))
+              << " with " << describe_strategy(config, trainer.strategy().name())
               << " on " << trainer.placement().world_size << " worker(s), " << config.precision << ", global batch "
               << config.batch_size << " x " << seq_len << " tokens"
               << (data.val ? detail::cat(", ", data.val->size(), " windows held out for validation") : std::string())
@@ -221,7 +261,6 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
               data.val ? std::optional<DataSource>(DataSource(data.val, DataOptions().with_batch_size(data.micro_global)))
                        : std::nullopt,
               resume_path);
-  sample(trainer, *job, config);
   if (!trainer.is_global_zero()) return;
   // The step's loss averaged over ranks; none when a run resumed at its last step.
   double loss = std::numeric_limits<double>::quiet_NaN();

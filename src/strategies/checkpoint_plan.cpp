@@ -47,6 +47,7 @@ void write_full(comm::Group& group, checkpoint::CheckpointWriter* writer, const 
   std::string failure;  // rank 0 keeps joining the gathers after a failed write, then reports it
   for (const PlannedTensor& t : plan.tensors) {
     at::Tensor value = t.sharded() ? t.gather() : t.local;
+    if (t.sharded() && options.end_step) options.end_step();  // Note [Gathered tensors on a lazy device]
     if (!rank_zero || !failure.empty()) continue;
     try {
       file->write(t.name, value);

@@ -53,7 +53,21 @@ struct WriteOptions {
   int local_rank = 0;
   int local_world_size = 1;
   std::string tag = "checkpoint";  ///< message tag, e.g. the strategy's name
+  /// Run by every rank after each gather of the full layout, before rank 0
+  /// writes the value (Note [Gathered tensors on a lazy device]); null:
+  /// nothing to run.
+  std::function<void()> end_step;
 };
+
+/// Note [Gathered tensors on a lazy device]
+/// On a lazy device a gather is recorded, not run, and rank 0's write of
+/// the full value reads it to the host, which runs the step. Where the
+/// ranks are replicas of one step (xla_fsdp), running it is a meeting of
+/// every replica, which the other ranks, having nothing to write, would not
+/// attend: they would go on to the next gather or to the closing exchange
+/// of errors and wait there, apart from rank 0. So every rank ends the step
+/// after each gather (the strategy's mark_step), together, and rank 0 then
+/// writes a value already computed.
 
 /// Writes `plan` to the checkpoint directory `path` (the same on every
 /// rank), or to one file when `path` ends in ".safetensors" (full layout

@@ -83,4 +83,42 @@ double CosineAnnealingLR::lr_at(int64_t step, double base_lr) const {
   return eta_min_ + (base_lr - eta_min_) * (1.0 + std::cos(M_PI * t / static_cast<double>(t_max_))) / 2.0;
 }
 
+WarmupDecayLR::WarmupDecayLR(torch::optim::Optimizer& optimizer, Decay decay, int64_t warmup_steps,
+                             int64_t decay_steps, double min_lr)
+    : LRScheduler(optimizer), decay_(decay), warmup_steps_(warmup_steps), decay_steps_(decay_steps), min_lr_(min_lr) {
+  STRATA_CHECK(warmup_steps >= 0, ConfigError, "[trainer] ", name(), " warmup_steps must be >= 0, got ",
+               warmup_steps);
+  if (decay != Decay::kConstant) {
+    STRATA_CHECK(decay_steps > warmup_steps, ConfigError, "[trainer] ", name(), " decays over steps ", warmup_steps,
+                 "..", decay_steps, ": decay_steps must be greater than warmup_steps (", warmup_steps, ")");
+    STRATA_CHECK(min_lr >= 0 && std::isfinite(min_lr), ConfigError, "[trainer] ", name(),
+                 " min_lr must be a finite number >= 0, got ", min_lr);
+    for (const auto& group : optimizer.param_groups()) {
+      const double base = group.options().get_lr();
+      STRATA_CHECK(min_lr <= base, ConfigError, "[trainer] ", name(), " min_lr ", min_lr,
+                   " is above the base learning rate ", base, " it decays from; give a min_lr <= ", base);
+    }
+  }
+  apply();
+}
+
+std::string WarmupDecayLR::name() const {
+  switch (decay_) {
+    case Decay::kConstant: return "WarmupConstantLR";
+    case Decay::kLinear: return "WarmupLinearLR";
+    case Decay::kCosine: return "WarmupCosineLR";
+  }
+  return "WarmupDecayLR";
+}
+
+double WarmupDecayLR::lr_at(int64_t step, double base_lr) const {
+  // Note [Warm-up and decay] (trainer/scheduler.h).
+  if (step < warmup_steps_) return base_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps_);
+  if (decay_ == Decay::kConstant) return base_lr;
+  if (step >= decay_steps_) return min_lr_;
+  const double p = static_cast<double>(step - warmup_steps_) / static_cast<double>(decay_steps_ - warmup_steps_);
+  const double f = decay_ == Decay::kCosine ? (1.0 + std::cos(M_PI * p)) / 2.0 : 1.0 - p;
+  return min_lr_ + (base_lr - min_lr_) * f;
+}
+
 }  // namespace strata::trainer

@@ -165,7 +165,13 @@ std::weak_ptr<Replication> active;  // at most one at a time, owned by its Repli
 // of its own: rank 0's model after fit, on the calling thread. So a paused
 // replication makes no sync a collective; its devices run one program per
 // device, as without a replication. What the pause left pending runs, per
-// device, before the replicas resume, so their next steps start even.
+// device, before the replicas resume, so their next steps start even. A
+// collective of the replicas' xla tensors is refused while paused (the
+// replicas' backend, replicas.cpp): it would run in a program of one
+// device, without the peers its replica groups name, which XLA rejects
+// only when the program runs (RET_CHECK replica_id < replica_count), far
+// from the call. A sharded model's forward gathers so: under xla_fsdp the
+// model is used inside a call that runs on every rank.
 std::shared_ptr<Replication> active_replication() {
   std::lock_guard<std::mutex> lock(replication_mutex);
   std::shared_ptr<Replication> rep = active.lock();
@@ -275,6 +281,8 @@ void pause_replication(Replication& replication, bool paused) {
   if (!paused && replication.paused) sync_pending();  // while still paused: per device
   replication.paused = paused;
 }
+
+bool replication_paused(const Replication& replication) { return replication.paused; }
 
 bool is_replica_device(c10::DeviceIndex index) {
   std::shared_ptr<Replication> rep = active_replication();

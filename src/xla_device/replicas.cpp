@@ -269,6 +269,12 @@ class ReplicaBackend final : public comm::Backend {
   template <class Collective>
   void record(const char* name, at::Tensor& out, Collective&& collective) {
     if (out.numel() == 0) return;
+    // Note [Paused replicas] (recorder.cpp).
+    STRATA_CHECK(size() == 1 || !replication_paused(*shared_->replication), ConfigError, "[xla] ", name + 8,
+                 " of replica ", rank_, " while the replicas are paused (between two runs of their threads, e.g. "
+                 "after Trainer::fit returned): a collective of xla tensors runs only in a step of all ",
+                 size(), " replicas. Call it inside a call that runs on every rank (a callback's on_fit_end, "
+                 "Trainer::validate); a model sharded by xla_fsdp gathers its parameters so in every forward");
     try {
       at::Tensor target = out.is_contiguous() ? out : at::empty(out.sizes(), out.options());
       {

@@ -75,6 +75,8 @@ std::shared_ptr<Replication> start_replication(const std::vector<int>& devices, 
 Meeting& step_ends(Replication& replication);
 /// Note [Paused replicas] (recorder.cpp).
 void pause_replication(Replication& replication, bool paused);
+/// True while `replication` is paused.
+bool replication_paused(const Replication& replication);
 
 /// Held by each lowered kernel while it records (the Recorder of
 /// lowering.h): a shared hold on the step, so that sync_pending, which takes

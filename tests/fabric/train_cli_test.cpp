@@ -12,7 +12,9 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
 
 #include "strata/checkpoint/directory.h"
@@ -65,12 +67,15 @@ std::string host_name() {
   return name;
 }
 
-std::vector<double> losses(const std::string& metrics_file) {
+// The field `key` of each line of a --metrics-file.
+std::vector<double> column(const std::string& metrics_file, const std::string& key) {
   std::vector<double> out;
   std::ifstream in(metrics_file);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at(key).get<double>());
   return out;
 }
+
+std::vector<double> losses(const std::string& metrics_file) { return column(metrics_file, "loss"); }
 
 nlohmann::json metadata(const std::string& checkpoint) {
   std::ifstream in(checkpoint + "/metadata.json");
@@ -316,13 +321,19 @@ TEST_F(TrainCliTest, FsdpFlagsAreCheckedAndRefusedWithOtherStrategies) {
     CommandResult r = run_strata(std::string("train --model-size tiny ") + flag);
     EXPECT_NE(r.exit_code, 0) << flag;
     std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
-    EXPECT_NE(r.output.find(name + " applies only to --strategy fsdp, but --strategy is 'ddp'"), std::string::npos)
+    EXPECT_NE(r.output.find(name + " applies only to --strategy fsdp or xla_fsdp, but --strategy is 'ddp'"),
+              std::string::npos)
         << r.output;
   }
   CommandResult sharded = run_strata("train --model-size tiny --state-dict-type sharded");
   EXPECT_NE(sharded.exit_code, 0);
-  EXPECT_NE(sharded.output.find("--state-dict-type sharded needs --strategy fsdp"), std::string::npos)
+  EXPECT_NE(sharded.output.find("--state-dict-type sharded needs --strategy fsdp or xla_fsdp"), std::string::npos)
       << sharded.output;
+  CommandResult xla = run_strata("train --model-size tiny --accelerator xla --devices 2 --strategy xla --wrap-policy Block");
+  EXPECT_NE(xla.exit_code, 0);
+  EXPECT_NE(xla.output.find("--wrap-policy applies only to --strategy fsdp or xla_fsdp, but --strategy is 'xla'"),
+            std::string::npos)
+      << xla.output;
   CommandResult layout = run_strata("train --model-size tiny --strategy fsdp --state-dict-type partial");
   EXPECT_NE(layout.exit_code, 0);
   EXPECT_NE(layout.output.find("--state-dict-type must be 'full' or 'sharded', got 'partial'"), std::string::npos)
@@ -442,6 +453,262 @@ TEST_F(TrainCliTest, OneXlaDeviceTrainsAndItsCheckpointsResumeOnTheCpuAndBack) {
     EXPECT_NEAR(a[i], on_xla[3 + i], 1e-3 * on_xla[3 + i]) << "step " << i + 4 << " resumed on the cpu";
     EXPECT_NEAR(b[i], on_cpu[3 + i], 1e-3 * on_cpu[3 + i]) << "step " << i + 4 << " resumed on xla";
   }
+}
+
+// Note [strata train's learning-rate schedule] (src/cli/train_config.cpp):
+// the rates each step used are the closed form's (computed here again),
+// the LR monitor logs the same ones, and a run of 16 steps equals one of 8
+// (decaying over 16) resumed for 8, rates and losses to the bit.
+TEST_F(TrainCliTest, ACosineScheduleWarmsUpDecaysAndResumesToTheSameRatesAndLosses) {
+  const std::string args = common() + " --devices 2 --val-every 0 --lr-schedule cosine --warmup-steps 4 "
+                           "--min-lr 3e-4";
+  CommandResult full = run_strata(args + " --max-steps 16 --logger jsonl --log-dir " + path("runs") +
+                                  " --metrics-file " + path("full.jsonl"));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const std::vector<double> lr = column(path("full.jsonl"), "lr"), loss = losses(path("full.jsonl"));
+  ASSERT_EQ(lr.size(), 16u);
+  for (int s = 0; s < 16; ++s) {
+    // Step s + 1 uses the rate after s steps: 3e-3 (s + 1) / 4 while warming
+    // up, then the cosine from 3e-3 at step index 4 to 3e-4 at 16.
+    const double want = s < 4 ? 3e-3 * (s + 1) / 4 : 3e-4 + (3e-3 - 3e-4) * (1 + std::cos(M_PI * (s - 4) / 12.0)) / 2;
+    EXPECT_NEAR(lr[s], want, 1e-15) << "step " << s + 1;
+  }
+  EXPECT_LT(loss.back(), loss.front() - 0.5) << "the run did not train";
+  // The LR monitor's rows every --log-every (5) steps, at the step index
+  // (the step - 1).
+  std::map<int64_t, double> logged;
+  std::ifstream rows(path("runs/train/version_0/metrics.jsonl"));
+  for (std::string line; std::getline(rows, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("lr-AdamW")) logged[j.at("step").get<int64_t>()] = j["lr-AdamW"].get<double>();
+  }
+  ASSERT_EQ(logged.size(), 3u);
+  for (int s : {4, 9, 14}) EXPECT_EQ(logged[s], lr[s]) << "step " << s + 1;
+
+  CommandResult first = run_strata(args + " --max-steps 8 --lr-decay-steps 16 --ckpt-dir " + path("part") +
+                                   " --metrics-file " + path("first.jsonl"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  CommandResult second = run_strata(args + " --max-steps 16 --resume latest --ckpt-dir " + path("part") +
+                                    " --metrics-file " + path("second.jsonl"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  std::vector<double> lr_a = column(path("first.jsonl"), "lr"), lr_b = column(path("second.jsonl"), "lr");
+  std::vector<double> loss_a = losses(path("first.jsonl")), loss_b = losses(path("second.jsonl"));
+  ASSERT_EQ(lr_a.size(), 8u);
+  ASSERT_EQ(lr_b.size(), 8u);
+  lr_a.insert(lr_a.end(), lr_b.begin(), lr_b.end());
+  loss_a.insert(loss_a.end(), loss_b.begin(), loss_b.end());
+  for (size_t i = 0; i < 16; ++i) {
+    EXPECT_EQ(lr_a[i], lr[i]) << "step " << i + 1;
+    EXPECT_EQ(loss_a[i], loss[i]) << "step " << i + 1;
+  }
+  nlohmann::json saved = metadata(path("part/step-00000008")).at("entries").at("trainer").at("value");
+  EXPECT_EQ(saved.at("lr_schedulers").at(0).at("type"), "WarmupCosineLR");
+  EXPECT_EQ(saved.at("lr_schedulers").at(0).at("last_epoch"), 8);
+
+  // Resumed under another schedule: refused, in the flags' terms.
+  CommandResult other = run_strata(common() + " --devices 2 --val-every 0 --max-steps 10 --lr-schedule linear "
+                                   "--resume " + path("part/step-00000008"));
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.output.find("step-00000008 was trained with --lr-schedule cosine, but this run asks for "
+                              "--lr-schedule linear; resume with the schedule flags it was trained with"),
+            std::string::npos)
+      << other.output;
+  CommandResult constant = run_strata(common() + " --devices 2 --val-every 0 --max-steps 10 --resume " +
+                                      path("part/step-00000008"));
+  EXPECT_NE(constant.exit_code, 0);
+  EXPECT_NE(constant.output.find("but this run asks for no schedule (--lr-schedule constant without "
+                                 "--warmup-steps)"),
+            std::string::npos)
+      << constant.output;
+}
+
+TEST_F(TrainCliTest, BadScheduleFlagsGetMessagesThatSayWhatToDo) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lr-schedule cosin", "[train] --lr-schedule 'cosin' is not one of constant, cosine, linear"},
+      {"--lr-schedule cosine --warmup-steps -1", "[train] --warmup-steps '-1' is out of range: it must be an "
+                                                 "integer in 0..1000000000"},
+      {"--lr-schedule cosine --lr 0.002 --min-lr 0.01", "[train] --min-lr 0.01 is above --lr 0.002: the schedule "
+                                                        "decays from --lr down to --min-lr"},
+      {"--lr-schedule cosine --min-lr -1", "[train] --min-lr '-1' is out of range"},
+      {"--min-lr 0.001", "[train] --min-lr applies to --lr-schedule cosine or linear, but the schedule is constant"},
+      {"--lr-decay-steps 10", "[train] --lr-decay-steps applies to --lr-schedule cosine or linear"},
+      {"--lr-schedule linear --warmup-steps 300 --max-steps 300",
+       "[train] --warmup-steps 300 leaves no step to decay over: the linear decay would end at step 300 "
+       "(--max-steps); use fewer warm-up steps or decay over more steps"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CommandResult r = run_strata("train --model-size tiny " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ":\n" << r.output;
+  }
+  CommandResult help = run_strata("train --help");
+  for (const char* flag : {"--lr-schedule", "--warmup-steps", "--lr-decay-steps", "--min-lr"}) {
+    EXPECT_NE(help.output.find(flag), std::string::npos) << flag << " missing from:\n" << help.output;
+  }
+}
+
+// Writes `ids` as nanoGPT's prepare.py does (np.uint16's tofile: two
+// bytes each, low byte first).
+void write_token_file(const std::string& path, const std::vector<uint16_t>& ids) {
+  std::ofstream out(path, std::ios::binary);
+  for (uint16_t id : ids) {
+    const char bytes[2] = {static_cast<char>(id & 0xff), static_cast<char>(id >> 8)};
+    out.write(bytes, 2);
+  }
+}
+
+// Note [Token files as data] (src/cli/train_config.cpp): a text's bytes
+// written as ids train exactly as the text does (the same windows, the
+// same 256-id model), a larger vocabulary trains, and what is not a token
+// file of that vocabulary is refused before training, by name.
+TEST_F(TrainCliTest, ATokenFileTrainsAsTheTextItsIdsSpellAndBadFilesAreRefused) {
+  std::string text;
+  {
+    std::ifstream in("/usr/share/common-licenses/GPL-3", std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (text.size() < 20000) GTEST_SKIP() << "no /usr/share/common-licenses/GPL-3 to take text from";
+  text.resize(20000);
+  std::ofstream(path("text.txt"), std::ios::binary) << text;
+  write_token_file(path("text.bin"), std::vector<uint16_t>(text.begin(), text.end()));
+  const std::string args = common() + " --devices 2 --max-steps 6 --val-every 0";
+  CommandResult bytes = run_strata(args + " --data " + path("text.txt") + " --metrics-file " + path("text.jsonl"));
+  ASSERT_EQ(bytes.exit_code, 0) << bytes.output;
+  CommandResult ids = run_strata(args + " --data " + path("text.bin") + " --vocab-size 256 --metrics-file " +
+                                 path("ids.jsonl"));
+  ASSERT_EQ(ids.exit_code, 0) << ids.output;
+  EXPECT_NE(ids.output.find("on 20000 token ids (vocabulary 256)"), std::string::npos) << ids.output;
+  const std::vector<double> a = losses(path("text.jsonl")), b = losses(path("ids.jsonl"));
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+
+  // A vocabulary of 1000: the model's, and the sample prints ids.
+  std::vector<uint16_t> pattern(20000);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint16_t>((i * 7919 + i / 13) % 1000);
+  write_token_file(path("big.bin"), pattern);
+  CommandResult big = run_strata(common(8, 4) + " --devices 2 --max-steps 6 --val-every 0 --data " +
+                                 path("big.bin") + " --vocab-size 1000 --metrics-file " + path("big.jsonl"));
+  ASSERT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_NE(big.output.find("on 20000 token ids (vocabulary 1000)"), std::string::npos) << big.output;
+  EXPECT_NE(big.output.find("sample (token ids): 0 "), std::string::npos) << big.output;
+  const std::vector<double> c = losses(path("big.jsonl"));
+  ASSERT_EQ(c.size(), 6u);
+  EXPECT_NEAR(c.front(), std::log(1000.0), 0.5) << "the first loss is about ln(vocabulary)";
+
+  pattern[777] = 1000;
+  write_token_file(path("over.bin"), pattern);
+  write_token_file(path("short.bin"), {1, 2, 3});
+  write_token_file(path("empty.bin"), {});
+  std::ofstream(path("odd.bin"), std::ios::binary) << "abc";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--data " + path("big.bin"), "[train] --data " + path("big.bin") + " is a token file (a .bin of uint16 ids), "
+                                    "which needs --vocab-size"},
+      {"--data " + path("over.bin") + " --vocab-size 1000",
+       "[data] token file " + path("over.bin") + ": token 777 (byte offset 1554) is 1000, not below the vocabulary "
+       "size 1000"},
+      {"--data " + path("odd.bin") + " --vocab-size 1000", "holds 3 bytes, an odd count"},
+      {"--data " + path("empty.bin") + " --vocab-size 1000", "is empty (0 bytes)"},
+      {"--data " + path("short.bin") + " --vocab-size 1000", "holds 3 token ids, fewer than one window of seq_len + "
+                                                             "1 = 65 ids"},
+      {"--data " + path("text.txt") + " --vocab-size 1000", "[train] --vocab-size applies to a token file"},
+      {"--data " + path("big.bin") + " --vocab-size 70000", "[train] --vocab-size '70000' is out of range"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CommandResult r = run_strata(common() + " --devices 1 --max-steps 1 " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ":\n" << r.output;
+  }
+}
+
+// Note [The FSDP flags under xla_fsdp] (src/cli/train_config.cpp): every
+// parameter of XLAFSDPStrategy is a flag of strata train. Two xla devices
+// (ranks as threads of one process) train as two CPU workers under fsdp
+// do, to rounding (XLA may order a sum otherwise), save one file per rank
+// by default, and the shards resume under fsdp on 3 CPU workers at the step
+// they stopped. The run samples text at its end on both replicas (Note
+// [Sampling on every rank] in src/cli/gpt_job.cpp), and the same weights
+// sample the same text on the CPU.
+TEST_F(TrainCliTest, XlaFsdpTakesTheFsdpFlagsAndItsShardsResumeUnderFsdpOnThreeCpuWorkers) {
+  const std::string args = common(12) + " --val-every 0 --max-steps 4";
+  CommandResult xla = run_strata(common(12, 3) + " --val-every 0 --max-steps 4 --accelerator xla --devices 2 "
+                                 "--strategy xla_fsdp --state-dict-type sharded --wrap-policy Block "
+                                 "--activation-checkpointing --ckpt-every 2 --ckpt-dir " + path("xla") +
+                                 " --metrics-file " + path("xla.jsonl"));
+  if (xla.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << xla.output;
+  ASSERT_EQ(xla.exit_code, 0) << xla.output;
+  EXPECT_NE(xla.output.find("with xla_fsdp (units: Block, activation checkpointing, sharded checkpoints) on 2 "
+                            "worker(s)"),
+            std::string::npos)
+      << xla.output;
+  CommandResult cpu = run_strata(args + " --devices 2 --strategy fsdp --metrics-file " + path("cpu.jsonl"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  const std::vector<double> on_xla = losses(path("xla.jsonl")), on_cpu = losses(path("cpu.jsonl"));
+  ASSERT_EQ(on_xla.size(), 4u);
+  ASSERT_EQ(on_cpu.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(on_xla[i], on_cpu[i], 1e-5 * on_cpu[i]) << "step " << i + 1;
+
+  for (const char* step : {"step-00000002", "step-00000004"}) {
+    const std::string saved = path("xla/") + step;
+    nlohmann::json meta = metadata(saved);
+    EXPECT_EQ(meta.at("strategy"), "xla_fsdp") << step;
+    EXPECT_EQ(meta.at("state_dict_type"), "sharded") << step;
+    EXPECT_EQ(meta.at("world_size"), 2) << step;
+    EXPECT_TRUE(fs::exists(saved + "/shard-00000-of-00002.safetensors")) << step;
+    EXPECT_TRUE(fs::exists(saved + "/shard-00001-of-00002.safetensors")) << step;
+    EXPECT_FALSE(fs::exists(saved + "/state.safetensors")) << step;
+  }
+
+  // The checkpoint at the last step: no training, only the sample, now on
+  // 3 CPU workers.
+  CommandResult sample = run_strata(common(12, 3) + " --val-every 0 --max-steps 4 --devices 3 --strategy fsdp "
+                                    "--resume " + path("xla/step-00000004"));
+  ASSERT_EQ(sample.exit_code, 0) << sample.output;
+  EXPECT_NE(sample_of(xla.output), "") << xla.output;
+  EXPECT_EQ(sample_of(xla.output), sample_of(sample.output)) << xla.output << sample.output;
+
+  fs::remove_all(path("xla/step-00000004"));
+  CommandResult resumed = run_strata(args + " --devices 3 --strategy fsdp --resume latest --ckpt-dir " + path("xla") +
+                                     " --metrics-file " + path("resumed.jsonl"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + path("xla/step-00000002") + " at step 2"), std::string::npos)
+      << resumed.output;
+  const std::vector<double> after = losses(path("resumed.jsonl"));
+  ASSERT_EQ(after.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(after[i], on_xla[2 + i], 1e-5 * on_xla[2 + i]) << "step " << i + 3;
+  EXPECT_EQ(metadata(path("xla/step-00000004")).at("world_size"), 3);
+}
+
+// The other settings: one unit for the whole model, a full checkpoint (one
+// file, gathered tensor by tensor: Note [Gathered tensors on a lazy device]
+// in src/strategies/checkpoint_plan.h) written by rank 0, the shards saved
+// one rank after another; the file resumes under ddp as a ddp run goes on.
+TEST_F(TrainCliTest, XlaFsdpSavesAFullCheckpointSequentiallyThatResumesUnderDdp) {
+  const std::string args = common(12) + " --val-every 0";
+  CommandResult xla = run_strata(args + " --max-steps 1 --accelerator xla --devices 2 --strategy xla_fsdp "
+                                 "--state-dict-type full --sequential-save --wrap-policy none --ckpt-dir " +
+                                 path("xla") + " --metrics-file " + path("xla.jsonl"));
+  if (xla.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << xla.output;
+  ASSERT_EQ(xla.exit_code, 0) << xla.output;
+  EXPECT_NE(xla.output.find("with xla_fsdp (units: the whole model, full checkpoints saved sequentially) on 2 "
+                            "worker(s)"),
+            std::string::npos)
+      << xla.output;
+  const std::string first = path("xla/step-00000001");
+  EXPECT_EQ(metadata(first).at("state_dict_type"), "full");
+  EXPECT_TRUE(fs::exists(first + "/state.safetensors"));
+  EXPECT_FALSE(fs::exists(first + "/shard-00000-of-00002.safetensors"));
+  CommandResult ddp = run_strata(args + " --max-steps 2 --devices 2 --resume latest --ckpt-dir " + path("xla") +
+                                 " --metrics-file " + path("ddp.jsonl"));
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  CommandResult reference = run_strata(args + " --max-steps 2 --devices 2 --metrics-file " + path("ref.jsonl"));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const std::vector<double> a = losses(path("xla.jsonl")), b = losses(path("ddp.jsonl"));
+  const std::vector<double> ref = losses(path("ref.jsonl"));
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  ASSERT_EQ(ref.size(), 2u);
+  EXPECT_NEAR(a[0], ref[0], 1e-5 * ref[0]) << "step 1";
+  EXPECT_NEAR(b[0], ref[1], 1e-5 * ref[1]) << "step 2";
 }
 
 TEST_F(TrainCliTest, XlaRefusesSeveralDevicesAndReplicatedStrategiesNamingWhatWorks) {

@@ -7,6 +7,7 @@
 #include "cli/gpt_job.h"
 #include "cli/train_job.h"
 #include "strata/strategies/fsdp.h"
+#include "strata/strategies/xla.h"
 #include "strata/trainer/callbacks.h"
 #include "support/errors.h"
 #include "trainer_util.h"
@@ -103,6 +104,41 @@ TEST(TrainCliOptionsTest, TheFsdpFlagsBuildTheStrategyObject) {
   EXPECT_EQ(fsdp->options().state_dict_type, strata::strategies::StateDictType::kFull);
   EXPECT_TRUE(fsdp->options().sequential_save);
   EXPECT_EQ(fsdp->options().activation_checkpointing_policy.size(), 1u);
+}
+
+// Note [The FSDP flags under xla_fsdp]: XLAFSDPStrategy's parameters, from
+// the same flags, and its default layout is sharded, as the seed's.
+TEST(TrainCliOptionsTest, TheFsdpFlagsBuildTheXlaFsdpStrategyObjectWithTheSeedsDefaults) {
+  if (!strata::testing::start_xla()) GTEST_SKIP() << "no PJRT plugin for the xla device";
+  TrainConfig config;
+  config.accelerator = "xla";
+  config.strategy = "xla_fsdp";
+  config.validate();
+  EXPECT_EQ(config.checkpoint_layout(), "sharded");
+  auto made = [](const TrainConfig& c) {
+    const strata::TrainerOptions o = trainer_options(c, true);
+    EXPECT_TRUE(std::holds_alternative<std::shared_ptr<strata::strategies::Strategy>>(o.strategy));
+    return std::dynamic_pointer_cast<strata::strategies::XlaFSDPStrategy>(
+        std::get<std::shared_ptr<strata::strategies::Strategy>>(o.strategy));
+  };
+  auto defaults = made(config);
+  ASSERT_NE(defaults, nullptr);
+  EXPECT_EQ(defaults->options().state_dict_type, strata::strategies::StateDictType::kSharded);
+  EXPECT_FALSE(defaults->options().sequential_save);
+  EXPECT_TRUE(defaults->options().activation_checkpointing_policy.empty());
+
+  config.wrap_policy = "MLPBlock";
+  config.activation_checkpointing = true;
+  config.sequential_save = true;
+  config.state_dict_type = "full";
+  config.validate();
+  auto all = made(config);
+  ASSERT_NE(all, nullptr);
+  EXPECT_EQ(all->options().state_dict_type, strata::strategies::StateDictType::kFull);
+  EXPECT_TRUE(all->options().sequential_save);
+  EXPECT_EQ(all->options().activation_checkpointing_policy.size(), 1u);
+  EXPECT_EQ(strata::cli::describe_strategy(config, "xla_fsdp"),
+            "xla_fsdp (units: MLPBlock, activation checkpointing, full checkpoints saved sequentially)");
 }
 
 TEST(TrainCliOptionsTest, CheckpointFlagsAddTheirCallbacks) {

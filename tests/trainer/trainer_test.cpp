@@ -270,6 +270,68 @@ TEST(TrainerTest, StepSchedulerSetsTheRatesTheLearningRateMonitorLogs) {
   EXPECT_DOUBLE_EQ(trainer.optimizers().front()->param_groups()[0].options().get_lr(), 0.1);
 }
 
+// Note [Warm-up and decay]: the rates, by hand, of a warm-up of 4 steps
+// and a decay from 1 to 0.1 ending at step 12; a scheduler restored from
+// the state of one at step 7 sets the rates it would.
+TEST(TrainerTest, WarmupDecaySchedulesWarmUpThenDecayToTheirFloorAndResumeExactly) {
+  torch::nn::Linear layer(2, 2);
+  using Decay = strata::trainer::WarmupDecayLR::Decay;
+  auto rates = [&](Decay decay) {
+    torch::optim::SGD opt(layer->parameters(), torch::optim::SGDOptions(1.0));
+    strata::trainer::WarmupDecayLR s(opt, decay, 4, 12, 0.1);
+    std::vector<double> out;
+    for (int step = 0; step < 14; ++step) {
+      out.push_back(s.get_last_lr()[0]);
+      s.step();
+    }
+    return out;
+  };
+  const std::vector<double> cosine = rates(Decay::kCosine), linear = rates(Decay::kLinear);
+  const std::vector<double> constant = rates(Decay::kConstant);
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_DOUBLE_EQ(cosine[step], (step + 1) / 4.0) << step;
+    EXPECT_DOUBLE_EQ(linear[step], (step + 1) / 4.0) << step;
+    EXPECT_DOUBLE_EQ(constant[step], (step + 1) / 4.0) << step;
+  }
+  // Step 4 starts the decay at the base rate; step 8 is half way (0.55 for
+  // both); step 6 a quarter: cos(pi/4) for the cosine.
+  EXPECT_DOUBLE_EQ(cosine[4], 1.0);
+  EXPECT_DOUBLE_EQ(cosine[6], 0.1 + 0.9 * (1 + std::sqrt(0.5)) / 2);
+  EXPECT_DOUBLE_EQ(cosine[8], 0.55);
+  EXPECT_DOUBLE_EQ(linear[6], 0.1 + 0.9 * 0.75);
+  EXPECT_DOUBLE_EQ(linear[8], 0.55);
+  for (int step = 12; step < 14; ++step) {
+    EXPECT_DOUBLE_EQ(cosine[step], 0.1) << step;
+    EXPECT_DOUBLE_EQ(linear[step], 0.1) << step;
+  }
+  for (int step = 4; step < 14; ++step) EXPECT_DOUBLE_EQ(constant[step], 1.0) << step;
+
+  torch::optim::SGD a(layer->parameters(), torch::optim::SGDOptions(1.0));
+  strata::trainer::WarmupDecayLR first(a, Decay::kCosine, 4, 12, 0.1);
+  for (int i = 0; i < 7; ++i) first.step();
+  torch::optim::SGD b(layer->parameters(), torch::optim::SGDOptions(1.0));
+  strata::trainer::WarmupDecayLR second(b, Decay::kCosine, 4, 12, 0.1);
+  second.load_state_dict(first.state_dict());
+  EXPECT_EQ(second.last_epoch(), 7);
+  EXPECT_DOUBLE_EQ(second.get_last_lr()[0], cosine[7]);
+  torch::optim::SGD c(layer->parameters(), torch::optim::SGDOptions(1.0));
+  strata::trainer::WarmupDecayLR other(c, Decay::kLinear, 4, 12, 0.1);
+  EXPECT_NE(error_of([&] { other.load_state_dict(first.state_dict()); })
+                .find("WarmupLinearLR state type is \"WarmupCosineLR\""),
+            std::string::npos);
+
+  EXPECT_NE(error_of([&] { strata::trainer::WarmupDecayLR(c, Decay::kCosine, -1, 12, 0.1); })
+                .find("warmup_steps must be >= 0, got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { strata::trainer::WarmupDecayLR(c, Decay::kCosine, 12, 12, 0.1); })
+                .find("decay_steps must be greater than warmup_steps (12)"),
+            std::string::npos);
+  torch::optim::SGD fresh(layer->parameters(), torch::optim::SGDOptions(1.0));
+  EXPECT_NE(error_of([&] { strata::trainer::WarmupDecayLR(fresh, Decay::kLinear, 0, 12, 2.0); })
+                .find("min_lr 2 is above the base learning rate 1"),
+            std::string::npos);
+}
+
 TEST(TrainerTest, ProgressBarPrintsPlainLinesWhenNotOnATerminal) {
   testing::internal::CaptureStdout();
   {

@@ -140,6 +140,37 @@ TEST(XlaRanksTest, XlaFsdpAtTwoDevicesTrainsAsOneProcessAndItsShardedCheckpointL
   EXPECT_LE(relative(val_loss_on_the_cpu(xla.checkpoint), cpu.val_loss), 1e-3);
 }
 
+// Note [Paused replicas] (src/xla_device/recorder.cpp): after fit, rank
+// 0's module may run on xla:0 from the calling thread, but a module that
+// xla_fsdp shards gathers its parameters from every rank in its forward,
+// and the other ranks' threads have ended. The gather is refused where it
+// is recorded, naming the way out, instead of failing in XLA when a
+// one-device program runs it (RET_CHECK replica_id < replica_count, at
+// the Trainer's teardown: strata train's sample after fit did this).
+TEST(XlaRanksTest, AShardedForwardBetweenCallsIsRefusedWhereItGathers) {
+  if (!start_xla()) GTEST_SKIP() << "no PJRT plugin for the xla device";
+  at::manual_seed(7);
+  auto module = std::make_shared<LitGPT>();
+  strata::Trainer trainer(strata::TrainerOptions()
+                              .with_accelerator("xla")
+                              .with_devices(2)
+                              .with_strategy("xla_fsdp")
+                              .with_max_steps(1)
+                              .with_enable_progress_bar(false)
+                              .with_enable_checkpointing(false)
+                              .with_enable_model_summary(false));
+  trainer.fit(module, train_data());
+  const std::string message = error_message<strata::ConfigError>([&] {
+    torch::NoGradGuard no_grad;
+    at::Tensor prompt = at::zeros({1, 4}, at::kLong).to(trainer.strategy().root_device());
+    module->gpt->forward(prompt).cpu();
+  });
+  EXPECT_NE(message.find("[xla] all_gather of replica 0 while the replicas are paused (between two runs of their "
+                         "threads, e.g. after Trainer::fit returned)"),
+            std::string::npos)
+      << message;
+}
+
 /// A module that says nothing about how to build another of it.
 class NoReplica : public strata::TrainModule {
  public:

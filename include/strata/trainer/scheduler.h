@@ -107,6 +107,41 @@ class CosineAnnealingLR : public LRScheduler {
   double eta_min_;
 };
 
+/// Note [Warm-up and decay]
+/// The schedule GPT training uses (llm.c's and nanoGPT's): a linear
+/// warm-up, then a decay to a floor. After s steps (the counter, which
+/// the Trainer advances once per optimizer step with interval "step"):
+///   s < warmup_steps:                base * (s + 1) / warmup_steps
+///   warmup_steps <= s < decay_steps: min_lr + (base - min_lr) * f(p),
+///                                    p = (s - warmup_steps) / (decay_steps - warmup_steps)
+///   s >= decay_steps:                min_lr
+/// with f(p) = (1 + cos(pi p)) / 2 (kCosine) or 1 - p (kLinear). kConstant
+/// holds the base rate after the warm-up (decay_steps and min_lr unused).
+/// So the first step uses base / warmup_steps, step warmup_steps the full
+/// base rate, and a run of decay_steps steps ends at min_lr. The rate is a
+/// function of the counter alone: a resumed run sets exactly the rates an
+/// uninterrupted one does.
+class WarmupDecayLR : public LRScheduler {
+ public:
+  enum class Decay { kConstant, kLinear, kCosine };
+  /// Throws ConfigError for warmup_steps < 0, min_lr < 0 or above a base
+  /// rate, and (kLinear, kCosine) decay_steps <= warmup_steps.
+  WarmupDecayLR(torch::optim::Optimizer& optimizer, Decay decay, int64_t warmup_steps, int64_t decay_steps = 0,
+                double min_lr = 0.0);
+  /// "WarmupConstantLR", "WarmupLinearLR" or "WarmupCosineLR": a
+  /// checkpoint of one shape does not load into a run of another.
+  std::string name() const override;
+
+ protected:
+  double lr_at(int64_t step, double base_lr) const override;
+
+ private:
+  Decay decay_;
+  int64_t warmup_steps_;
+  int64_t decay_steps_;
+  double min_lr_;
+};
+
 /// A scheduler and when the Trainer steps it (Lightning's lr_scheduler
 /// config): every `frequency` optimizer steps ("step") or epochs ("epoch").
 struct SchedulerConfig {

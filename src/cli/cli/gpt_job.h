@@ -15,6 +15,21 @@
 
 namespace strata::cli {
 
+/// strata train's learning-rate schedule: a trainer::WarmupDecayLR
+/// stepped after every optimizer step (Note [Warm-up and decay] in
+/// trainer/scheduler.h), or none for a constant rate without warm-up.
+struct LRSchedule {
+  std::string kind = "constant";  ///< "constant", "cosine" or "linear"
+  int64_t warmup_steps = 0;
+  int64_t decay_steps = 0;  ///< cosine, linear: the step the decay ends at
+  double min_lr = 0.0;      ///< cosine, linear: the rate it ends at
+  /// False for a constant rate without warm-up: no scheduler at all, as
+  /// before schedules existed, so those checkpoints resume unchanged.
+  bool active() const { return kind != "constant" || warmup_steps > 0; }
+  /// The scheduler's type name ("WarmupCosineLR"), "" when not active.
+  std::string scheduler_name() const;
+};
+
 /// The GPT language model trained with AdamW; logs train_loss (progress
 /// bar) and val_loss (synced over ranks).
 class GPTJob : public TrainModule {
@@ -22,7 +37,7 @@ class GPTJob : public TrainModule {
   /// `optimizer`: "adamw-fused" (strata::optim::AdamW, ATen's fused kernel)
   /// or "adamw" (torch::optim::AdamW's loop); their checkpoints are the same.
   GPTJob(const models::GPTConfig& config, std::string model_size, double lr, double weight_decay,
-         std::string optimizer = "adamw-fused");
+         std::string optimizer = "adamw-fused", LRSchedule schedule = {});
   at::Tensor training_step(const data::Batch& batch, int64_t batch_idx) override;
   at::Tensor validation_step(const data::Batch& batch, int64_t batch_idx) override;
   /// Logs the step's train_loss once the step ended (Note [One train_loss]).
@@ -41,6 +56,7 @@ class GPTJob : public TrainModule {
   double lr_;
   double weight_decay_;
   std::string optimizer_;
+  LRSchedule schedule_;
 };
 
 /// Windows [begin, end) of another dataset (the training and validation
@@ -62,8 +78,9 @@ class WindowRange : public data::Dataset {
 /// the machine's matmul rate was measured, mfu (a fraction; Note [MFU of
 /// strata train]). On rank 0 it also appends one JSON line per optimizer
 /// step to --metrics-file ("" none): step (the global step after it), loss
-/// (the train_loss the loggers get for it: the global batch's loss), lr,
-/// epoch, tokens_per_s, samples_per_s, elapsed_s, mfu, and val_loss on the
+/// (the train_loss the loggers get for it: the global batch's loss), lr
+/// (the rate the step used), epoch, tokens_per_s, samples_per_s,
+/// elapsed_s, mfu, and val_loss on the
 /// line of the step a validation is filed under (Note [Validation in the
 /// metrics file]), only there.
 class MetricsFile : public trainer::Callback {
@@ -89,6 +106,7 @@ class MetricsFile : public trainer::Callback {
 
  private:
   void write_pending();
+  double step_lr_ = 0.0;     // the rate the step being run uses (read at its batches' start)
   nlohmann::json pending_;   // the last step's line, until its validation could run
   nlohmann::json next_val_;  // a validation inside an accumulation window: the next line's
   bool line_from_this_batch_ = false;
@@ -127,6 +145,35 @@ class FinalSave : public trainer::Callback {
  private:
   std::string dir_;
   int64_t every_;
+};
+
+/// Samples text from the trained model at the end of fit (--sample-tokens)
+/// and prints it on global rank 0 ("sample: ..."). Every rank samples the
+/// same tokens (Note [Sampling on every rank] in gpt_job.cpp); none does
+/// after a stop on a signal.
+class Sample : public trainer::Callback {
+ public:
+  /// `prompt`: a 1-D tensor of token ids (on the CPU); `bytes`: the ids are
+  /// bytes, printed as text (else as ids). `tokens` new tokens, top-k 40
+  /// at temperature 0.8, drawn from a generator seeded with `seed`.
+  Sample(int64_t tokens, uint64_t seed, at::Tensor prompt, bool bytes);
+  std::string state_key() const override { return "Sample"; }
+  trainer::CallbackPtr replica() const override { return std::make_shared<Sample>(tokens_, seed_, prompt_, bytes_); }
+  void on_fit_end(Trainer& trainer, TrainModule& module) override;
+  /// Replaces the prompt (before fit, so the ranks' copies get it).
+  void set_prompt(at::Tensor prompt, bool bytes) {
+    prompt_ = std::move(prompt);
+    bytes_ = bytes;
+  }
+  /// What the last fit sampled, as printed ("" before one, or with no tokens).
+  const std::string& text() const { return text_; }
+
+ private:
+  int64_t tokens_;
+  uint64_t seed_;
+  at::Tensor prompt_;
+  bool bytes_;
+  std::string text_;
 };
 
 /// "step-00000012": the name of a --ckpt-dir checkpoint.

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "cli/gpt_job.h"
 #include "strata/trainer/trainer.h"
 
 namespace strata::cli {
@@ -17,6 +19,8 @@ struct TrainConfig {
   static constexpr int64_t kMaxSeqLen = 4096;
   /// Most --sample-tokens: the sample is text for a person to read.
   static constexpr int64_t kMaxSampleTokens = 4096;
+  /// Largest --vocab-size: every id a uint16 token file can hold (0..65535).
+  static constexpr int64_t kMaxVocabSize = 65536;
   // placement
   std::string accelerator = "cpu";
   std::string pjrt_plugin;  ///< --accelerator xla: the plugin to load ("": STRATA_PJRT_PLUGIN or the venv's)
@@ -29,20 +33,27 @@ struct TrainConfig {
   /// and global rank 0 requeues it (scontrol requeue); Note [Stopping on a
   /// signal].
   bool requeue = false;
-  // fully-sharded training (--strategy fsdp only)
+  // fully-sharded training (--strategy fsdp and xla_fsdp only)
   std::string wrap_policy;  ///< comma-separated module types made FSDP units; "none": only the root; "": Block
   bool activation_checkpointing = false;  ///< recompute every transformer block during backward
-  std::string state_dict_type;  ///< "full" or "sharded"; "": the strategy's own (fsdp: sharded, ddp: full)
+  std::string state_dict_type;  ///< "full" or "sharded"; "": the strategy's own (fsdp, xla_fsdp: sharded; others: full)
   bool sequential_save = false;  ///< local ranks write their checkpoint shards one after another
   // model and data
   std::string model_size = "small";
-  std::string data;  ///< file or folder; empty: the default text
+  std::string data;  ///< text file or folder, or a token file (.bin); empty: the default text
+  int64_t vocab_size = 0;  ///< a token file's vocabulary (required for one, refused for text)
   int64_t seq_len = 0;  ///< 0: the model's block size
   // optimisation
   int64_t max_steps = 300;
   int64_t batch_size = 32;  ///< global: over all ranks and accumulation steps
   int64_t grad_accum = 1;
   double lr = 2e-3;  ///< docs/data.md, "The default learning rate": stable at 1 and 2 workers
+  /// The learning-rate schedule (Note [Warm-up and decay] in
+  /// trainer/scheduler.h): "constant", "cosine" or "linear".
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;          ///< steps of linear warm-up to --lr
+  int64_t lr_decay_steps = 0;        ///< the step the decay ends at (0: --max-steps)
+  std::optional<double> min_lr;      ///< the rate the decay ends at (unset: --lr / 10)
   double weight_decay = 0.0;
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables
   std::string optimizer = "adamw-fused";  ///< or "adamw" (torch::optim's loop)
@@ -85,6 +96,17 @@ struct TrainConfig {
   std::set<std::string> wrap_types() const;
   /// "full" or "sharded": state_dict_type, or the strategy's default.
   std::string checkpoint_layout() const;
+  /// --strategy shards the model: fsdp or xla_fsdp (the FSDP flags apply).
+  bool sharded() const;
+  /// --data is a token file (its name ends in .bin; Note [Token files as data]).
+  bool token_data() const;
+  /// The schedule the flags ask for, resolved (decay over --max-steps, to
+  /// --lr / 10, unless given).
+  LRSchedule schedule() const;
+  /// Throws ConfigError for a bad schedule: an unknown --lr-schedule, a
+  /// negative step count, --min-lr outside [0, --lr], no step left to
+  /// decay over, or a decay's flag with the constant schedule.
+  void check_schedule() const;
 };
 
 /// The Trainer's options for `config` (Note [strata train is a Trainer
