@@ -43,8 +43,9 @@ using Tensors = std::vector<at::Tensor>;
 // Exact ops (copies, selections, max/min, comparisons) to the bit; sums and
 // products ordered by XLA's kernels their own way to 1e-5 (f32 sums of a
 // few hundred terms); XLA's polynomial exp/log/tanh/erf 1e-5; bf16 one
-// rounding of the largest value, 2e-2, where the f32 values straddle it.
-constexpr double kExact = 0, kSum = 1e-5, kTranscendental = 1e-5, kBf16 = 2e-2;
+// rounding of the largest value, 2e-2, where the f32 values straddle it,
+// and f16 the same, 2e-3 (10 bits of mantissa where bf16 has 7).
+constexpr double kExact = 0, kSum = 1e-5, kTranscendental = 1e-5, kBf16 = 2e-2, kF16 = 2e-3;
 
 /// One sample call of an op: the shapes of its floating inputs, drawn
 /// standard normal, and the call (on either device: every other input it
@@ -56,7 +57,7 @@ struct Sample {
   double tol = kSum;
   bool grad = true;   ///< differentiable in its floating inputs
   bool edges = true;  ///< NaN, inf and -0 inputs compare as LibTorch's
-  bool bf16 = true;
+  bool bf16 = true;  ///< also taken in bf16 and f16
   /// Maps a drawn input into the op's domain (positive for sqrt, ...).
   std::function<at::Tensor(const at::Tensor&)> domain = nullptr;
   /// Whether LibTorch's own kernel takes non-contiguous inputs.
@@ -524,6 +525,7 @@ const Gap* known_gap(const std::string& op, const Variant& v) {
   const std::vector<std::string> tags = {v.layout == Layout::kTransposed ? "transposed" : "",
                                          v.layout == Layout::kOffset ? "offset" : "",
                                          v.dtype == at::kBFloat16 ? "bf16" : "",
+                                         v.dtype == at::kHalf ? "f16" : "",
                                          v.edges ? "edge values" : "",
                                          v.grad ? "gradients" : "",
                                          v.sample->what.find("empty") != std::string::npos ? "empty" : ""};
@@ -587,7 +589,9 @@ Called call_variant(const std::string& op, const Variant& v, c10::Device dev) {
 void compare(const Called& c, Tally& run) {
   SCOPED_TRACE(c.what);
   const Variant& v = *c.variant;
-  const double tol = v.dtype == at::kBFloat16 ? std::max(v.sample->tol, kBf16) : v.sample->tol;
+  const double tol = v.dtype == at::kBFloat16 ? std::max(v.sample->tol, kBf16)
+                     : v.dtype == at::kHalf   ? std::max(v.sample->tol, kF16)
+                                              : v.sample->tol;
   ASSERT_EQ(c.got.size(), c.want.size());
   for (size_t o = 0; o < c.want.size(); ++o) EXPECT_TRUE(same(c.got[o], c.want[o], tol)) << "output " << o;
   if (v.grad) {
@@ -671,8 +675,8 @@ bool full_run() {
 std::vector<Variant> variants_of(const Sample& sample, const std::vector<uint64_t>& seeds) {
   std::vector<Variant> out;
   for (uint64_t seed : seeds) {
-    for (auto dtype : {at::kFloat, at::kBFloat16}) {
-      if (dtype == at::kBFloat16 && !sample.bf16) continue;
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      if (dtype != at::kFloat && !sample.bf16) continue;
       for (Layout layout : {Layout::kContiguous, Layout::kTransposed, Layout::kOffset}) {
         if (layout != Layout::kContiguous && !sample.strided) continue;
         const bool all = full_run() || layout == Layout::kContiguous;
