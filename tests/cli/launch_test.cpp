@@ -20,8 +20,11 @@
 #include "support/processes.h"
 #include "support/tool.h"
 #include "support/worker.h"
+#include "support/environment.h"
 
 namespace {
+
+using strata::testing::ScopedEnv;
 
 using namespace std::chrono_literals;
 
@@ -164,23 +167,6 @@ TEST(LaunchCommandTest, BadValuesGiveClearErrors) {
   EXPECT_EQ(week.err,
             "strata: error: [launcher] --stop-timeout '604801' is out of range: it must be a number in [0, 604800]\n");
 }
-
-// Sets a variable for one scope, then puts back what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST(LaunchCommandTest, MasterAddrAndPortFromTheEnvironmentAreUsedUnlessFlagsAreGiven) {
   ScopedEnv addr("MASTER_ADDR", "127.0.0.3");

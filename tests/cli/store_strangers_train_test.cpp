@@ -25,8 +25,11 @@
 
 #include "strata/runtime/store.h"
 #include "support/tool.h"
+#include "support/sockets.h"
 
 namespace {
+
+using strata::testing::raw_connect;
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -85,16 +88,6 @@ long long resident_bytes(pid_t pid) {
   for (std::string line; std::getline(status, line);)
     if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
   return -1;
-}
-
-int raw_connect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  return fd;
 }
 
 bool closed_by_peer(int fd) {

@@ -255,17 +255,37 @@ Trained on_the_cpu(const ZooCase& zc, const std::map<std::string, at::Tensor>& i
   return out;
 }
 
+// Why the tests cannot run here (no plugin, too few devices), or "".
+std::string why_not_on_xla() {
+  try {
+    if (strata::xla::find_plugin().path.empty()) return "no PJRT plugin found (set STRATA_PJRT_PLUGIN)";
+  } catch (const strata::ConfigError& e) {
+    return e.what();
+  }
+  strata::xla::init();
+  if (strata::xla::device_count() < kDevices) return "the plugin addresses fewer than 2 devices";
+  return "";
+}
+
+// Fabric on kDevices xla devices under `strategy_name`: "xla", or
+// "xla_fsdp" with `units` as its units.
+Fabric on_xla(const std::string& strategy_name, const strata::strategies::ModuleTypes& units) {
+  auto accelerator = strata::strategies::make_accelerator("xla");
+  std::shared_ptr<strata::strategies::Strategy> strategy;
+  if (strategy_name == "xla") {
+    strategy = std::make_shared<strata::strategies::XlaStrategy>(accelerator);
+  } else {
+    strategy = std::make_shared<strata::strategies::XlaFSDPStrategy>(
+        accelerator, std::nullopt, strata::strategies::FSDPOptions().with_auto_wrap_policy(units));
+  }
+  return Fabric(FabricOptions().with_accelerator("xla").with_devices(kDevices).with_strategy(strategy));
+}
+
 class XlaZooRanksTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(XlaZooRanksTest, TrainsAsTheCpuWithNoFallbackAndOneProgramAStep) {
   const auto& [strategy_name, model_name] = GetParam();
-  try {
-    if (strata::xla::find_plugin().path.empty()) GTEST_SKIP() << "no PJRT plugin found (set STRATA_PJRT_PLUGIN)";
-  } catch (const strata::ConfigError& e) {
-    GTEST_SKIP() << e.what();
-  }
-  strata::xla::init();
-  if (strata::xla::device_count() < kDevices) GTEST_SKIP() << "the plugin addresses fewer than 2 devices";
+  if (const std::string why = why_not_on_xla(); !why.empty()) GTEST_SKIP() << why;
   const ZooCase zc = zoo_case(model_name);
   at::manual_seed(11);
   std::map<std::string, at::Tensor> initial;
@@ -273,15 +293,7 @@ TEST_P(XlaZooRanksTest, TrainsAsTheCpuWithNoFallbackAndOneProgramAStep) {
   const std::vector<Trained> want =
       zc.batch_norm ? on_the_cpu_per_rank(zc, initial) : std::vector<Trained>(kDevices, on_the_cpu(zc, initial));
 
-  std::shared_ptr<strata::strategies::Strategy> strategy;
-  auto accelerator = strata::strategies::make_accelerator("xla");
-  if (strategy_name == "xla") {
-    strategy = std::make_shared<strata::strategies::XlaStrategy>(accelerator);
-  } else {
-    strategy = std::make_shared<strata::strategies::XlaFSDPStrategy>(
-        accelerator, std::nullopt, strata::strategies::FSDPOptions().with_auto_wrap_policy(kBlocks));
-  }
-  Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(kDevices).with_strategy(strategy));
+  Fabric fabric = on_xla(strategy_name, kBlocks);
   std::vector<Trained> got(kDevices);
   std::vector<int64_t> executions, compiles;
   strata::xla::reset_metrics();
@@ -395,13 +407,7 @@ class XlaZooDcganTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(XlaZooDcganTest, TrainsAsItsPerRankSplitOnTheCpuWithNoFallbackAndOneProgramAStep) {
   const std::string strategy_name = GetParam();
-  try {
-    if (strata::xla::find_plugin().path.empty()) GTEST_SKIP() << "no PJRT plugin found (set STRATA_PJRT_PLUGIN)";
-  } catch (const strata::ConfigError& e) {
-    GTEST_SKIP() << e.what();
-  }
-  strata::xla::init();
-  if (strata::xla::device_count() < kDevices) GTEST_SKIP() << "the plugin addresses fewer than 2 devices";
+  if (const std::string why = why_not_on_xla(); !why.empty()) GTEST_SKIP() << why;
   at::manual_seed(11);
   std::map<std::string, at::Tensor> initial;
   {
@@ -429,16 +435,7 @@ TEST_P(XlaZooDcganTest, TrainsAsItsPerRankSplitOnTheCpuWithNoFallbackAndOneProgr
     want[rank].buffers = dcgan_state(d, nullptr, true);
   });
 
-  std::shared_ptr<strata::strategies::Strategy> strategy;
-  auto accelerator = strata::strategies::make_accelerator("xla");
-  if (strategy_name == "xla") {
-    strategy = std::make_shared<strata::strategies::XlaStrategy>(accelerator);
-  } else {
-    strategy = std::make_shared<strata::strategies::XlaFSDPStrategy>(
-        accelerator, std::nullopt,
-        strata::strategies::FSDPOptions().with_auto_wrap_policy(strata::strategies::ModuleTypes{"ConvTranspose2d", "Conv2d"}));
-  }
-  Fabric fabric(FabricOptions().with_accelerator("xla").with_devices(kDevices).with_strategy(strategy));
+  Fabric fabric = on_xla(strategy_name, {"ConvTranspose2d", "Conv2d"});
   std::vector<Trained> got(kDevices);
   std::vector<int64_t> executions, compiles;
   strata::xla::reset_metrics();

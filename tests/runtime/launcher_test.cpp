@@ -26,8 +26,11 @@
 #include "support/worker.h"
 
 #include "support/processes.h"
+#include "support/environment.h"
 
 namespace {
+
+using strata::testing::ScopedEnv;
 
 using namespace std::chrono_literals;
 using strata::runtime::Environment;
@@ -645,22 +648,6 @@ TEST(LauncherRedrawTest, WorkersAreToldWhetherTheLauncherIsOnATerminal) {
 }
 
 // ---- MASTER_PORT (Note [MASTER_PORT from the environment]) ------------------
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST(LauncherTest, MasterPortFromTheEnvironmentIsUsedWhenNoPortIsGiven) {
   ScopedEnv port("MASTER_PORT", "23461");

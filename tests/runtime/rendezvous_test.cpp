@@ -22,8 +22,11 @@
 #include "support/multiprocess.h"
 #include "support/processes.h"
 #include "support/worker.h"
+#include "support/sockets.h"
 
 namespace {
+
+using strata::testing::raw_connect;
 
 using namespace std::chrono_literals;
 using strata::runtime::Environment;
@@ -327,16 +330,6 @@ TEST(RendezvousTest, OtherRanksStartedByHandNameASilentHolderOfThePortWithinTheH
   }
   // Note [Handshake limit]: 5 s, where it was 15 s.
   EXPECT_LT(seconds_since(start), 12.0);
-}
-
-int raw_connect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  return fd;
 }
 
 TEST(RendezvousTest, TheStoreSurvivesClientsThatSendJunk) {

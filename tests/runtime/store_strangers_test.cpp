@@ -22,8 +22,13 @@
 #include "strata/core/error.h"
 #include "strata/runtime/store.h"
 #include "support/tool.h"
+#include "support/environment.h"
+#include "support/sockets.h"
 
 namespace {
+
+using strata::testing::ScopedEnv;
+using strata::testing::raw_connect;
 
 using namespace std::chrono_literals;
 using strata::runtime::make_tcp_store;
@@ -31,23 +36,6 @@ using strata::runtime::TcpStoreOptions;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kToken = "the-job-token";
-
-// Sets an environment variable for one test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 std::shared_ptr<strata::runtime::Store> host_store(int port) {
   TcpStoreOptions o;
@@ -64,16 +52,6 @@ std::shared_ptr<strata::runtime::Store> member_of(int port) {
   o.token = kToken;
   o.timeout = 10s;
   return make_tcp_store(o);
-}
-
-int raw_connect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  return fd;
 }
 
 void send_bytes(int fd, const std::string& bytes) {
