@@ -281,6 +281,22 @@ Fabric on_xla(const std::string& strategy_name, const strata::strategies::Module
   return Fabric(FabricOptions().with_accelerator("xla").with_devices(kDevices).with_strategy(strategy));
 }
 
+// No fallback in the whole run, at most two programs in each step, and no
+// compile after step 2; `what` prints with the run's metrics.
+void expect_on_the_device(const std::string& what, const std::vector<int64_t>& executions,
+                          const std::vector<int64_t>& compiles) {
+  const strata::xla::Metrics m = strata::xla::metrics();
+  std::printf("%s: %s\n", what.c_str(), strata::xla::summary(m).c_str());
+  std::string fallbacks;
+  for (const auto& [op, n] : m.fallbacks) fallbacks += (fallbacks.empty() ? "" : ", ") + op + " x" + std::to_string(n);
+  EXPECT_EQ(fallbacks, "") << "ops that fell back to the CPU";
+  ASSERT_EQ(executions.size(), static_cast<size_t>(kSteps));
+  for (int i = 0; i < kSteps; ++i) {
+    EXPECT_LE(executions[i], 2) << "programs run in step " << i;
+    if (i >= 2) EXPECT_EQ(compiles[i], 0) << "programs compiled in step " << i;
+  }
+}
+
 class XlaZooRanksTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(XlaZooRanksTest, TrainsAsTheCpuWithNoFallbackAndOneProgramAStep) {
@@ -333,16 +349,7 @@ TEST_P(XlaZooRanksTest, TrainsAsTheCpuWithNoFallbackAndOneProgramAStep) {
     for (const auto& item : model->named_buffers()) got[rank].buffers[item.key()] = item.value().detach().cpu().clone();
   });
 
-  const strata::xla::Metrics m = strata::xla::metrics();
-  std::printf("%s %s: %s\n", strategy_name.c_str(), model_name.c_str(), strata::xla::summary(m).c_str());
-  std::string fallbacks;
-  for (const auto& [op, n] : m.fallbacks) fallbacks += (fallbacks.empty() ? "" : ", ") + op + " x" + std::to_string(n);
-  EXPECT_EQ(fallbacks, "") << "ops that fell back to the CPU";
-  ASSERT_EQ(executions.size(), static_cast<size_t>(kSteps));
-  for (int i = 0; i < kSteps; ++i) {
-    EXPECT_LE(executions[i], 2) << "programs run in step " << i;
-    if (i >= 2) EXPECT_EQ(compiles[i], 0) << "programs compiled in step " << i;
-  }
+  expect_on_the_device(strategy_name + " " + model_name, executions, compiles);
   for (int r = 0; r < kDevices; ++r) expect_trained_as(got[r], want[r], r);
 }
 
@@ -469,16 +476,7 @@ TEST_P(XlaZooDcganTest, TrainsAsItsPerRankSplitOnTheCpuWithNoFallbackAndOneProgr
     got[rank].buffers = dcgan_state(d, nullptr, true);
   });
 
-  const strata::xla::Metrics m = strata::xla::metrics();
-  std::printf("%s dcgan: %s\n", strategy_name.c_str(), strata::xla::summary(m).c_str());
-  std::string fallbacks;
-  for (const auto& [op, n] : m.fallbacks) fallbacks += (fallbacks.empty() ? "" : ", ") + op + " x" + std::to_string(n);
-  EXPECT_EQ(fallbacks, "") << "ops that fell back to the CPU";
-  ASSERT_EQ(executions.size(), static_cast<size_t>(kSteps));
-  for (int i = 0; i < kSteps; ++i) {
-    EXPECT_LE(executions[i], 2) << "programs run in step " << i;
-    if (i >= 2) EXPECT_EQ(compiles[i], 0) << "programs compiled in step " << i;
-  }
+  expect_on_the_device(strategy_name + " dcgan", executions, compiles);
   for (int r = 0; r < kDevices; ++r) expect_trained_as(got[r], want[r], r, /*losses_a_step=*/2);
 }
 
