@@ -227,6 +227,32 @@ at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad_output, const
       grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices);
 }
 
+// Max pooling's .out forms: the functional kernel's results (lowered, or
+// from its own fallback) copied into the given tensors, resized as
+// LibTorch resizes an out= argument.
+template <auto Functional>
+std::tuple<at::Tensor&, at::Tensor&> max_pool_out(const at::Tensor& self, c10::IntArrayRef kernel,
+                                                  c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                  c10::IntArrayRef dilation, bool ceil_mode, at::Tensor& out,
+                                                  at::Tensor& indices) {
+  const auto [values, where] = Functional(self, kernel, stride, padding, dilation, ceil_mode);
+  at::native::resize_output(out, values.sizes());
+  at::native::resize_output(indices, where.sizes());
+  out.copy_(values);
+  indices.copy_(where);
+  return {out, indices};
+}
+
+template <auto Functional>
+at::Tensor& max_pool_backward_out(const at::Tensor& grad_output, const at::Tensor& self, c10::IntArrayRef kernel,
+                                  c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                                  bool ceil_mode, const at::Tensor& indices, at::Tensor& grad_input) {
+  const at::Tensor value = Functional(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices);
+  at::native::resize_output(grad_input, value.sizes());
+  grad_input.copy_(value);
+  return grad_input;
+}
+
 // Adaptive max pooling where each output cell covers in/out input cells
 // (the output size divides the input's): max pooling with that window and
 // stride. Other sizes, whose windows overlap unevenly, take the fallback.
@@ -577,6 +603,12 @@ void register_pool(torch::Library& library) {
   library.impl("max_pool3d_with_indices", TORCH_FN(max_pool3d_with_indices));
   library.impl("max_pool2d_with_indices_backward", TORCH_FN(max_pool2d_with_indices_backward));
   library.impl("max_pool3d_with_indices_backward", TORCH_FN(max_pool3d_with_indices_backward));
+  library.impl("max_pool2d_with_indices.out", TORCH_FN(max_pool_out<&max_pool2d_with_indices>));
+  library.impl("max_pool3d_with_indices.out", TORCH_FN(max_pool_out<&max_pool3d_with_indices>));
+  library.impl("max_pool2d_with_indices_backward.grad_input",
+               TORCH_FN(max_pool_backward_out<&max_pool2d_with_indices_backward>));
+  library.impl("max_pool3d_with_indices_backward.grad_input",
+               TORCH_FN(max_pool_backward_out<&max_pool3d_with_indices_backward>));
   library.impl("adaptive_max_pool2d.out", TORCH_FN(adaptive_max_pool2d_out));
   library.impl("adaptive_max_pool2d_backward.grad_input", TORCH_FN(adaptive_max_pool2d_backward_out));
   library.impl("avg_pool2d", TORCH_FN(avg_pool2d));

@@ -222,16 +222,26 @@ TEST_F(XlaConvPoolTest, PoolingAndItsGradientsMatchTheCpu) {
                [](const auto& in) { return std::get<0>(at::adaptive_max_pool2d(in[0].transpose(2, 3), {2, 7})); },
                {x4}, device_, kExact),
   };
+  // The .out forms, into tensors of another size (resized, as out= is).
+  at::Tensor out_values = at::empty({1}, device_), out_indices = at::empty({1}, at::TensorOptions(device_).dtype(at::kLong));
+  at::max_pool2d_with_indices_out(out_values, out_indices, xla_x4, {3, 2}, {2, 2}, {1, 1}, {1, 2}, true);
+  at::Tensor out_grad = at::empty({1}, device_);
+  at::max_pool2d_with_indices_backward_out(out_grad, xla_values, xla_x4, {3, 2}, {2, 2}, {1, 1}, {1, 2}, true,
+                                           xla_indices);
+  const at::Tensor grad = at::max_pool2d_with_indices_backward(values, x4, {3, 2}, {2, 2}, {1, 1}, {1, 2}, true, indices);
   const auto [adaptive, adaptive_indices] = at::adaptive_max_pool2d(ties, {2, 3});
   const auto [xla_adaptive, xla_adaptive_indices] = at::adaptive_max_pool2d(ties.to(device_), {2, 3});
   expect_no_fallback();
-  EXPECT_EQ(metrics().lowered.at("aten::max_pool2d_with_indices_backward"), 4);
+  EXPECT_EQ(metrics().lowered.at("aten::max_pool2d_with_indices_backward"), 5);
   strata::xla::mark_step();
   expect_all_close(cases);
   EXPECT_TRUE(close(xla_values, values, kExact));
   EXPECT_TRUE(at::equal(xla_indices.cpu(), indices)) << "the flat index of each max within its plane";
   EXPECT_TRUE(at::equal(xla_tie_values.cpu(), tie_values));
   EXPECT_TRUE(at::equal(xla_tie_indices.cpu(), tie_indices)) << "ties go to the first maximum";
+  EXPECT_TRUE(at::equal(out_values.cpu(), values)) << "max_pool2d_with_indices.out";
+  EXPECT_TRUE(at::equal(out_indices.cpu(), indices)) << "max_pool2d_with_indices.out's indices";
+  EXPECT_TRUE(close(out_grad, grad, kExact)) << "max_pool2d_with_indices_backward.grad_input";
   EXPECT_TRUE(at::equal(xla_adaptive.cpu(), adaptive));
   EXPECT_TRUE(at::equal(xla_adaptive_indices.cpu(), adaptive_indices)) << "adaptive max pooling's ties";
 }
