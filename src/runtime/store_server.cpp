@@ -204,9 +204,9 @@ class TcpServer final : public Server {
   void poll_once() {
     auto now = Clock::now();
     // Note [Strangers]: at the limit, the port waits until one may go.
-    const Conn* oldest = oldest_stranger();
+    const int oldest = oldest_stranger();
     const bool full = strangers() >= kMaxStrangers;
-    const bool may_accept = !full || (oldest != nullptr && now - oldest->since >= kStrangerGrace);
+    const bool may_accept = !full || (oldest >= 0 && now - conns_.at(oldest).since >= kStrangerGrace);
     std::vector<pollfd> fds{{wake_read_, POLLIN, 0}, {listen_fd_, static_cast<short>(may_accept ? POLLIN : 0), 0}};
     std::vector<int> ids{-1, -1};
     int timeout_ms = 1000;
@@ -220,7 +220,7 @@ class TcpServer final : public Server {
       if (!c.hello) wake_at(c.since + options_.hello_timeout);  // a timer, whether or not it sends
     }
     for (const Waiter& w : waiters_) wake_at(w.deadline);
-    if (!may_accept) wake_at(oldest->since + kStrangerGrace);
+    if (!may_accept && oldest >= 0) wake_at(conns_.at(oldest).since + kStrangerGrace);
     int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0) return;  // EINTR
     if (fds[1].revents & POLLIN) accept_all();
@@ -251,10 +251,11 @@ class TcpServer final : public Server {
     return n;
   }
 
-  const Conn* oldest_stranger() const {
-    const Conn* oldest = nullptr;
+  // The id of the stranger connected longest ago, or -1.
+  int oldest_stranger() const {
+    int oldest = -1;
     for (const auto& [id, c] : conns_)
-      if (!c.hello && (oldest == nullptr || c.since < oldest->since)) oldest = &c;
+      if (!c.hello && (oldest < 0 || c.since < conns_.at(oldest).since)) oldest = id;
     return oldest;
   }
 
@@ -264,12 +265,8 @@ class TcpServer final : public Server {
       // the oldest stranger once that one has waited kStrangerGrace.
       int oldest_id = -1;
       if (strangers() >= kMaxStrangers) {
-        const auto now = Clock::now();
-        for (const auto& [id, c] : conns_) {
-          if (c.hello || now - c.since < kStrangerGrace) continue;
-          if (oldest_id < 0 || c.since < conns_.at(oldest_id).since) oldest_id = id;
-        }
-        if (oldest_id < 0) return;
+        oldest_id = oldest_stranger();
+        if (oldest_id < 0 || Clock::now() - conns_.at(oldest_id).since < kStrangerGrace) return;
       }
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
