@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "support/environment.h"
 #include "xla/xla_test_util.h"
 
 namespace strata::testing {
@@ -49,17 +50,10 @@ inline JaxReplay replay_on_jax(const std::string& label, const std::function<voi
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("strata-xla-" + label + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  ::setenv("STRATA_XLA_DUMP_DIR", dir.c_str(), 1);
-  ::setenv("STRATA_XLA_DUMP_VALUES", "1", 1);
-  try {
+  {
+    const ScopedEnv dump_dir("STRATA_XLA_DUMP_DIR", dir.string()), dump_values("STRATA_XLA_DUMP_VALUES", "1");
     steps();
-  } catch (...) {
-    ::unsetenv("STRATA_XLA_DUMP_DIR");
-    ::unsetenv("STRATA_XLA_DUMP_VALUES");
-    throw;
   }
-  ::unsetenv("STRATA_XLA_DUMP_DIR");
-  ::unsetenv("STRATA_XLA_DUMP_VALUES");
   const fs::path result_path = dir.string() + ".result.json";
   std::string output;
   const std::string command = python + " " + xla_test_file("jax_oracle.py") + " --replay " + dir.string() + " " +
