@@ -85,15 +85,17 @@ Value Function::sign(const Value& a) {
   return emit("sign", {a}, "", "", a.type);
 }
 
-Value Function::erf(const Value& a) {
-  check_open("erf");
-  STRATA_CHECK(is_floating(a.type.dtype), ConfigError, "[stablehlo] erf: needs a float operand, got ",
+Value Function::chlo_unary(const char* op, const Value& a) {
+  check_open(op);
+  STRATA_CHECK(is_floating(a.type.dtype), ConfigError, "[stablehlo] ", op, ": needs a float operand, got ",
                a.type.text());
-  // Note [chlo.erf]: StableHLO's core opset has no erf. XLA's MLIR import
-  // (the path PJRT's "mlir" programs take) legalizes CHLO, as it does for
-  // JAX, whose lax.erf emits chlo.erf; the CPU plugin and jaxlib both accept
-  // it, and stablehlo_ops_test.cpp checks it against std::erf.
-  return emit_op("chlo.erf", {a}, "", "", {a.type})[0];
+  // Note [chlo.erf]: StableHLO's core opset has no erf, acos, asin, atan,
+  // acosh, asinh, atanh, cosh or sinh. XLA's MLIR import (the path PJRT's
+  // "mlir" programs take) legalizes CHLO, as it does for JAX, whose lax.erf
+  // and lax.acos emit chlo.erf and chlo.acos; the CPU plugin and jaxlib
+  // both accept them, and stablehlo_ops_test.cpp checks erf against
+  // std::erf.
+  return emit_op(std::string("chlo.") + op, {a}, "", "", {a.type})[0];
 }
 
 Value Function::is_finite(const Value& a) {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <numeric>
 
 #include "strata/xla/lazy_graph.h"
@@ -304,10 +305,20 @@ class Recorder {
   }
 
   // The value of an xla tensor, of its own shape and dtype.
+  //
+  // Note [Empty tensors]
+  // A tensor with no elements has no value to read: it is a constant of
+  // its shape (StableHLO has zero-sized arrays), so an op on it records
+  // as on any other tensor, and a reduction over an empty dim gives its
+  // initial value (a sum of zeros, as LibTorch's). An output with no
+  // elements has nothing to bind: write() only resizes it. Ops whose
+  // LibTorch kernel refuses empty inputs (max without a dim, ...) check
+  // that themselves before recording.
   NodePtr tensor(const at::Tensor& t) {
     if (t.defined() && t.device().type() != kXla && t.numel() > 0) throw_other_device(op_, t);
-    if (!t.defined() || t.device().type() != kXla || t.numel() == 0) throw NotLowered{};
+    if (!t.defined() || t.device().type() != kXla) throw NotLowered{};
     const ElementType dtype = element_type(t.scalar_type());
+    if (t.numel() == 0) return splat(0.0, dtype, vec(t.sizes()));  // Note [Empty tensors]
     LazyBuffer& storage = lazy_buffer(t);
     NodePtr base = storage.value_node(dtype);
     if (!base) throw NotLowered{};
@@ -379,7 +390,10 @@ class Recorder {
     if (out.device().type() != kXla) throw NotLowered{};
     if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
     const ElementType dtype = element_type(out.scalar_type());
-    if (out.numel() == 0) throw NotLowered{};
+    if (out.numel() == 0) {  // Note [Empty tensors]: nothing to bind
+      count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
+      return;
+    }
     value = convert(value, dtype);
     if (out.is_contiguous()) {
       write_flat(out, reshape(value, {out.numel()}), dtype);
@@ -502,6 +516,39 @@ Result result_of(F&& run_on_meta, const at::Tensor* out = nullptr) {
   return {vec(m.sizes()), opmath(stored), stored};
 }
 
+// The result of an element-wise op of float inputs: `f` of its operands
+// (each in the computation dtype, broadcast) written to `out`.
+using Formula = std::function<NodePtr(Recorder&, const std::vector<NodePtr>&)>;
+template <class Meta>
+inline void lower_pointwise(Recorder& r, Meta&& on_meta, const std::vector<const at::Tensor*>& inputs, const at::Tensor& out,
+                     const Formula& f) {
+  const Result res = result_of(std::forward<Meta>(on_meta), &out);
+  if (!is_floating(res.dtype)) throw NotLowered{};
+  std::vector<NodePtr> in;
+  for (const at::Tensor* t : inputs) in.push_back(r.operand(*t, res.dtype, res.dims));
+  r.write(out, f(r, in));
+}
+
+// The element-wise maximum or minimum as LibTorch's, which propagate a
+// NaN from either side; XLA's CPU compiler keeps only the first operand's
+// (measured: max(1, nan) is 1), so a NaN on either side is selected
+// explicitly.
+inline NodePtr nan_propagating(Recorder& r, Binary kind, const NodePtr& a, const NodePtr& b) {
+  NodePtr m = r.binary(kind, a, b);
+  if (!is_floating(a->type().dtype)) return m;
+  return r.select(r.compare(a, a, shlo::Direction::kNE), a, r.select(r.compare(b, b, shlo::Direction::kNE), b, m));
+}
+
+// LibTorch's sign (and sgn of a real tensor): (0 < x) - (x < 0), so 0 for
+// NaN and +0 for -0, where XLA's sign keeps both.
+inline NodePtr libtorch_sign(Recorder& r, const NodePtr& x) {
+  const shlo::Type& t = x->type();
+  NodePtr one = r.splat(1.0, t.dtype, t.dims), zero = r.splat(0.0, t.dtype, t.dims);
+  NodePtr above = r.select(r.compare(zero, x, shlo::Direction::kLT), one, zero);
+  NodePtr below = r.select(r.compare(x, zero, shlo::Direction::kLT), one, zero);
+  return r.binary(Binary::kSubtract, above, below);
+}
+
 // Runs `lower`; where it does not lower the call, the CPU fallback runs
 // the op (Note [What is lowered]).
 #define STRATA_LOWER(OP, FALLBACK_OP, ...)                                                   \
@@ -555,6 +602,10 @@ void register_loss(torch::Library& library);
 /// max, min, argmax, argmin, gather, scatter_add, cumsum, sort, topk
 /// (kernels_index.cpp).
 void register_index(torch::Library& library);
+/// The element-wise math (trigonometry, logarithms, roundings, atan2,
+/// fmod, remainder, pow, bitwise ops, clamp with tensor bounds, division
+/// with a rounding mode), amax, amin, prod and nonzero (kernels_math.cpp).
+void register_math(torch::Library& library);
 /// The comparisons, logical_not, all and any (kernels_compare.cpp).
 void register_compare(torch::Library& library);
 /// The fused LSTM and GRU cells as decompositions into ATen ops, on

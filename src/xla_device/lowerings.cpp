@@ -119,15 +119,7 @@ at::Tensor& div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor&
 }
 
 // The element-wise maximum and minimum (Adam's amsgrad keeps a running
-// maximum). LibTorch's propagate a NaN from either side; XLA's CPU
-// compiler keeps only the first operand's (measured: max(1, nan) is 1), so
-// a NaN on either side is selected explicitly.
-NodePtr nan_propagating(Recorder& r, Binary kind, const NodePtr& a, const NodePtr& b) {
-  NodePtr m = r.binary(kind, a, b);
-  if (!is_floating(a->type().dtype)) return m;
-  return r.select(r.compare(a, a, shlo::Direction::kNE), a, r.select(r.compare(b, b, shlo::Direction::kNE), b, m));
-}
-
+// maximum), NaN from either side (nan_propagating in lowering.h).
 at::Tensor& maximum_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     const Result res = result_of([&] { return at::maximum(meta(self), meta(other)); }, &out);
@@ -414,7 +406,6 @@ bool lower_copy(const at::Tensor& src, const at::Tensor& dst) {
   try {
     Recorder r("aten::_copy_from");
     const ElementType dtype = element_type(dst.scalar_type());
-    if (dst.numel() == 0) throw NotLowered{};
     r.write(dst, r.broadcast(r.convert(r.tensor(src), dtype), vec(dst.sizes())));
     return true;
   } catch (const NotLowered&) {
@@ -434,6 +425,7 @@ void register_lowerings(torch::Library& library) {
   lowering::register_loss(library);
   lowering::register_index(library);
   lowering::register_compare(library);
+  lowering::register_math(library);
   lowering::register_conv(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));

@@ -110,6 +110,33 @@ std::map<std::string, std::vector<Sample>> samples() {
   binary("aten::pow.Tensor_Tensor", [](auto& a, auto& b) { return at::pow(a, b); }, kTranscendental, positive);
   binary("aten::fmod.Tensor", [](auto& a, auto& b) { return at::fmod(a, b); }, kSum, positive);
   binary("aten::remainder.Tensor", [](auto& a, auto& b) { return at::remainder(a, b); }, kSum, positive);
+  s["aten::atan2.out"] = {Sample{"atan2 into an out tensor", {{3, 5}, {3, 5}}, [](auto& x) {
+                                   at::Tensor o = at::empty_like(x[0]);
+                                   return one(at::atan2_out(o, x[0], x[1]));
+                                 },
+                                 kTranscendental, false}};
+  s["aten::remainder.Tensor"].push_back(Sample{"remainder of signed operands", {{3, 5}, {3, 5}}, [](auto& x) {
+                                                 return one(at::remainder(x[0] * 3, x[1].sign() * (x[1].abs() + 0.5)));
+                                               },
+                                               kSum, false, false});
+  s["aten::div.Tensor_mode"].push_back(Sample{"div floor and trunc of signed operands", {{3, 5}, {3, 5}}, [](auto& x) {
+                                                at::Tensor b = x[1].sign() * (x[1].abs() + 0.5);
+                                                return Tensors{at::div(x[0] * 3, b, "floor"), at::div(x[0] * 3, b, "trunc")};
+                                              },
+                                              kSum, false, false});
+  // The bitwise ops on integers and on bools.
+  auto ints = [](const at::Tensor& t) { return (t * 8).to(at::kInt); };
+  for (const char* op : {"and", "or", "xor"}) {
+    const std::string name = op;
+    auto f = [name](const at::Tensor& a, const at::Tensor& b) {
+      return name == "and" ? a.bitwise_and(b) : name == "or" ? a.bitwise_or(b) : a.bitwise_xor(b);
+    };
+    s["aten::bitwise_" + name + ".Tensor"] = {
+        Sample{"bitwise " + name + " of ints", {{3, 5}, {3, 5}}, [f, ints](auto& x) { return one(f(ints(x[0]), ints(x[1]))); },
+               kExact, false, false, false},
+        Sample{"bitwise " + name + " of bools", {{3, 5}, {3, 5}}, [f](auto& x) { return one(f(x[0] > 0, x[1] > 0)); },
+               kExact, false, false, false}};
+  }
   s["aten::add.Scalar"] = {Sample{"add.Scalar", {{3, 5}}, [](auto& x) { return one(at::add(x[0], 1.25, 2)); }, kExact}};
   s["aten::sub.Scalar"] = {Sample{"sub.Scalar", {{3, 5}}, [](auto& x) { return one(at::sub(x[0], 1.25)); }, kExact}};
   s["aten::mul.Scalar"] = {Sample{"mul.Scalar", {{3, 5}}, [](auto& x) { return one(at::mul(x[0], 3.0)); }, kExact}};
@@ -281,6 +308,14 @@ std::map<std::string, std::vector<Sample>> samples() {
                                          x[0].scatter_add(1, longs(x[0], {0, 0, 1, 2, 3, 3}).view({3, 2}), x[1]));
                                    },
                                    kSum}};
+  s["aten::scatter_reduce.two"] = {Sample{"scatter_reduce sum and prod", {{3, 4}, {3, 2}}, [](auto& x) {
+                                           const at::Tensor i = longs(x[0], {0, 0, 1, 2, 3, 3}).view({3, 2});
+                                           return Tensors{x[0].scatter_reduce(1, i, x[1], "sum"),
+                                                          x[0].scatter_reduce(1, i, x[1], "prod")};
+                                         },
+                                         kSum, false}};
+  s["aten::nonzero"] = {Sample{"nonzero", {{3, 5}}, [](auto& x) { return one(at::nonzero(x[0] > 0)); }, kExact, false,
+                               false, false}};
   s["aten::scatter.value"] = {Sample{"scatter value", {{3, 4}}, [](auto& x) {
                                        return one(x[0].scatter(1, longs(x[0], {0, 3, 1, 2, 2, 0}).view({3, 2}), 0.5));
                                      },
@@ -328,6 +363,12 @@ std::map<std::string, std::vector<Sample>> samples() {
                auto rm = at::zeros({3}, x[0].options()), rv = at::ones({3}, x[0].options());
                auto [y, mean, invstd] = at::_native_batch_norm_legit(x[0], x[1], x[2], rm, rv, true, 0.1, 1e-5);
                return Tensors{y, mean, invstd, rm, rv};
+             },
+             kSum, true, false}};
+  s["aten::_native_batch_norm_legit.no_stats"] = {
+      Sample{"batch_norm training, no running statistics", {{4, 3, 2, 2}, {3}, {3}}, [](auto& x) {
+               auto [y, mean, invstd] = at::_native_batch_norm_legit(x[0], x[1], x[2], true, 0.1, 1e-5);
+               return Tensors{y, mean, invstd};
              },
              kSum, true, false}};
   s["aten::_native_batch_norm_legit_no_training"] = {
@@ -428,21 +469,6 @@ struct Gap {
   const char* why;
 };
 const std::vector<Gap> kKnownGaps = {
-    // Empty tensors take the fallback.
-    {"aten::neg", "empty", "empty out"},
-    {"aten::sqrt", "empty", "empty out"},
-    {"aten::gelu", "empty", "empty out"},
-    {"aten::relu", "empty", "empty out"},
-    {"aten::sum.dim_IntList", "empty", "empty input"},
-    {"aten::bitwise_not", "empty", "empty out"},
-    {"aten::elu", "empty", "empty out"},
-    {"aten::exp", "empty", "empty out"},
-    {"aten::hardtanh", "empty", "empty out"},
-    {"aten::isnan", "empty", "empty out"},
-    {"aten::leaky_relu", "empty", "empty out"},
-    {"aten::rsqrt", "empty", "empty out"},
-    {"aten::sigmoid", "empty", "empty out"},
-    {"aten::tanh", "empty", "empty out"},
     // Backwards that reach ops with no lowering.
     {"aten::clamp", "gradients", "ge.Scalar_out, le.Scalar_out, logical_and.out, where.self"},
     {"aten::index_select", "gradients", "index_add.out"},

@@ -119,9 +119,21 @@ class Function {
   Value exponential_minus_one(const Value& a) { return float_unary("exponential_minus_one", a); }
   Value sine(const Value& a) { return float_unary("sine", a); }
   Value cosine(const Value& a) { return float_unary("cosine", a); }
+  Value tan(const Value& a) { return float_unary("tan", a); }
+  Value atan2(const Value& a, const Value& b) { return binary("atan2", a, b); }
   /// The Gauss error function, as `chlo.erf` (CHLO, which XLA's MLIR path
   /// lowers; StableHLO's core opset has no erf). Float types only.
-  Value erf(const Value& a);
+  Value erf(const Value& a) { return chlo_unary("erf", a); }
+  /// The inverse and hyperbolic trigonometric functions, as CHLO's ops
+  /// (Note [chlo.erf]). Float types only.
+  Value acos(const Value& a) { return chlo_unary("acos", a); }
+  Value asin(const Value& a) { return chlo_unary("asin", a); }
+  Value atan(const Value& a) { return chlo_unary("atan", a); }
+  Value acosh(const Value& a) { return chlo_unary("acosh", a); }
+  Value asinh(const Value& a) { return chlo_unary("asinh", a); }
+  Value atanh(const Value& a) { return chlo_unary("atanh", a); }
+  Value cosh(const Value& a) { return chlo_unary("cosh", a); }
+  Value sinh(const Value& a) { return chlo_unary("sinh", a); }
   /// True where `a` is neither infinite nor nan (float types only).
   Value is_finite(const Value& a);
   /// min(max(x, lo), hi); `lo` and `hi` are scalars or of x's type.
@@ -269,6 +281,7 @@ class Function {
 
  private:
   Value binary(const char* op, const Value& a, const Value& b);
+  Value chlo_unary(const char* op, const Value& a);
   Value unary(const char* op, const Value& a);
   Value float_unary(const char* op, const Value& a);
   Value bitwise(const char* op, const Value& a, const Value& b);
