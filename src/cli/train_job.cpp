@@ -275,7 +275,7 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   std::cout << std::endl;
   // What the xla device did (docs/xla.md, "Reading the metrics"): the
   // compiles, the fallbacks and where the time went.
-  if (trainer.strategy().lazy_device()) std::cout << "xla: " << xla::summary(xla::metrics()) << std::endl;
+  if (trainer.strategy().accelerator().name() == "xla") std::cout << "xla: " << xla::summary(xla::metrics()) << std::endl;
 }
 
 }  // namespace

@@ -394,19 +394,23 @@ class Trainer {
   bool train_one_epoch(data::Loader& loader, data::Loader* val_loader);
   void training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step);
   void optimizer_step();
-  /// Adds `loss` (detached, f32) to `sum`: on the host, or where the loss
-  /// is on a lazy device.
+  /// Ends the running batch's step (the strategy's mark_step: Note [No
+  /// reads inside a lazy step]) and reads what it computed: the step's loss
+  /// when it `stepped`, the values logged.
+  void end_step(bool stepped);
+  /// Adds `loss` (detached, f32) to `sum`, on the loss's device.
   void accumulate(at::Tensor& sum, const at::Tensor& loss) const;
-  /// Note [NaN loss]: every rank votes on `value`, the loss of the next
-  /// step; strata::Error when any is non-finite.
-  void check_loss(double value, int64_t batch_idx);
+  /// Note [NaN loss]: every rank votes on `loss`, the loss of the next
+  /// step; strata::Error when any is non-finite. On a device that reads
+  /// nothing inside a step, checked by each rank at the step's end.
+  void check_loss(const at::Tensor& loss, int64_t batch_idx);
   // Note [Stopping on a signal]: the ranks vote after an optimizer step.
   void agree_on_stop_signal();
-  /// The error of a non-finite loss on a lazy device, read after its step.
-  std::string lazy_loss_message(int64_t batch_idx) const;
+  /// The error of a non-finite loss read after its step ran.
+  std::string deferred_loss_message(int64_t batch_idx) const;
   /// last_loss_ and last_loss_weighted_ from the finished step's sums.
   void read_step_loss();
-  /// Warns when the xla device compiled a program after the warm-up steps.
+  /// Warns when the device compiled a program after the warm-up steps.
   void warn_about_recompiles();
   void run_validation(data::Loader& loader, int64_t limit, bool sanity = false);
   trainer::Metrics evaluation_loop(data::Loader& loader, int64_t limit, const std::string& stage);
@@ -467,9 +471,9 @@ class Trainer {
   double last_loss_weighted_ = std::numeric_limits<double>::quiet_NaN();
   at::Tensor step_loss_;
   at::Tensor step_loss_weighted_;  // the step's loss, each micro-batch weighted by its share
-  at::Tensor finished_loss_;       // the last step's sums, read into last_loss_ (after the mark when lazy)
+  at::Tensor finished_loss_;       // the last step's sums, read into last_loss_ once the step ended
   at::Tensor finished_loss_weighted_;
-  int64_t compiles_seen_ = 0;      // the xla device's compiles at the last step's end
+  int64_t compiles_seen_ = 0;      // the device's compiled programs at the last step's end
   at::Tensor last_batch_loss_;
   int64_t current_batch_size_ = 0;
   double current_share_ = 1.0;  // the running batch's Batch::share (1 outside steps)
