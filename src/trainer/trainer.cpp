@@ -32,7 +32,6 @@
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/precision.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/xla/device.h"
 #include "trainer_impl.h"
 
 namespace strata {
@@ -439,17 +438,7 @@ void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool l
     STRATA_CHECK(loss.requires_grad(), ConfigError,
                  "[trainer] the loss training_step returned does not require grad (epoch ", epoch_, ", batch ",
                  batch_idx, "): it is not computed from the module's trainable parameters, or was detached");
-    // Note [NaN loss]
-    // Every rank votes; one non-finite loss stops all of them before the
-    // backward, so no step is taken with it and nothing is saved after the
-    // last good step: the checkpoints on disk stay as they were. On a lazy
-    // device the check is deferred to the step's end, registered before
-    // any check of the step's gradients, so that it is the one reported.
-    if (strategy_->lazy_device()) {
-      xla::check_after_step(loss.detach().isfinite(), lazy_loss_message(batch_idx));
-    } else {
-      check_loss(loss.detach().to(at::kDouble).item<double>(), batch_idx);
-    }
+    check_loss(loss, batch_idx);
     at::Tensor scaled = loss.to(at::kFloat) / static_cast<double>(options_.accumulate_grad_batches);
     // Note [Unequal shares]: a rank holding n_r of an uneven global batch
     // of m examples weights its mean loss by n_r * N / m (0 for a filler
@@ -462,24 +451,40 @@ void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool l
   }
   last_batch_loss_ = loss.detach();
   if (last_of_step) optimizer_step();
-  if (strategy_->lazy_device()) {
-    // Note [No reads inside a lazy step]: the step runs here, then the
-    // values it computed are read.
-    strategy_->mark_step();  // throws lazy_loss_message for a non-finite loss
-    if (last_of_step) read_step_loss();
-    results_->settle(*strategy_);
-    warn_about_recompiles();
-  }
+  end_step(last_of_step);
+}
+
+void Trainer::end_step(bool stepped) {
+  // Note [No reads inside a lazy step] (strategies/accelerator.h): the
+  // step ends here (on a lazy device it runs, and throws
+  // deferred_loss_message for a non-finite loss), then the values it
+  // computed are read.
+  strategy_->mark_step();
+  if (stepped) read_step_loss();
+  results_->settle(*strategy_);
+  warn_about_recompiles();
 }
 
 void Trainer::accumulate(at::Tensor& sum, const at::Tensor& loss) const {
+  // The sum stays on the loss's device, read once the step ended.
   const at::Tensor value = loss.detach().to(at::kFloat);
-  // On a lazy device the sum stays there (read after the step is marked).
-  sum = strategy_->lazy_device() ? (sum.device() == value.device() ? sum + value : value + sum.to(value.device()))
-                                 : sum + value.cpu();
+  sum = sum.device() == value.device() ? sum + value : value + sum.to(value.device());
 }
 
-void Trainer::check_loss(double value, int64_t batch_idx) {
+void Trainer::check_loss(const at::Tensor& loss, int64_t batch_idx) {
+  // Note [NaN loss]
+  // Every rank votes; one non-finite loss stops all of them before the
+  // backward, so no step is taken with it and nothing is saved after the
+  // last good step: the checkpoints on disk stay as they were. On a device
+  // that reads nothing inside a step the check is deferred to the step's
+  // end, registered before any check of the step's gradients, so that it
+  // is the one reported.
+  const strategies::Accelerator& accelerator = strategy_->accelerator();
+  if (!accelerator.reads_inside_step()) {
+    accelerator.check_at_step_end(loss.detach().isfinite(), deferred_loss_message(batch_idx));
+    return;
+  }
+  const double value = loss.detach().to(at::kDouble).item<double>();
   const bool bad = !std::isfinite(value);
   if (!strategy_->reduce_boolean_decision(bad, /*all=*/false)) return;
   throw Error(detail::cat("[trainer] the loss is ", bad ? (std::isnan(value) ? "NaN" : "infinite") : "non-finite",
@@ -488,7 +493,7 @@ void Trainer::check_loss(double value, int64_t batch_idx) {
                           "untouched. Lower the learning rate or clip gradients (gradient_clip_val)"));
 }
 
-std::string Trainer::lazy_loss_message(int64_t batch_idx) const {
+std::string Trainer::deferred_loss_message(int64_t batch_idx) const {
   return detail::cat("[trainer] the loss is NaN or infinite at step ", global_step_ + 1, " (epoch ", epoch_,
                      ", batch ", batch_idx, "); on the ", strategy_->accelerator().name(),
                      " device the loss is read after the step ran (Note [No reads inside a lazy step]), so the model "
@@ -498,7 +503,7 @@ std::string Trainer::lazy_loss_message(int64_t batch_idx) const {
 }
 
 void Trainer::read_step_loss() {
-  // A download on a lazy device (the step has run); a convert there would
+  // A download (on a lazy device the step has run); a convert there would
   // be a program of its own.
   last_loss_ = finished_loss_.cpu().item<double>();
   last_loss_weighted_ = finished_loss_weighted_.cpu().item<double>();
@@ -508,16 +513,17 @@ void Trainer::warn_about_recompiles() {
   // Note [Recompiles after the warm-up]: a steady loop compiles its
   // programs in its first two steps; a compile later means the step
   // changed (a shape, an op, a constant) and each such step pays a compile.
-  const xla::Metrics m = xla::metrics();
+  // An eager device compiles none.
+  const strategies::Accelerator::CompiledPrograms programs = strategy_->accelerator().compiled_programs();
   // With ranks as threads the counts are the process's: rank 0 speaks.
-  if (global_step_ > 2 && m.compiles > compiles_seen_ && !m.compile_reasons.empty() && is_global_zero()) {
-    log::warning("[trainer] the xla device compiled a new program at step ", global_step_,
-              ", after the warm-up steps (", m.compiles - compiles_seen_, " new; ", m.compiles,
-              " in all): ", m.compile_reasons.back(),
-              ". A step whose shapes or ops change compiles each time; keep batch shapes fixed (drop_last) "
-              "and read values only after the step");
+  if (global_step_ > 2 && programs.count > compiles_seen_ && !programs.last_reason.empty() && is_global_zero()) {
+    log::warning("[trainer] the ", strategy_->accelerator().name(), " device compiled a new program at step ",
+                 global_step_, ", after the warm-up steps (", programs.count - compiles_seen_, " new; ",
+                 programs.count, " in all): ", programs.last_reason,
+                 ". A step whose shapes or ops change compiles each time; keep batch shapes fixed (drop_last) "
+                 "and read values only after the step");
   }
-  compiles_seen_ = m.compiles;
+  compiles_seen_ = programs.count;
 }
 
 void Trainer::optimizer_step() {
@@ -537,7 +543,6 @@ void Trainer::optimizer_step() {
   ++global_step_;
   finished_loss_ = step_loss_;
   finished_loss_weighted_ = step_loss_weighted_;
-  if (!strategy_->lazy_device()) read_step_loss();  // else once the step is marked
   step_loss_ = at::zeros({}, at::kFloat);
   step_loss_weighted_ = at::zeros({}, at::kFloat);
   for (auto& s : schedulers_) {
