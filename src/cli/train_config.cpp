@@ -15,8 +15,8 @@
 #include "strata/models/gpt.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/trainer/csv_logger.h"
-#include "strata/trainer/mlflow_logger.h"
+#include "strata/loggers/csv_logger.h"
+#include "strata/loggers/mlflow_logger.h"
 
 namespace strata::cli {
 namespace {

@@ -54,7 +54,7 @@
 #include "strata/runtime/torchelastic.h"
 #include "strata/strategies/placement.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/trainer/csv_logger.h"
+#include "strata/loggers/csv_logger.h"
 #include "strata/trainer/trainer.h"
 #include "strata/xla/device.h"
 

@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 
 #include "strata/core/error.h"
-#include "strata/trainer/csv_logger.h"
+#include "strata/loggers/csv_logger.h"
 #include "trainer_util.h"
 
 namespace {

@@ -26,8 +26,8 @@
 
 #include "cli/train_job.h"
 #include "strata/core/error.h"
-#include "strata/trainer/csv_logger.h"
-#include "strata/trainer/mlflow_logger.h"
+#include "strata/loggers/csv_logger.h"
+#include "strata/loggers/mlflow_logger.h"
 #include "support/tool.h"
 #include "test_paths.h"
 #include "trainer_util.h"

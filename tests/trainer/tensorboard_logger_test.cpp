@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "strata/core/error.h"
-#include "strata/trainer/event_file.h"
-#include "strata/trainer/tensorboard_logger.h"
+#include "strata/loggers/event_file.h"
+#include "strata/loggers/tensorboard_logger.h"
 
 namespace strata::trainer {
 namespace {

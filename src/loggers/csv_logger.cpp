@@ -1,4 +1,4 @@
-// CSV and JSON-lines loggers (trainer/csv_logger.h).
+// CSV and JSON-lines loggers (loggers/csv_logger.h).
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.h"
-#include "strata/trainer/csv_logger.h"
+#include "strata/loggers/csv_logger.h"
 #include "strata/trainer/hparams.h"
-#include "strata/trainer/tensorboard_logger.h"
+#include "strata/loggers/tensorboard_logger.h"
 
 namespace strata::trainer {
 namespace {

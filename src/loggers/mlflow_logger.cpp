@@ -1,4 +1,4 @@
-// MLFlowLogger (trainer/mlflow_logger.h): Lightning's MLFlowLogger over
+// MLFlowLogger (loggers/mlflow_logger.h): Lightning's MLFlowLogger over
 // MLflow's REST API 2.0, with libcurl as the HTTP client.
 //
 // Note [The MLflow logger never slows training]
@@ -31,7 +31,7 @@
 // server would refuse the whole batch of 100 otherwise) and drops, with a
 // warning, a key over MLflow's 250 characters and cuts a tag value over
 // its 8000.
-#include "strata/trainer/mlflow_logger.h"
+#include "strata/loggers/mlflow_logger.h"
 
 #include <atomic>
 #include <chrono>
