@@ -1,17 +1,15 @@
-// CSV and JSON-lines loggers (loggers/csv_logger.h).
+// CSVLogger (loggers/csv_logger.h): rows buffered as text, written in
+// Lightning's column order.
+#include "strata/loggers/csv_logger.h"
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
-#include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "strata/core/error.h"
-#include "strata/loggers/csv_logger.h"
 #include "strata/trainer/hparams.h"
-#include "strata/loggers/tensorboard_logger.h"
 
 namespace strata::trainer {
 namespace {
@@ -39,62 +37,7 @@ std::string csv_cell(const std::string& text) {
   return out + "\"";
 }
 
-void create_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  STRATA_CHECK(!ec, Error, "[logger] cannot create the log folder ", dir, ": ", ec.message(),
-               "; choose a root_dir you can write to");
-}
-
-void check_name(const std::string& root_dir, const std::string& name) {
-  STRATA_CHECK(!root_dir.empty(), ConfigError, "[logger] root_dir is empty; pass a folder such as 'runs'");
-  STRATA_CHECK(name.find('/') == std::string::npos && name != ".." && name != ".", ConfigError,
-               "[logger] name '", name, "' must be one folder name (no '/')");
-}
-
 }  // namespace
-
-std::string versioned_log_dir(const std::string& root_dir, const std::string& name, std::optional<int64_t> version) {
-  check_name(root_dir, name);
-  fs::path base = fs::path(root_dir) / name;
-  if (!version) {
-    int64_t next = 0;
-    std::error_code ec;
-    if (fs::is_directory(base, ec)) {
-      for (const auto& entry : fs::directory_iterator(base, ec)) {
-        const std::string n = entry.path().filename().string();
-        if (n.rfind("version_", 0) != 0 || n.size() == 8 || n.size() > 8 + 18) continue;
-        if (n.find_first_not_of("0123456789", 8) != std::string::npos) continue;
-        next = std::max<int64_t>(next, std::stoll(n.substr(8)) + 1);
-      }
-    }
-    version = next;
-  }
-  STRATA_CHECK(*version >= 0, ConfigError, "[logger] version must be >= 0, got ", *version);
-  return (base / ("version_" + std::to_string(*version))).string();
-}
-
-// ---- FileLogger -------------------------------------------------------------
-
-FileLogger::FileLogger(const std::string& root_dir, const std::string& name, std::optional<int64_t> version)
-    : log_dir_(versioned_log_dir(root_dir, name, version)) {}
-
-void FileLogger::finalize(const std::string&) { save(); }
-
-std::string FileLogger::file_path(const std::string& file) const {
-  create_dir(log_dir_);
-  return (fs::path(log_dir_) / file).string();
-}
-
-void FileLogger::write_file(const std::string& file, const std::string& text) const {
-  const std::string path = file_path(file);
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.flush();
-  STRATA_CHECK(out.good(), Error, "[logger] cannot write ", path, " (is the disk full?)");
-}
-
-// ---- CSVLogger --------------------------------------------------------------
 
 CSVLogger::CSVLogger(std::string root_dir, std::string name, std::optional<int64_t> version,
                      int64_t flush_logs_every_n_steps)
@@ -158,55 +101,6 @@ void CSVLogger::save() {
   STRATA_CHECK(out.good(), Error, "[logger] writing ", metrics_file(), " failed (is the disk full?)");
   written_ = rows_.size();
   header_changed_ = false;
-}
-
-// ---- JSONLinesLogger ------------------------------------------------------------
-
-JSONLinesLogger::JSONLinesLogger(std::string root_dir, std::string name, std::optional<int64_t> version)
-    : FileLogger(root_dir, name, version) {}
-
-std::string JSONLinesLogger::metrics_file() const { return (fs::path(log_dir_) / "metrics.jsonl").string(); }
-
-void JSONLinesLogger::log_metrics(const Metrics& metrics, std::int64_t step) {
-  nlohmann::json line = nlohmann::json::object();
-  line["step"] = step;
-  for (const auto& [key, value] : metrics) {
-    if (key == "step") continue;
-    line[key] = std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
-  }
-  pending_.push_back(line.dump());
-}
-
-void JSONLinesLogger::log_hyperparams(const Hyperparams& params) {
-  for (const auto& [key, value] : params) hparams_[key] = value;
-  // Bytes that are not UTF-8 become U+FFFD (JSON holds only UTF-8).
-  const nlohmann::json h(hparams_);
-  write_file("hparams.json", h.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-}
-
-void JSONLinesLogger::save() {
-  if (pending_.empty()) return;
-  std::ofstream out(file_path("metrics.jsonl"), std::ios::app);
-  for (const std::string& line : pending_) out << line << "\n";
-  out.flush();
-  STRATA_CHECK(out.good(), Error, "[logger] writing ", metrics_file(), " failed (is the disk full?)");
-  pending_.clear();
-}
-
-// ---- make_logger ------------------------------------------------------------------
-
-LoggerPtr make_logger(const std::string& kind, const std::string& root_dir, const std::string& name,
-                      std::optional<int64_t> version) {
-  if (kind == "csv") return std::make_shared<CSVLogger>(root_dir, name, version);
-  if (kind == "jsonl") return std::make_shared<JSONLinesLogger>(root_dir, name, version);
-  if (kind == "tensorboard") {
-    STRATA_CHECK(!version || (*version >= 0 && *version <= std::numeric_limits<int>::max()), ConfigError,
-                 "[logger] version ", *version, " is out of range: it must be from 0 to ",
-                 std::numeric_limits<int>::max());
-    return std::make_shared<TensorBoardLogger>(root_dir, name,
-                                               version ? std::optional<int>(static_cast<int>(*version)) : std::nullopt);
-  }
-  throw ConfigError("[logger] unknown logger '" + kind + "'; choose one of: csv, jsonl, tensorboard");
 }
 
 }  // namespace strata::trainer

@@ -10,6 +10,8 @@
 
 #include "strata/core/error.h"
 #include "strata/loggers/csv_logger.h"
+#include "strata/loggers/jsonl_logger.h"
+#include "strata/loggers/make_logger.h"
 #include "trainer_util.h"
 
 namespace {
