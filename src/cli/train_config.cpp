@@ -12,11 +12,12 @@
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/data/token_file.h"
+#include "strata/loggers/file_logger.h"
+#include "strata/loggers/make_logger.h"
+#include "strata/loggers/mlflow_logger.h"
 #include "strata/models/gpt.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/trainer/csv_logger.h"
-#include "strata/trainer/mlflow_logger.h"
 
 namespace strata::cli {
 namespace {

@@ -47,6 +47,7 @@
 #include "strata/data/loader.h"
 #include "strata/data/text_dataset.h"
 #include "strata/data/token_file.h"
+#include "strata/loggers/logger.h"
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
 #include "strata/runtime/env.h"
@@ -54,7 +55,6 @@
 #include "strata/runtime/torchelastic.h"
 #include "strata/strategies/placement.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/trainer/csv_logger.h"
 #include "strata/trainer/trainer.h"
 #include "strata/xla/device.h"
 

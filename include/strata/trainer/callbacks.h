@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "strata/trainer/callback.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 
 namespace strata::trainer {
 

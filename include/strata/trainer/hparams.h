@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "strata/trainer/event_file.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/event_file.h"
+#include "strata/loggers/logger.h"
 
 namespace strata::trainer {
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "strata/data/loader.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 #include "strata/trainer/scheduler.h"
 
 namespace torch::optim {

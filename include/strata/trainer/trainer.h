@@ -67,7 +67,7 @@
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
 #include "strata/trainer/callback.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 #include "strata/trainer/train_module.h"
 
 namespace strata {

@@ -16,7 +16,7 @@
 //                     entries with key = 1, value = 2), start_time_secs = 5
 //   google.protobuf.Value: number_value = 2, string_value = 3, bool_value = 4
 // Wire types: 0 varint, 1 fixed64, 2 length-delimited, 5 fixed32.
-#include "strata/trainer/event_file.h"
+#include "strata/loggers/event_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -9,8 +9,10 @@
 #include <sys/wait.h>
 
 #include "strata/core/error.h"
-#include "strata/trainer/csv_logger.h"
-#include "trainer_util.h"
+#include "strata/loggers/csv_logger.h"
+#include "strata/loggers/jsonl_logger.h"
+#include "strata/loggers/make_logger.h"
+#include "trainer/trainer_util.h"
 
 namespace {
 
@@ -68,7 +70,7 @@ TEST(CSVLoggerTest, PythonsCsvModuleReadsTheRunBack) {
 
   int code = 0;
   const std::string out = run_command(std::string(python) + " " + std::getenv("STRATA_SOURCE_DIR") +
-                                          "/tests/trainer/read_logs.py " + logger->log_dir(), code);
+                                          "/tests/loggers/read_logs.py " + logger->log_dir(), code);
   ASSERT_EQ(code, 0) << out;
   nlohmann::json logs = nlohmann::json::parse(out);
   // Lightning sorts "step" in with the other names.

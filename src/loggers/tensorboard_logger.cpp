@@ -1,6 +1,6 @@
 // TensorBoardLogger: Lightning's folder layout and version numbering, scalar
 // events through EventFileWriter, and hparams.yaml written atomically.
-#include "strata/trainer/tensorboard_logger.h"
+#include "strata/loggers/tensorboard_logger.h"
 
 #include <fcntl.h>
 #include <unistd.h>

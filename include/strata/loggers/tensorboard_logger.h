@@ -15,9 +15,9 @@
 #include <optional>
 #include <string>
 
-#include "strata/trainer/event_file.h"
+#include "strata/loggers/event_file.h"
 #include "strata/trainer/hparams.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 
 namespace strata::trainer {
 

@@ -1,5 +1,5 @@
 // TensorBoardLogger: the event files it writes are read back by the
-// `tensorboard` package's own readers (tests/trainer/read_tensorboard.py),
+// `tensorboard` package's own readers (tests/loggers/read_tensorboard.py),
 // its folders follow Lightning's layout, and CRC-32C gives the published
 // check values.
 #include <gmock/gmock.h>
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "strata/core/error.h"
-#include "strata/trainer/event_file.h"
-#include "strata/trainer/tensorboard_logger.h"
+#include "strata/loggers/event_file.h"
+#include "strata/loggers/tensorboard_logger.h"
 
 namespace strata::trainer {
 namespace {
@@ -51,7 +51,7 @@ class TensorBoardLoggerTest : public ::testing::Test {
     }
     const char* source_dir = std::getenv("STRATA_SOURCE_DIR");
     const std::string script =
-        (source_dir ? fs::path(source_dir) / "tests/trainer" : fs::path(__FILE__).parent_path()) /
+        (source_dir ? fs::path(source_dir) / "tests/loggers" : fs::path(__FILE__).parent_path()) /
         "read_tensorboard.py";
     const std::string errors = root_ + "/reader-stderr.txt";
     const std::string command = std::string(python) + " " + script + " '" + run_dir + "' 2>" + errors;

@@ -26,11 +26,11 @@
 
 #include "cli/train_job.h"
 #include "strata/core/error.h"
-#include "strata/trainer/csv_logger.h"
-#include "strata/trainer/mlflow_logger.h"
+#include "strata/loggers/csv_logger.h"
+#include "strata/loggers/mlflow_logger.h"
 #include "support/tool.h"
 #include "test_paths.h"
-#include "trainer_util.h"
+#include "trainer/trainer_util.h"
 
 namespace {
 
@@ -223,7 +223,7 @@ class MLflowServer {
 json read_run(const std::string& uri, const std::string& select, const std::string& csv = "") {
   int code = 0;
   const std::string command = std::string(mlflow_python()) + " " + STRATA_TEST_SOURCE_DIR +
-                              "/tests/trainer/read_mlflow.py " + uri + " " + select +
+                              "/tests/loggers/read_mlflow.py " + uri + " " + select +
                               (csv.empty() ? "" : " --csv " + csv);
   const std::string out = run_command(command, code);
   EXPECT_EQ(code, 0) << command << "\n" << out;

@@ -6,7 +6,7 @@
 // protobuf. The first record holds the event with file_version
 // "brain.Event:2"; the others hold a Summary of scalar values
 // (`Summary.Value.simple_value`). The encoding of those few messages is
-// written by hand here (src/trainer/event_file.cpp lists the field numbers).
+// written by hand here (src/loggers/event_file.cpp lists the field numbers).
 #pragma once
 
 #include <cstddef>

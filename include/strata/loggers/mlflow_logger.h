@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 
 namespace strata::trainer {
 
