@@ -1,7 +1,7 @@
 // `strata plot` as users run it: the built tool on metrics files in
 // Lightning's CSVLogger layout and in `strata train`'s JSON lines, its SVG
-// parsed as XML and its PNG decoded by tests/cli/read_plot.py (Python's
-// xml.etree, zlib and a PNG reader written there), and its errors on
+// parsed as XML and its PNG (drawn by cairo) decoded by tests/cli/read_plot.py
+// (Python's xml.etree, zlib and a PNG reader written there), and its errors on
 // hostile files.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -121,6 +121,9 @@ TEST_F(PlotTest, PngOfStrataTrainJsonLinesDecodesToTheRequestedSize) {
   EXPECT_EQ(png["color_type"], 2);
   EXPECT_GT(png["pixels"]["255,255,255"].get<int>(), 800 * 500 / 2);  // a white page...
   EXPECT_GT(png["series_pixels"]["31,119,180"].get<int>(), 500);  // ...with the series drawn in blue on it
+  // Antialiased lines and text: edges blend into the page in many shades.
+  EXPECT_GT(png["grey_shades"].get<int>(), 40);
+  EXPECT_GT(png["colours"].get<int>(), 200);
 }
 
 TEST_F(PlotTest, ARunFolderIsSearchedAndThePictureLandsBesideItsMetrics) {
