@@ -152,7 +152,7 @@ if [ "${STRATA_XLA_PROBE_RUN:-1}" != 0 ]; then
   mkdir -p "$build"
   pids=()
   for src in src/xla/*.cpp; do
-    "$cxx" -std=c++20 -O2 -Iinclude -c "$src" -o "$build/$(basename "$src" .cpp).o" &
+    "$cxx" -std=c++20 -O2 -Iinclude -Ithird_party/pjrt -c "$src" -o "$build/$(basename "$src" .cpp).o" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || die "compiling src/xla failed"; done
