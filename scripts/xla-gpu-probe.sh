@@ -107,7 +107,7 @@ cat "$out_dir/env.txt" >&2
 # 4 (in the background). bench_xla against the Python's CUDA torch: CMake
 # builds only that target (the core, models and xla_device objects), so it
 # is ready when the probe is done. .gpu-deps/ (scripts/gpu-check.sh
-# --stage-deps) supplies nlohmann-json, CLI11 and zlib where the machine
+# --stage-deps) supplies nlohmann-json, CLI11 and yaml-cpp where the machine
 # lacks them.
 train="${STRATA_XLA_PROBE_TRAIN:-1}"
 eager_device="${TRAIN_EAGER_DEVICE:-cuda}"
