@@ -1,7 +1,7 @@
 // ElementType's sizes and names in PJRT and StableHLO.
 #include "strata/xla/element_type.h"
 
-#include "pjrt_c_api.h"
+#include "pjrt_api.h"
 #include "strata/xla/error.h"
 
 namespace strata::xla {
@@ -18,19 +18,19 @@ struct TypeInfo {
 // StableHLO integers are signless ("i32") except unsigned ones ("ui32");
 // bool is "i1".
 constexpr TypeInfo kTypes[] = {
-    {ElementType::kPred, 1, "i1", capi::PJRT_Buffer_Type_PRED, false},
-    {ElementType::kS8, 1, "i8", capi::PJRT_Buffer_Type_S8, false},
-    {ElementType::kS16, 2, "i16", capi::PJRT_Buffer_Type_S16, false},
-    {ElementType::kS32, 4, "i32", capi::PJRT_Buffer_Type_S32, false},
-    {ElementType::kS64, 8, "i64", capi::PJRT_Buffer_Type_S64, false},
-    {ElementType::kU8, 1, "ui8", capi::PJRT_Buffer_Type_U8, false},
-    {ElementType::kU16, 2, "ui16", capi::PJRT_Buffer_Type_U16, false},
-    {ElementType::kU32, 4, "ui32", capi::PJRT_Buffer_Type_U32, false},
-    {ElementType::kU64, 8, "ui64", capi::PJRT_Buffer_Type_U64, false},
-    {ElementType::kF16, 2, "f16", capi::PJRT_Buffer_Type_F16, true},
-    {ElementType::kBF16, 2, "bf16", capi::PJRT_Buffer_Type_BF16, true},
-    {ElementType::kF32, 4, "f32", capi::PJRT_Buffer_Type_F32, true},
-    {ElementType::kF64, 8, "f64", capi::PJRT_Buffer_Type_F64, true},
+    {ElementType::kPred, 1, "i1", PJRT_Buffer_Type_PRED, false},
+    {ElementType::kS8, 1, "i8", PJRT_Buffer_Type_S8, false},
+    {ElementType::kS16, 2, "i16", PJRT_Buffer_Type_S16, false},
+    {ElementType::kS32, 4, "i32", PJRT_Buffer_Type_S32, false},
+    {ElementType::kS64, 8, "i64", PJRT_Buffer_Type_S64, false},
+    {ElementType::kU8, 1, "ui8", PJRT_Buffer_Type_U8, false},
+    {ElementType::kU16, 2, "ui16", PJRT_Buffer_Type_U16, false},
+    {ElementType::kU32, 4, "ui32", PJRT_Buffer_Type_U32, false},
+    {ElementType::kU64, 8, "ui64", PJRT_Buffer_Type_U64, false},
+    {ElementType::kF16, 2, "f16", PJRT_Buffer_Type_F16, true},
+    {ElementType::kBF16, 2, "bf16", PJRT_Buffer_Type_BF16, true},
+    {ElementType::kF32, 4, "f32", PJRT_Buffer_Type_F32, true},
+    {ElementType::kF64, 8, "f64", PJRT_Buffer_Type_F64, true},
 };
 
 const TypeInfo& info(ElementType type) { return kTypes[static_cast<size_t>(type)]; }
