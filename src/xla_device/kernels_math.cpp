@@ -172,6 +172,14 @@ at::Tensor& fmod_out(const at::Tensor& self, const at::Tensor& other, at::Tensor
   STRATA_LOWER("aten::fmod.Tensor_out", fmod_Tensor_out, self, other, out);
 }
 
+// Where fmod's remainder `mod` is nonzero and its sign is not the divisor
+// b's: there Python's modulo adds b, and floor division takes one off.
+NodePtr off_by_one_divisor(Recorder& r, const NodePtr& mod, const NodePtr& b) {
+  NodePtr nonzero = r.compare(mod, like(r, 0.0, mod), Direction::kNE);
+  NodePtr differ = r.compare(less_than_zero(r, b), less_than_zero(r, mod), Direction::kNE);
+  return logical(r, "and", nonzero, differ);
+}
+
 // Python's modulo, the sign of the divisor: fmod, plus the divisor where
 // the two signs differ (LibTorch's float remainder).
 at::Tensor& remainder_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
@@ -179,9 +187,7 @@ at::Tensor& remainder_out(const at::Tensor& self, const at::Tensor& other, at::T
     lower_pointwise(r, [&] { return at::remainder(meta(self), meta(other)); }, {&self, &other}, out,
                     [](Recorder& r, const std::vector<NodePtr>& x) {
                       NodePtr mod = fmod(r, x[0], x[1]);
-                      NodePtr nonzero = r.compare(mod, like(r, 0.0, mod), Direction::kNE);
-                      NodePtr differ = r.compare(less_than_zero(r, x[1]), less_than_zero(r, mod), Direction::kNE);
-                      return r.select(logical(r, "and", nonzero, differ), r.binary(Binary::kAdd, mod, x[1]), mod);
+                      return r.select(off_by_one_divisor(r, mod, x[1]), r.binary(Binary::kAdd, mod, x[1]), mod);
                     });
   };
   STRATA_LOWER("aten::remainder.Tensor_out", remainder_Tensor_out, self, other, out);
@@ -287,9 +293,7 @@ at::Tensor& clamp_tensor_out(const at::Tensor& self, const std::optional<at::Ten
 NodePtr floor_divide(Recorder& r, const NodePtr& a, const NodePtr& b) {
   NodePtr mod = fmod(r, a, b);
   NodePtr div = r.binary(Binary::kDivide, r.binary(Binary::kSubtract, a, mod), b);
-  NodePtr nonzero = r.compare(mod, like(r, 0.0, mod), Direction::kNE);
-  NodePtr differ = r.compare(less_than_zero(r, b), less_than_zero(r, mod), Direction::kNE);
-  div = r.select(logical(r, "and", nonzero, differ), r.binary(Binary::kSubtract, div, like(r, 1.0, div)), div);
+  div = r.select(off_by_one_divisor(r, mod, b), r.binary(Binary::kSubtract, div, like(r, 1.0, div)), div);
   NodePtr floored = floor(r, div);
   NodePtr up = r.compare(r.binary(Binary::kSubtract, div, floored), like(r, 0.5, div), Direction::kGT);
   floored = r.select(up, r.binary(Binary::kAdd, floored, like(r, 1.0, div)), floored);
