@@ -234,10 +234,17 @@ void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& tra
 }
 
 void Trainer::agree_on_stop_signal() {
+  // Every rank votes after the same step, so all stop after it together,
+  // and with the same signal: one sent to every task (srun, a pod's
+  // SIGTERM) may reach a rank only after the vote, and a rank that
+  // guessed would exit with another code and skip SIGUSR1's requeue.
+  // A stop outranks SIGUSR1's save-and-requeue: SIGTERM, SIGINT, SIGUSR1.
   const int mine = runtime::pending_stop_signal();
-  // Every rank votes after the same step, so all stop after it together.
-  if (!strategy_->reduce_boolean_decision(mine != 0, /*all=*/false)) return;
-  stop_signal_ = mine != 0 ? mine : SIGTERM;  // a rank the signal has not reached yet
+  const int vote = mine == 0 ? 0 : mine == SIGUSR1 ? 1 : mine == SIGINT ? 2 : 3;
+  const at::Tensor votes = at::scalar_tensor(static_cast<double>(vote), at::kFloat);
+  const int agreed = static_cast<int>(strategy_->all_reduce(votes, comm::ReduceOp::kMax).item<float>() + 0.5f);
+  if (agreed <= 0) return;
+  stop_signal_ = agreed == 1 ? SIGUSR1 : agreed == 2 ? SIGINT : SIGTERM;
   should_stop = true;
   if (is_global_zero()) {
     log::warning("[trainer] ", runtime::stop_signal_name(stop_signal_), ": stopping after step ", global_step_,
