@@ -1,12 +1,13 @@
 // Lowered kernels of the shape and indexing ops the example GPT reaches:
 // batched matrix products, cat, triu and tril, arange, masked_fill_,
-// index_select (embedding lookups) and embedding_dense_backward (Note
-// [What is lowered] in lowerings.cpp).
+// index_select (embedding lookups), its backward index_add, and
+// embedding_dense_backward (Note [What is lowered] in lowerings.cpp).
 #include <ATen/ExpandUtils.h>  // at::infer_size (not reached through ops/ in every LibTorch)
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_add.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/masked_fill.h>
 #include <ATen/ops/tril.h>
@@ -159,6 +160,33 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   STRATA_LOWER("aten::index_select.out", index_select_out, self, dim, index, out);
 }
 
+// self with alpha * source's slices added at `index` along `dim`
+// (index_select's backward). Repeated indices add up in XLA's order, not
+// the CPU loop's, to a rounding of the sum; out-of-range indices are
+// dropped by XLA's scatter where LibTorch raises.
+at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                          const at::Scalar& alpha, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    if (self.dim() == 0 || index.dim() > 1 || out.scalar_type() != self.scalar_type()) throw NotLowered{};
+    if (index.scalar_type() != at::kLong && index.scalar_type() != at::kInt) throw NotLowered{};
+    if (source.scalar_type() != self.scalar_type() || source.dim() != self.dim()) throw NotLowered{};
+    const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
+    std::vector<int64_t> rows = vec(self.sizes());
+    rows[static_cast<size_t>(d)] = index.numel();
+    if (vec(source.sizes()) != rows) throw NotLowered{};
+    const ElementType stored = element_type(self.scalar_type());
+    const ElementType t = opmath(stored);
+    NodePtr idx = r.convert(r.reshape(r.tensor(index), {index.numel()}), ElementType::kS64);
+    NodePtr src = r.scaled(alpha, r.convert(r.tensor(source), t));
+    NodePtr base = r.convert(r.tensor(self), t);
+    r.write(out, r.op("scatter_add_rows", {base, idx, src}, base->type(),
+                      [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                        return f.scatter_add_rows(in[0], in[1], in[2], d);
+                      }));
+  };
+  STRATA_LOWER("aten::index_add.out", index_add_out, self, dim, index, source, alpha, out);
+}
+
 // Zeros [num_weights, D] with each row of grad_output added at its index;
 // rows at padding_idx add nothing.
 at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor& indices, int64_t num_weights,
@@ -195,6 +223,7 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Ten
 
 void register_shape(torch::Library& library) {
   library.impl("bmm.out", TORCH_FN(bmm_out));
+  library.impl("index_add.out", TORCH_FN(index_add_out));
   library.impl("cat.out", TORCH_FN(cat_out));
   library.impl("triu.out", TORCH_FN(triu_out));
   library.impl("tril.out", TORCH_FN(tril_out));

@@ -146,7 +146,10 @@ void register_compare(torch::Library& library);
 /// `library` (PrivateUse1) and on AutogradPrivateUse1 (kernels_rnn.cpp).
 void register_rnn(torch::Library& library);
 /// The lowered convolutions (kernels_conv.cpp), pooling and padding
-/// (kernels_pool.cpp), and the CPU kernels the convolutions' fallback runs.
+/// (kernels_pool.cpp), folding (kernels_fold.cpp), and the CPU kernels the
+/// convolutions' fallback runs.
 void register_conv(torch::Library& library);
+/// cdist and pdist and their backwards (kernels_distance.cpp).
+void register_distance(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

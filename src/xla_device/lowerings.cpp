@@ -427,6 +427,7 @@ void register_lowerings(torch::Library& library) {
   lowering::register_compare(library);
   lowering::register_math(library);
   lowering::register_conv(library);
+  lowering::register_distance(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));

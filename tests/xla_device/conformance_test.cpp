@@ -412,6 +412,34 @@ std::map<std::string, std::vector<Sample>> samples() {
                                   [](auto& x) { return one(at::avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1})); }, kSum}};
   s["aten::_adaptive_avg_pool2d"] = {Sample{"adaptive_avg_pool2d", {{2, 3, 4, 4}},
                                             [](auto& x) { return one(at::adaptive_avg_pool2d(x[0], {1, 1})); }, kSum}};
+  // Folding: sums of the same terms in the same order, so exact; its
+  // gradient is im2col's (nn::Unfold's) lowering.
+  s["aten::col2im"] = {
+      Sample{"fold stride padding", {{2, 12, 15}},
+             [](auto& x) { return one(at::col2im(x[0], {5, 6}, {2, 2}, k11, {1, 0}, {2, 1})); }, kExact},
+      Sample{"fold dilation unbatched", {{12, 12}},
+             [](auto& x) { return one(at::col2im(x[0], {6, 5}, {2, 3}, {2, 1}, {0, 1}, {1, 2})); }, kExact}};
+  // Distances: f32 only (as LibTorch's CPU kernels), NaN left out (Note
+  // [Distances as ATen ops] in src/xla_device/kernels_distance.cpp).
+  auto distances = [](const std::string& what, double p) {
+    return std::vector<Sample>{
+        Sample{"cdist p=" + what, {{2, 4, 3}, {5, 3}}, [p](auto& x) { return one(at::cdist(x[0], x[1], p)); }, kSum,
+               true, false, false},
+        Sample{"pdist p=" + what, {{5, 3}}, [p](auto& x) { return one(at::pdist(x[0], p)); }, kSum, true, false, false,
+               nullptr, false}};
+  };
+  for (const auto& [what, p] : std::vector<std::pair<std::string, double>>{
+           {"0", 0}, {"0.5", 0.5}, {"1", 1}, {"1.5", 1.5}, {"2", 2}, {"3", 3}, {"inf", INFINITY}}) {
+    for (Sample& sample : distances(what, p)) {
+      s[sample.what.rfind("cdist", 0) == 0 ? "aten::_cdist_forward" : "aten::_pdist_forward"].push_back(sample);
+    }
+  }
+  s["aten::_cdist_forward"].push_back(Sample{"cdist p=2 as a matrix product (compute_mode 1)", {{4, 3}, {5, 3}},
+                                             [](auto& x) { return one(at::_cdist_forward(x[0], x[1], 2, 1)); }, kSum,
+                                             true, false, false});
+  s["aten::_cdist_forward"].push_back(Sample{"cdist of no columns", {{4, 0}, {5, 0}},
+                                             [](auto& x) { return one(at::cdist(x[0], x[1], 2)); }, kExact, false,
+                                             false, false});
   s["aten::sort"] = {Sample{"sort", {{3, 5}}, [](auto& x) {
                               auto [v, i] = x[0].sort(1);
                               return Tensors{v, i};
@@ -471,7 +499,6 @@ struct Gap {
 const std::vector<Gap> kKnownGaps = {
     // Backwards that reach ops with no lowering.
     {"aten::clamp", "gradients", "ge.Scalar_out, le.Scalar_out, logical_and.out, where.self"},
-    {"aten::index_select", "gradients", "index_add.out"},
 };
 
 // |xla - cpu| within `tol` of the largest finite |cpu| (at least 1); NaN
