@@ -1,8 +1,8 @@
 // Lowered kernels of the reductions with indices (max and min, with their
-// indices along a dim or over all elements; argmax, argmin), of gather,
-// scatter and scatter_add along a dim, of indexing by integer tensors
-// (index.Tensor, index_put_), of flip, of cumsum, and of sort and topk:
-// Note [What is lowered] in lowerings.cpp.
+// indices along a dim or over all elements; argmax, argmin), of indexing
+// by integer tensors (index.Tensor, index_put_), of flip, of cumsum, and
+// of sort and topk; gather and the scatters along a dim are in
+// kernels_scatter.cpp: Note [What is lowered] in lowerings.cpp.
 //
 // Note [Min as a max]
 // The emitter's argmax returns the first maximum, NaN counting as the
@@ -13,17 +13,13 @@
 #include <ATen/ops/flip.h>
 #include <ATen/ops/index.h>
 #include <ATen/ops/_index_put_impl.h>
-#include <ATen/ops/scatter.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/argmin.h>
 #include <ATen/ops/cumsum.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/gather.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/min.h>
-#include <ATen/ops/scatter_add.h>
-#include <ATen/ops/scatter_reduce.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/topk.h>
 
@@ -169,148 +165,6 @@ at::Tensor max(const at::Tensor& self) {
 at::Tensor min(const at::Tensor& self) {
   at::Tensor out = at::empty({}, self.options());
   return min_unary_out(self, out);
-}
-
-// Note [Gather and scatter along a dim]
-// torch.gather and scatter_add address one element per index: the full
-// coordinates of each index element are its own position with `dim`
-// replaced by the index, a [..., rank] tensor of s64 built from iotas;
-// StableHLO's gather (scatter) then takes (adds) single elements at them.
-// Out-of-range indices are clamped by gather and dropped by scatter (XLA),
-// where LibTorch raises: validate on the host where that matters.
-NodePtr coordinates(Recorder& r, const NodePtr& index, int64_t dim) {
-  const std::vector<int64_t> dims = index->type().dims;
-  const int64_t rank = static_cast<int64_t>(dims.size());
-  std::vector<int64_t> one = dims;
-  one.push_back(1);
-  std::vector<NodePtr> parts;
-  for (int64_t d = 0; d < rank; ++d)
-    parts.push_back(r.reshape(d == dim ? r.convert(index, ElementType::kS64) : r.iota(ElementType::kS64, dims, d), one));
-  return r.concat(parts, rank);
-}
-
-at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparse_grad,
-                       at::Tensor& out) {
-  auto lower = [&](Recorder& r) {
-    const Result res = result_of([&] { return at::gather(meta(self), dim, meta(index), sparse_grad); }, &out);
-    if (self.dim() == 0 || index.dim() != self.dim()) throw NotLowered{};
-    const int64_t d = c10::maybe_wrap_dim(dim, self.dim()), rank = self.dim();
-    NodePtr x = r.tensor(self), at = coordinates(r, r.tensor(index), d);
-    shlo::GatherDims g;
-    g.collapsed_slice_dims.resize(static_cast<size_t>(rank));
-    std::iota(g.collapsed_slice_dims.begin(), g.collapsed_slice_dims.end(), 0);
-    g.start_index_map = g.collapsed_slice_dims;
-    g.index_vector_dim = rank;
-    const std::vector<int64_t> sizes(static_cast<size_t>(rank), 1);
-    r.write(out, r.op("gather", {x, at}, {x->type().dtype, res.dims}, [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.gather(in[0], in[1], g, sizes);
-    }));
-  };
-  STRATA_LOWER("aten::gather.out", gather_out, self, dim, index, sparse_grad, out);
-}
-
-// scatter's dimension numbers for one element per index (Note [Gather and
-// scatter along a dim]).
-shlo::ScatterDims elementwise_scatter(int64_t rank) {
-  shlo::ScatterDims s;
-  s.inserted_window_dims.resize(static_cast<size_t>(rank));
-  std::iota(s.inserted_window_dims.begin(), s.inserted_window_dims.end(), 0);
-  s.scatter_dims_to_operand_dims = s.inserted_window_dims;
-  s.index_vector_dim = rank;
-  return s;
-}
-
-// self with src[i...] added at the coordinates of index[i...] (src read
-// over index's shape).
-// self with src[i...] combined by `kind` into the coordinates of index[i...]
-// (scatter_add, scatter_reduce with include_self): one XLA scatter whose
-// combiner is the reduction; the result's shape and dtype come from
-// `on_meta`.
-template <class Meta>
-void scatter_combined(Recorder& r, Meta&& on_meta, const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                      const at::Tensor& src, shlo::ReduceOp kind, at::Tensor& out) {
-  const Result res = result_of(std::forward<Meta>(on_meta), &out);
-  if (self.dim() == 0 || index.dim() != self.dim() || src.dim() != self.dim()) throw NotLowered{};
-  const int64_t d = c10::maybe_wrap_dim(dim, self.dim()), rank = self.dim();
-  NodePtr x = r.convert(r.tensor(self), res.stored);
-  NodePtr at = coordinates(r, r.tensor(index), d);
-  std::vector<int64_t> zeros(static_cast<size_t>(rank), 0);
-  NodePtr updates = r.convert(r.slice(r.tensor(src), zeros, vec(index.sizes())), res.stored);
-  const shlo::ScatterDims s = elementwise_scatter(rank);
-  r.write(out, r.op("scatter", {x, at, updates}, x->type(), [s, kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    return f.scatter(in[0], in[1], in[2], s, kind);
-  }));
-}
-
-at::Tensor& scatter_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
-                            at::Tensor& out) {
-  auto lower = [&](Recorder& r) {
-    scatter_combined(r, [&] { return at::scatter_add(meta(self), dim, meta(index), meta(src)); }, self, dim, index,
-                     src, shlo::ReduceOp::kSum, out);
-  };
-  STRATA_LOWER("aten::scatter_add.out", scatter_add_out, self, dim, index, src, out);
-}
-
-// scatter_reduce with include_self: "sum" and "prod". "amax" and "amin"
-// (XLA's max keeps one operand's NaN only, where LibTorch's keeps any),
-// "mean", and include_self=False, whose untouched elements keep self while
-// the touched ones forget it, take the fallback.
-at::Tensor& scatter_reduce_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
-                               c10::string_view reduce, bool include_self, at::Tensor& out) {
-  auto lower = [&](Recorder& r) {
-    if (!include_self || self.scalar_type() == at::kBool) throw NotLowered{};
-    shlo::ReduceOp kind = shlo::ReduceOp::kSum;
-    if (reduce == "prod") kind = shlo::ReduceOp::kProduct;
-    else if (reduce != "sum") throw NotLowered{};
-    scatter_combined(r, [&] { return at::scatter_reduce(meta(self), dim, meta(index), meta(src), reduce, include_self); },
-                     self, dim, index, src, kind, out);
-  };
-  STRATA_LOWER("aten::scatter_reduce.two_out", scatter_reduce_two_out, self, dim, index, src, reduce, include_self, out);
-}
-
-// self with src[i...] (or the scalar `value`) put at the coordinates of
-// index[i...]. Repeated coordinates keep one of their updates: LibTorch
-// leaves which one undefined too.
-at::Tensor& scatter_put(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                        const at::Tensor* src, const at::Scalar* value, at::Tensor& out) {
-  Recorder r(name);
-  const Result res = result_of(
-      [&] {
-        return src ? at::scatter(meta(self), dim, meta(index), meta(*src)) : at::scatter(meta(self), dim, meta(index), *value);
-      },
-      &out);
-  if (self.dim() == 0 || index.dim() != self.dim() || (src && src->dim() != self.dim())) throw NotLowered{};
-  const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
-  NodePtr x = r.convert(r.tensor(self), res.stored);
-  NodePtr at = coordinates(r, r.tensor(index), d);
-  const std::vector<int64_t> zeros(static_cast<size_t>(self.dim()), 0);
-  NodePtr updates = src ? r.convert(r.slice(r.tensor(*src), zeros, vec(index.sizes())), res.stored)
-                        : r.broadcast(r.scalar(*value, res.stored), vec(index.sizes()));
-  const shlo::ScatterDims s = elementwise_scatter(self.dim());
-  r.write(out, r.op("scatter_replace", {x, at, updates}, x->type(),
-                    [s](shlo::Function& f, const std::vector<shlo::Value>& in) {
-                      return f.scatter_replace(in[0], in[1], in[2], s);
-                    }));
-  return out;
-}
-
-at::Tensor& scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
-                            at::Tensor& out) {
-  try {
-    return scatter_put("aten::scatter.src_out", self, dim, index, &src, nullptr, out);
-  } catch (const NotLowered&) {
-  }
-  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::scatter_src_out>::call(self, dim, index, src, out);
-}
-
-at::Tensor& scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value,
-                              at::Tensor& out) {
-  try {
-    return scatter_put("aten::scatter.value_out", self, dim, index, nullptr, &value, out);
-  } catch (const NotLowered&) {
-  }
-  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::scatter_value_out>::call(self, dim, index, value,
-                                                                                       out);
 }
 
 // Note [Indexing by integer tensors]
@@ -571,7 +425,10 @@ std::tuple<at::Tensor&, at::Tensor&> topk_out(const at::Tensor& self, int64_t k,
 
 }  // namespace
 
+void register_scatter(torch::Library& library);
+
 void register_index(torch::Library& library) {
+  register_scatter(library);
   library.impl("sort.values_stable", TORCH_FN(sort_out));
   library.impl("topk.values", TORCH_FN(topk_out));
   library.impl("max.dim_max", TORCH_FN(max_dim_out));
@@ -582,11 +439,6 @@ void register_index(torch::Library& library) {
   library.impl("min", TORCH_FN(min));
   library.impl("max.unary_out", TORCH_FN(max_unary_out));
   library.impl("min.unary_out", TORCH_FN(min_unary_out));
-  library.impl("gather.out", TORCH_FN(gather_out));
-  library.impl("scatter_add.out", TORCH_FN(scatter_add_out));
-  library.impl("scatter_reduce.two_out", TORCH_FN(scatter_reduce_out));
-  library.impl("scatter.src_out", TORCH_FN(scatter_src_out));
-  library.impl("scatter.value_out", TORCH_FN(scatter_value_out));
   library.impl("index.Tensor_out", TORCH_FN(index_out));
   library.impl("_index_put_impl_", TORCH_FN(index_put_impl));
   library.impl("flip", TORCH_FN(flip));

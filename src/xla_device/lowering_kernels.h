@@ -133,8 +133,8 @@ void register_activation(torch::Library& library);
 void register_norm(torch::Library& library);
 /// The losses and their backwards (kernels_loss.cpp).
 void register_loss(torch::Library& library);
-/// max, min, argmax, argmin, gather, scatter_add, cumsum, sort, topk
-/// (kernels_index.cpp).
+/// max, min, argmax, argmin, indexing, cumsum, sort, topk
+/// (kernels_index.cpp), with gather and the scatters (kernels_scatter.cpp).
 void register_index(torch::Library& library);
 /// The element-wise math (trigonometry, logarithms, roundings, atan2,
 /// fmod, remainder, pow, bitwise ops, clamp with tensor bounds, division
@@ -151,5 +151,7 @@ void register_rnn(torch::Library& library);
 void register_conv(torch::Library& library);
 /// cdist and pdist and their backwards (kernels_distance.cpp).
 void register_distance(torch::Library& library);
+/// EmbeddingBag and its backwards (kernels_embedding_bag.cpp).
+void register_embedding_bag(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

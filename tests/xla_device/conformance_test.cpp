@@ -314,6 +314,34 @@ std::map<std::string, std::vector<Sample>> samples() {
                                                           x[0].scatter_reduce(1, i, x[1], "prod")};
                                          },
                                          kSum, false}};
+  s["aten::scatter_reduce.two"].push_back(Sample{"scatter_reduce amax and amin", {{3, 4}, {3, 3}}, [](auto& x) {
+                                                   const at::Tensor i = longs(x[0], {0, 0, 1, 2, 3, 3, 1, 1, 1}).view({3, 3});
+                                                   return Tensors{x[0].scatter_reduce(1, i, x[1], "amax"),
+                                                                  x[0].scatter_reduce(1, i, x[1], "amin")};
+                                                 },
+                                                 kExact, false});
+  // EmbeddingBag's three modes, a padding index, per-sample weights, an
+  // empty bag and include_last_offset (Note [Bags as segment sums] in
+  // src/xla_device/kernels_embedding_bag.cpp); f32 only.
+  auto bag = [](int64_t mode, bool weighted, bool last_offset, int64_t padding_idx) {
+    return [=](const Tensors& x) {
+      const at::Tensor indices = longs(x[0], {1, 2, 4, 5, 4, 3, 2, 6});
+      // include_last_offset: the last offset is the number of indices.
+      const at::Tensor offsets = last_offset ? longs(x[0], {0, 2, 2, 5, 8}) : longs(x[0], {0, 2, 2, 5});
+      auto [out, offset2bag, size, max_indices] =
+          at::_embedding_bag(x[0], indices, offsets, false, mode, false, weighted ? x[1] : at::Tensor(), last_offset,
+                             padding_idx);
+      return mode == 2 ? Tensors{out, size, max_indices} : Tensors{out, size};
+    };
+  };
+  s["aten::_embedding_bag"] = {
+      Sample{"embedding_bag sum", {{7, 3}}, bag(0, false, false, -1), kSum, true, false, false},
+      Sample{"embedding_bag sum, weighted, padding, last offset", {{7, 3}, {8}}, bag(0, true, true, 4), kSum, true,
+             false, false},
+      Sample{"embedding_bag mean with padding", {{7, 3}}, bag(1, false, false, 4), kSum, true, false, false},
+      Sample{"embedding_bag mean, last offset", {{7, 3}}, bag(1, false, true, -1), kSum, true, false, false},
+      Sample{"embedding_bag max with padding", {{7, 3}}, bag(2, false, false, 4), kExact, true, false, false},
+      Sample{"embedding_bag max", {{7, 3}}, bag(2, false, true, -1), kExact, true, false, false}};
   s["aten::nonzero"] = {Sample{"nonzero", {{3, 5}}, [](auto& x) { return one(at::nonzero(x[0] > 0)); }, kExact, false,
                                false, false}};
   s["aten::scatter.value"] = {Sample{"scatter value", {{3, 4}}, [](auto& x) {
@@ -496,10 +524,7 @@ struct Gap {
   const char* variant;  ///< "transposed", "bf16", "empty", "gradients", "offset" or "edge values"
   const char* why;
 };
-const std::vector<Gap> kKnownGaps = {
-    // Backwards that reach ops with no lowering.
-    {"aten::clamp", "gradients", "ge.Scalar_out, le.Scalar_out, logical_and.out, where.self"},
-};
+const std::vector<Gap> kKnownGaps = {};  // none left
 
 // |xla - cpu| within `tol` of the largest finite |cpu| (at least 1); NaN
 // and infinities at the same places; -0 kept where LibTorch keeps it.

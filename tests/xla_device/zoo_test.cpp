@@ -22,6 +22,7 @@
 #include "support/zoo/mnist.h"
 #include "support/zoo/resnet.h"
 #include "support/zoo/rnn_lm.h"
+#include "support/zoo/text_classification.h"
 #include "support/zoo/vit.h"
 #include "xla_device/xla_device_test.h"
 
@@ -218,6 +219,20 @@ TEST_F(XlaZooTest, GruLanguageModelTrainsLikeTheCpu) {
     return classifier_step<zoo::rnn_lm::GRUModel, torch::optim::Adam>(
         [&] { return zoo::rnn_lm::GRUModel(c); }, torch::optim::AdamOptions(1e-3), tokens, targets,
         zoo::rnn_lm::loss, device);
+  });
+}
+
+TEST_F(XlaZooTest, TextClassifierWithAnEmbeddingBagTrainsLikeTheCpu) {
+  namespace tc = zoo::text_classification;
+  const tc::Config c;
+  auto [text, offsets, label] = tc::batch(c);
+  expect_trains_like_the_cpu([&, text = text, offsets = offsets, label = label](c10::Device device) {
+    torch::manual_seed(11);
+    auto model = std::make_shared<tc::TextClassificationModel>(c.vocab_size, c.embed_dim, c.num_class);
+    (*model)->to(device);
+    auto optimizer = std::make_shared<torch::optim::SGD>((*model)->parameters(), torch::optim::SGDOptions(5));
+    const at::Tensor t = text.to(device), o = offsets.to(device), l = label.to(device);
+    return Step([=] { return Tensors{tc::train_step(*model, *optimizer, t, o, l).detach()}; });
   });
 }
 
