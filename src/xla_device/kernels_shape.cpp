@@ -1,5 +1,5 @@
 // Lowered kernels of the shape and indexing ops the example GPT reaches:
-// batched matrix products, cat, triu and tril, arange, masked_fill_,
+// batched matrix products, cat, triu and tril, arange, linspace, masked_fill_,
 // index_select (embedding lookups), its backward index_add, and
 // embedding_dense_backward (Note [What is lowered] in lowerings.cpp).
 #include <ATen/ExpandUtils.h>  // at::infer_size (not reached through ops/ in every LibTorch)
@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_add.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/linspace.h>
 #include <ATen/ops/masked_fill.h>
 #include <ATen/ops/tril.h>
 #include <ATen/ops/triu.h>
@@ -106,6 +107,26 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
     r.write(out, i);
   };
   STRATA_LOWER("aten::arange.start_out", arange_start_out, start, end, step, out);
+}
+
+// linspace's values depend on its arguments only: LibTorch's CPU kernel
+// computes them (its halves from each end, in its rounding) and they are
+// baked into the program, as a grid of affine_grid wants them. Longer
+// ranges than kMaxBaked take the fallback rather than a large constant.
+at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
+  constexpr int64_t kMaxBaked = 1 << 16;
+  auto lower = [&](Recorder& r) {
+    const ElementType t = element_type(out.scalar_type());
+    if (steps < 1 || steps > kMaxBaked || start.isComplex() || end.isComplex()) throw NotLowered{};
+    const at::Tensor host = at::linspace(start, end, steps, at::TensorOptions().dtype(out.scalar_type()));
+    const at::Tensor values = host.to(at::kDouble).contiguous();
+    const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + steps);
+    const shlo::Type type{t, {steps}};
+    r.write(out, r.op("constant", {}, type, [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+      return f.constant(type, v);
+    }));
+  };
+  STRATA_LOWER("aten::linspace.out", linspace_out, start, end, steps, out);
 }
 
 at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
@@ -224,6 +245,7 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Ten
 void register_shape(torch::Library& library) {
   library.impl("bmm.out", TORCH_FN(bmm_out));
   library.impl("index_add.out", TORCH_FN(index_add_out));
+  library.impl("linspace.out", TORCH_FN(linspace_out));
   library.impl("cat.out", TORCH_FN(cat_out));
   library.impl("triu.out", TORCH_FN(triu_out));
   library.impl("tril.out", TORCH_FN(tril_out));

@@ -153,5 +153,7 @@ void register_conv(torch::Library& library);
 void register_distance(torch::Library& library);
 /// EmbeddingBag and its backwards (kernels_embedding_bag.cpp).
 void register_embedding_bag(torch::Library& library);
+/// grid_sampler_2d and its backward (kernels_grid_sampler.cpp).
+void register_grid_sampler(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

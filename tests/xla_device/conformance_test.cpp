@@ -342,6 +342,21 @@ std::map<std::string, std::vector<Sample>> samples() {
       Sample{"embedding_bag mean, last offset", {{7, 3}}, bag(1, false, true, -1), kSum, true, false, false},
       Sample{"embedding_bag max with padding", {{7, 3}}, bag(2, false, false, 4), kExact, true, false, false},
       Sample{"embedding_bag max", {{7, 3}}, bag(2, false, true, -1), kExact, true, false, false}};
+  // grid_sample: bilinear and nearest, zeros and border, with and without
+  // align_corners; the grid reaches past the image's edges.
+  auto sample = [](int64_t interpolation, int64_t padding, bool align_corners) {
+    return [=](const Tensors& x) {
+      return one(at::grid_sampler_2d(x[0], x[1].tanh() * 1.2, interpolation, padding, align_corners));
+    };
+  };
+  s["aten::grid_sampler_2d"] = {
+      Sample{"grid_sample bilinear zeros", {{2, 3, 4, 5}, {2, 3, 4, 2}}, sample(0, 0, false), kSum, true, false, false},
+      Sample{"grid_sample bilinear border, align_corners", {{2, 3, 4, 5}, {2, 3, 4, 2}}, sample(0, 1, true), kSum,
+             true, false, false},
+      Sample{"grid_sample nearest zeros, align_corners", {{1, 2, 5, 4}, {1, 3, 3, 2}}, sample(1, 0, true), kSum, true,
+             false, false},
+      Sample{"grid_sample nearest border", {{1, 2, 5, 4}, {1, 3, 3, 2}}, sample(1, 1, false), kSum, true, false,
+             false}};
   s["aten::nonzero"] = {Sample{"nonzero", {{3, 5}}, [](auto& x) { return one(at::nonzero(x[0] > 0)); }, kExact, false,
                                false, false}};
   s["aten::scatter.value"] = {Sample{"scatter value", {{3, 4}}, [](auto& x) {
