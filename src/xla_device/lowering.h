@@ -62,6 +62,13 @@ inline bool reduced_float(ElementType t) { return opmath(t) != t; }
 class Recorder {
  public:
   explicit Recorder(const char* op) : op_(op) {}
+  // A call that wrote its outputs counts once, with every node it made
+  // (an op with several outputs writes each).
+  ~Recorder() {
+    if (written_) count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
+  }
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
 
   NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, lazy::EmitFn emit) {
     ++nodes_;
@@ -391,10 +398,8 @@ class Recorder {
     if (out.device().type() != kXla) throw NotLowered{};
     if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
     const ElementType dtype = element_type(out.scalar_type());
-    if (out.numel() == 0) {  // Note [Empty tensors]: nothing to bind
-      count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
-      return;
-    }
+    written_ = true;
+    if (out.numel() == 0) return;  // Note [Empty tensors]: nothing to bind
     value = convert(value, dtype);
     if (out.is_contiguous()) {
       write_flat(out, reshape(value, {out.numel()}), dtype);
@@ -406,7 +411,6 @@ class Recorder {
     } else {
       write_box(out, value, dtype);
     }
-    count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
   }
 
  private:
@@ -474,6 +478,7 @@ class Recorder {
   RecordingScope recording_;
   const char* op_;
   int64_t nodes_ = 0;
+  bool written_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

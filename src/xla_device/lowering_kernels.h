@@ -155,5 +155,7 @@ void register_distance(torch::Library& library);
 void register_embedding_bag(torch::Library& library);
 /// grid_sampler_2d and its backward (kernels_grid_sampler.cpp).
 void register_grid_sampler(torch::Library& library);
+/// The fused Adam and AdamW steps (kernels_optim.cpp).
+void register_optim(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering

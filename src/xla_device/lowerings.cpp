@@ -430,6 +430,7 @@ void register_lowerings(torch::Library& library) {
   lowering::register_distance(library);
   lowering::register_embedding_bag(library);
   lowering::register_grid_sampler(library);
+  lowering::register_optim(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));
