@@ -28,8 +28,8 @@
 #include <torch/library.h>
 
 #include <cmath>
-#include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "lowering.h"
@@ -84,6 +84,9 @@ std::vector<shlo::Value> adam_update(shlo::Function& f, const AdamHyper& h, cons
   return out;
 }
 
+// Whether the group's step is lowered. Every tensor it writes must be
+// dense (not overlapping), so that no write can refuse after another has
+// bound its value: the fallback would then step those tensors twice.
 bool lowerable(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList state_steps, bool amsgrad,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -93,39 +96,40 @@ bool lowerable(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   if (grads.size() != n || exp_avgs.size() != n || exp_avg_sqs.size() != n || state_steps.size() != n ||
       max_exp_avg_sqs.size() != (amsgrad ? n : 0))
     return false;
-  auto f32 = [](const at::Tensor& t) { return t.defined() && t.device().type() == kXla && t.scalar_type() == at::kFloat; };
   for (size_t i = 0; i < n; ++i) {
-    const at::Tensor& p = params[i];
-    if (!f32(p) || !f32(grads[i]) || !f32(exp_avgs[i]) || !f32(exp_avg_sqs[i]) || state_steps[i].numel() != 1 ||
-        grads[i].sizes() != p.sizes() || exp_avgs[i].sizes() != p.sizes() || exp_avg_sqs[i].sizes() != p.sizes())
+    // An f32 xla tensor of the parameter's shape; `written`: dense too.
+    auto like_param = [&](const at::Tensor& t, bool written) {
+      return t.defined() && t.device().type() == kXla && t.scalar_type() == at::kFloat &&
+             t.sizes() == params[i].sizes() && (!written || t.is_non_overlapping_and_dense());
+    };
+    if (!like_param(params[i], true) || !like_param(grads[i], false) || !like_param(exp_avgs[i], true) ||
+        !like_param(exp_avg_sqs[i], true) || (amsgrad && !like_param(max_exp_avg_sqs[i], true)) ||
+        state_steps[i].numel() != 1)
       return false;
-    if (amsgrad && (!f32(max_exp_avg_sqs[i]) || max_exp_avg_sqs[i].sizes() != p.sizes())) return false;
   }
   return true;
 }
 
-// Records the group's step (Note [One node per fused step]); `lr` is the
-// learning rate's node.
-void record_adam(const char* name, at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                 at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps,
-                 const std::function<NodePtr(Recorder&)>& lr, const AdamHyper& h) {
-  Recorder r(name);
+// Records the group's step into `r` (Note [One node per fused step]);
+// `lr` is the learning rate's node.
+void record_adam(Recorder& r, const char* name, at::TensorList params, at::TensorList grads,
+                 at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                 at::TensorList state_steps, NodePtr lr, const AdamHyper& h) {
   const size_t n = params.size(), per = h.amsgrad ? 5 : 4;
-  std::vector<NodePtr> inputs{lr(r)};
-  for (size_t i = 0; i < n; ++i) inputs.push_back(r.reshape(r.operand(state_steps[i], ElementType::kF32, vec(state_steps[i].sizes())), {}));
-  std::vector<const at::Tensor*> written;  // in the node's output order
+  std::vector<NodePtr> inputs{std::move(lr)};
+  for (const at::Tensor& step : state_steps)
+    inputs.push_back(r.reshape(r.operand(step, ElementType::kF32, vec(step.sizes())), {}));
   for (size_t i = 0; i < n; ++i) {
     for (const at::Tensor* t : {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]}) inputs.push_back(r.tensor(*t));
     if (h.amsgrad) inputs.push_back(r.tensor(max_exp_avg_sqs[i]));
   }
-  for (size_t kind = 0; kind < per - 1; ++kind) {
-    for (size_t i = 0; i < n; ++i) {
-      const at::Tensor* lists[] = {&params[i], &exp_avgs[i], &exp_avg_sqs[i], h.amsgrad ? &max_exp_avg_sqs[i] : nullptr};
-      written.push_back(lists[kind]);
-    }
-  }
+  // The node's outputs, in order: every parameter, then every first
+  // moment, every second moment (and every maximum).
+  std::vector<at::TensorList> lists{params, exp_avgs, exp_avg_sqs};
+  if (h.amsgrad) lists.push_back(max_exp_avg_sqs);
   int64_t total = 0;
-  for (const at::Tensor* t : written) total += t->numel();
+  for (at::TensorList list : lists)
+    for (const at::Tensor& t : list) total += t.numel();
   NodePtr step = r.op(name, inputs, {ElementType::kF32, {total}},
                       [h, n, per](shlo::Function& f, const std::vector<shlo::Value>& in) {
                         std::vector<std::vector<shlo::Value>> updated;
@@ -137,67 +141,52 @@ void record_adam(const char* name, at::TensorList params, at::TensorList grads, 
                         return flat.size() == 1 ? flat[0] : f.concatenate(flat, 0);
                       });
   int64_t offset = 0;
-  for (const at::Tensor* t : written) {
-    const int64_t count = t->numel();
-    r.write(*t, r.reshape(r.slice(step, {offset}, {offset + count}), vec(t->sizes())));
-    offset += count;
+  for (at::TensorList list : lists) {
+    for (const at::Tensor& t : list) {
+      r.write(t, r.reshape(r.slice(step, {offset}, {offset + t.numel()}), vec(t.sizes())));
+      offset += t.numel();
+    }
   }
 }
 
-template <bool kDecoupled, class TensorLrOp, class DoubleLrOp>
-struct FusedAdam {
-  static void tensor_lr(at::TensorList self, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps,
-                        const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
-                        bool amsgrad, bool maximize, const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf) {
-    if (lowerable(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, amsgrad, grad_scale, found_inf) &&
-        lr.numel() == 1) {
-      try {
-        record_adam(TensorLrOp::name, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                    [&](Recorder& r) { return r.reshape(r.operand(lr, ElementType::kF64, vec(lr.sizes())), {}); },
-                    {beta1, beta2, weight_decay, eps, amsgrad, maximize, kDecoupled});
-        return;
-      } catch (const NotLowered&) {
-      }
-    }
-    at::native::call_fallback_fn<&cpu_fallback, TensorLrOp>::call(self, grads, exp_avgs, exp_avg_sqs,
-                                                                  max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                                                                  weight_decay, eps, amsgrad, maximize, grad_scale,
-                                                                  found_inf);
-  }
+// The learning rate's node: a tensor's value (on the device or a 0-dim
+// CPU tensor), or a double fed as a host scalar (Note [Graph parameters]).
+NodePtr lr_node(Recorder& r, const at::Tensor& lr) {
+  if (lr.numel() != 1) throw NotLowered{};
+  return r.reshape(r.operand(lr, ElementType::kF64, vec(lr.sizes())), {});
+}
+NodePtr lr_node(Recorder&, double lr) { return Node::host_scalar(lr, ElementType::kF64); }
 
-  static void double_lr(at::TensorList self, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList state_steps,
-                        double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
-                        bool maximize, const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf) {
-    if (lowerable(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, amsgrad, grad_scale, found_inf)) {
-      try {
-        record_adam(DoubleLrOp::name, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                    [&](Recorder&) { return Node::host_scalar(lr, ElementType::kF64); },
-                    {beta1, beta2, weight_decay, eps, amsgrad, maximize, kDecoupled});
-        return;
-      } catch (const NotLowered&) {
-      }
+// `Op`'s kernel (Adam or AdamW, `Lr` a double or a tensor): the group's
+// step recorded where it is lowered, else the CPU fallback.
+template <class Op, bool kDecoupled, class Lr>
+void fused_adam(at::TensorList self, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::TensorList max_exp_avg_sqs, at::TensorList state_steps, Lr lr, double beta1, double beta2,
+                double weight_decay, double eps, bool amsgrad, bool maximize,
+                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  if (lowerable(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, amsgrad, grad_scale, found_inf)) {
+    try {
+      Recorder r(Op::name);
+      record_adam(r, Op::name, self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr_node(r, lr),
+                  {beta1, beta2, weight_decay, eps, amsgrad, maximize, kDecoupled});
+      return;
+    } catch (const NotLowered&) {
     }
-    at::native::call_fallback_fn<&cpu_fallback, DoubleLrOp>::call(self, grads, exp_avgs, exp_avg_sqs,
-                                                                  max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-                                                                  weight_decay, eps, amsgrad, maximize, grad_scale,
-                                                                  found_inf);
   }
-};
-
-using FusedAdamW = FusedAdam<true, at::_ops::_fused_adamw__tensor_lr, at::_ops::_fused_adamw_>;
-using FusedAdamOriginal = FusedAdam<false, at::_ops::_fused_adam__tensor_lr, at::_ops::_fused_adam_>;
+  at::native::call_fallback_fn<&cpu_fallback, Op>::call(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                                                        state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad,
+                                                        maximize, grad_scale, found_inf);
+}
 
 }  // namespace
 
 void register_optim(torch::Library& library) {
-  library.impl("_fused_adamw_", TORCH_FN(FusedAdamW::double_lr));
-  library.impl("_fused_adamw_.tensor_lr", TORCH_FN(FusedAdamW::tensor_lr));
-  library.impl("_fused_adam_", TORCH_FN(FusedAdamOriginal::double_lr));
-  library.impl("_fused_adam_.tensor_lr", TORCH_FN(FusedAdamOriginal::tensor_lr));
+  using namespace at::_ops;
+  using Tensor = const at::Tensor&;
+  library.impl("_fused_adamw_", TORCH_FN((fused_adam<_fused_adamw_, true, double>)));
+  library.impl("_fused_adamw_.tensor_lr", TORCH_FN((fused_adam<_fused_adamw__tensor_lr, true, Tensor>)));
+  library.impl("_fused_adam_", TORCH_FN((fused_adam<_fused_adam_, false, double>)));
+  library.impl("_fused_adam_.tensor_lr", TORCH_FN((fused_adam<_fused_adam__tensor_lr, false, Tensor>)));
 }
 
 }  // namespace strata::xla::detail::lowering

@@ -122,4 +122,28 @@ TEST_F(XlaFusedOptimizerTest, AdamWithL2DecayAndAmsgradIsOneNodePerGroupAndEqual
       "aten::_fused_adam_");
 }
 
+// The overload with a double learning rate (PyTorch's `fused=True` with a
+// float lr) is lowered too: the rate is a host scalar of the program.
+TEST_F(XlaFusedOptimizerTest, ADoubleLearningRateStepsOnTheDeviceAsOnTheCpu) {
+  torch::manual_seed(5);
+  const at::Tensor p0 = torch::randn({4, 3}), g = torch::randn({4, 3});
+  auto run = [&](c10::Device device) {
+    std::vector<at::Tensor> p{p0.clone().to(device)}, grad{g.to(device)}, m{torch::zeros({4, 3}).to(device)},
+        v{torch::zeros({4, 3}).to(device)};
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<at::Tensor> steps{torch::scalar_tensor(step, torch::kFloat).to(device)};
+      at::_fused_adamw_(p, grad, m, v, {}, steps, 0.05, 0.9, 0.999, 0.1, 1e-8, false, false);
+      if (device.type() != c10::kCPU) strata::xla::mark_step();
+    }
+    return p[0].cpu();
+  };
+  const at::Tensor cpu = run(c10::kCPU);
+  strata::xla::reset_metrics();
+  const at::Tensor xla = run(device_);
+  const auto m = strata::xla::metrics();
+  EXPECT_TRUE(m.fallbacks.empty());
+  EXPECT_EQ(m.lowered.count("aten::_fused_adamw_") ? m.lowered.at("aten::_fused_adamw_") : 0, 3);
+  EXPECT_LT((xla - cpu).abs().max().item<double>(), 1e-5 * std::max(1.0, cpu.abs().max().item<double>()));
+}
+
 }  // namespace
