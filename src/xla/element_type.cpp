@@ -31,6 +31,8 @@ constexpr TypeInfo kTypes[] = {
     {ElementType::kBF16, 2, "bf16", PJRT_Buffer_Type_BF16, true},
     {ElementType::kF32, 4, "f32", PJRT_Buffer_Type_F32, true},
     {ElementType::kF64, 8, "f64", PJRT_Buffer_Type_F64, true},
+    {ElementType::kC64, 8, "complex<f32>", PJRT_Buffer_Type_C64, false},
+    {ElementType::kC128, 16, "complex<f64>", PJRT_Buffer_Type_C128, false},
 };
 
 const TypeInfo& info(ElementType type) { return kTypes[static_cast<size_t>(type)]; }
@@ -50,13 +52,19 @@ size_t element_size(ElementType type) { return info(type).size; }
 std::string_view stablehlo_name(ElementType type) { return info(type).stablehlo; }
 int pjrt_buffer_type(ElementType type) { return info(type).pjrt; }
 bool is_floating(ElementType type) { return info(type).floating; }
+bool is_complex(ElementType type) { return type == ElementType::kC64 || type == ElementType::kC128; }
+ElementType complex_part(ElementType type) {
+  if (type == ElementType::kC64) return ElementType::kF32;
+  if (type == ElementType::kC128) return ElementType::kF64;
+  return type;
+}
 
 ElementType from_pjrt_buffer_type(int type) {
   for (const TypeInfo& t : kTypes)
     if (t.pjrt == type) return t.type;
   throw XlaError(strata::detail::cat(
       "[pjrt] buffer element type ", type,
-      " (PJRT_Buffer_Type) is not one strata handles (bool, integers, f16, bf16, f32, f64)"));
+      " (PJRT_Buffer_Type) is not one strata handles (bool, integers, f16, bf16, f32, f64, complex)"));
 }
 
 std::string tensor_type(ElementType type, const std::vector<int64_t>& dims) {

@@ -67,6 +67,9 @@ struct ScatterDims {
   int64_t index_vector_dim = 0;
 };
 
+/// fft's kind (StableHLO's FFT, IFFT, RFFT, IRFFT).
+enum class FftType { kForward, kInverse, kRealForward, kRealInverse };
+
 /// rng_bit_generator's algorithm; THREE_FRY and PHILOX take a
 /// tensor<2xui64> state (key, counter) and print the same bits everywhere.
 enum class RngAlgorithm { kDefault, kThreeFry, kPhilox };
@@ -140,6 +143,18 @@ class Function {
   Value clamp(const Value& lo, const Value& x, const Value& hi);
   /// Reinterprets the bits of `x` as `dtype` (same element size).
   Value bitcast_convert(const Value& x, ElementType dtype);
+  /// The complex numbers re + i im (f32 parts give complex<f32>).
+  Value complex(const Value& re, const Value& im);
+  /// The real and imaginary parts of a complex `x`.
+  Value real(const Value& x) { return complex_part_of("real", x); }
+  Value imag(const Value& x) { return complex_part_of("imag", x); }
+  /// The discrete Fourier transform over the innermost `lengths.size()`
+  /// (1 to 3) dims of `x`, XLA's: kForward and kInverse map complex to
+  /// complex, kInverse divided by the points' count; kRealForward maps
+  /// reals to the n / 2 + 1 non-negative frequencies of the last dim;
+  /// kRealInverse maps those back to `lengths.back()` reals, divided by
+  /// the count.
+  Value fft(const Value& x, FftType type, const std::vector<int64_t>& lengths);
 
   /// Batched, contracted product: result dims are the batch dims, then
   /// lhs's free dims, then rhs's free dims.
@@ -285,6 +300,7 @@ class Function {
   Value unary(const char* op, const Value& a);
   Value float_unary(const char* op, const Value& a);
   Value bitwise(const char* op, const Value& a, const Value& b);
+  Value complex_part_of(const char* op, const Value& x);
   Value emit(const std::string& op, const std::vector<Value>& operands, const std::string& region,
              const std::string& attributes, const Type& result);
   /// `op` with a dialect prefix ("stablehlo.add", "chlo.erf") and any
