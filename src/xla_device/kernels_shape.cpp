@@ -88,23 +88,37 @@ at::Tensor& tril_out(const at::Tensor& self, int64_t diagonal, at::Tensor& out) 
   STRATA_LOWER("aten::tril.out", tril_out, self, diagonal, out);
 }
 
-// start + i * step for i in [0, ceil((end - start) / step)), in out's dtype;
-// the bounds set the shape, so they are baked in.
+// start + i * step for i in [0, ceil((end - start) / step)), in out's
+// dtype; the bounds set the shape, so they are baked in. Integer bounds
+// are an iota in s64 converted once to out's dtype (LibTorch computes
+// them exactly in double and rounds once: the same values); other ranges
+// are LibTorch's CPU kernel's values, baked as linspace's are (below).
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  constexpr int64_t kMaxBaked = 1 << 16;
   auto lower = [&](Recorder& r) {
     if (start.isComplex() || end.isComplex() || step.isComplex()) throw NotLowered{};
     const double a = start.toDouble(), b = end.toDouble(), s = step.toDouble();
-    if (s == 0 || !std::isfinite(a) || !std::isfinite(b)) throw NotLowered{};
+    if (s == 0 || !std::isfinite(a) || !std::isfinite(b) || !std::isfinite(s)) throw NotLowered{};
     const ElementType t = element_type(out.scalar_type());
-    if (!start.isIntegral(false) || !end.isIntegral(false) || !step.isIntegral(false) || is_floating(t))
-      throw NotLowered{};  // integer ranges only: float ranges round as LibTorch's kernel does
     const int64_t n = static_cast<int64_t>(std::ceil((b - a) / s));
     if (n <= 0) throw NotLowered{};
     const std::vector<int64_t> dims = {n};
-    NodePtr i = r.iota(ElementType::kS64, dims, 0);
-    if (s != 1) i = r.binary(Binary::kMultiply, i, r.splat(s, ElementType::kS64, dims));
-    if (a != 0) i = r.binary(Binary::kAdd, i, r.splat(a, ElementType::kS64, dims));
-    r.write(out, i);
+    if (start.isIntegral(false) && end.isIntegral(false) && step.isIntegral(false)) {
+      NodePtr i = r.iota(ElementType::kS64, dims, 0);
+      if (s != 1) i = r.binary(Binary::kMultiply, i, r.splat(s, ElementType::kS64, dims));
+      if (a != 0) i = r.binary(Binary::kAdd, i, r.splat(a, ElementType::kS64, dims));
+      r.write(out, i);
+      return;
+    }
+    if (!is_floating(t) || n > kMaxBaked) throw NotLowered{};
+    const at::Tensor values =
+        at::arange(start, end, step, at::TensorOptions().dtype(out.scalar_type())).to(at::kDouble).contiguous();
+    if (values.numel() != n) throw NotLowered{};
+    const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + n);
+    const shlo::Type type{t, dims};
+    r.write(out, r.op("constant", {}, type, [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+      return f.constant(type, v);
+    }));
   };
   STRATA_LOWER("aten::arange.start_out", arange_start_out, start, end, step, out);
 }

@@ -6,7 +6,10 @@
 // registration of each kernel file.
 #pragma once
 
+#include <ATen/ops/view_as_real.h>
+
 #include <functional>
+#include <utility>
 
 #include "lowering.h"
 
@@ -83,6 +86,60 @@ inline NodePtr libtorch_sign(Recorder& r, const NodePtr& x) {
   return r.binary(Binary::kSubtract, above, below);
 }
 
+// The real and imaginary parts of a complex xla tensor (Note [Complex
+// tensors on the xla device] in lazy_buffer.h), read through view_as_real.
+// A conjugated or negated view (a bit LibTorch resolves later) takes the
+// fallback.
+inline std::pair<NodePtr, NodePtr> parts_of(Recorder& r, const at::Tensor& t) {
+  if (!t.defined() || !t.is_complex() || t.is_conj() || t.is_neg()) throw NotLowered{};
+  const NodePtr parts = r.tensor(at::view_as_real(t));
+  std::vector<int64_t> dims = parts->type().dims, start(dims.size(), 0), limit = dims;
+  dims.pop_back();
+  limit.back() = 1;
+  const NodePtr re = r.reshape(r.slice(parts, start, limit), dims);
+  start.back() = 1;
+  limit.back() = 2;
+  return {re, r.reshape(r.slice(parts, start, limit), dims)};
+}
+
+// The value of a complex xla tensor of f32 or f64 parts.
+inline NodePtr complex_value(Recorder& r, const at::Tensor& t) {
+  const auto [re, im] = parts_of(r, t);
+  const ElementType part = re->type().dtype;
+  if (part != ElementType::kF32 && part != ElementType::kF64) throw NotLowered{};
+  return r.op("complex", {re, im}, {part == ElementType::kF32 ? ElementType::kC64 : ElementType::kC128, re->type().dims},
+              [](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.complex(in[0], in[1]); });
+}
+
+// The parts of a complex node, each times `scale`.
+inline std::pair<NodePtr, NodePtr> complex_parts(Recorder& r, const NodePtr& value, double scale = 1.0) {
+  const shlo::Type part{complex_part(value->type().dtype), value->type().dims};
+  NodePtr re = r.op("real", {value}, part, [](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return f.real(in[0]);
+  });
+  NodePtr im = r.op("imag", {value}, part, [](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return f.imag(in[0]);
+  });
+  if (scale != 1.0) {
+    re = r.binary(Binary::kMultiply, re, r.splat(scale, part.dtype, part.dims));
+    im = r.binary(Binary::kMultiply, im, r.splat(scale, part.dtype, part.dims));
+  }
+  return {re, im};
+}
+
+// Rebinds the complex xla tensor `out` (resized to the value's dims first)
+// to `re` + i `im`, each of out's dims, written through view_as_real.
+inline void write_complex(Recorder& r, const at::Tensor& out, const NodePtr& re, const NodePtr& im) {
+  if (!out.is_complex() || out.is_conj() || out.is_neg() || out.device().type() != kXla) throw NotLowered{};
+  std::vector<int64_t> dims = re->type().dims;
+  if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
+  ElementType part = ElementType::kF32;
+  complex_storage_type_of(out.scalar_type(), part);
+  dims.push_back(1);
+  r.write(at::view_as_real(out), r.concat({r.reshape(r.convert(re, part), dims), r.reshape(r.convert(im, part), dims)},
+                                          static_cast<int64_t>(dims.size()) - 1));
+}
+
 // Runs `lower`; where it does not lower the call, the CPU fallback runs
 // the op (Note [What is lowered]).
 #define STRATA_LOWER(OP, FALLBACK_OP, ...)                                                   \
@@ -157,5 +214,7 @@ void register_embedding_bag(torch::Library& library);
 void register_grid_sampler(torch::Library& library);
 /// The fused Adam and AdamW steps (kernels_optim.cpp).
 void register_optim(torch::Library& library);
+/// The Fourier transforms (kernels_fft.cpp).
+void register_fft(torch::Library& library);
 
 }  // namespace strata::xla::detail::lowering
