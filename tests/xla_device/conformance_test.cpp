@@ -483,6 +483,25 @@ std::map<std::string, std::vector<Sample>> samples() {
   s["aten::_cdist_forward"].push_back(Sample{"cdist of no columns", {{4, 0}, {5, 0}},
                                              [](auto& x) { return one(at::cdist(x[0], x[1], 2)); }, kExact, false,
                                              false, false});
+  // Fourier transforms: f32 and f64 only (LibTorch's CPU kernels refuse
+  // half precision); an infinity spreads through a transform as each FFT
+  // orders its sums, so no edge values. Complex results compare as their
+  // parts, complex inputs are made of a last dim of 2.
+  auto parts = [](const at::Tensor& z) { return one(at::view_as_real(z)); };
+  auto complex_of = [](const at::Tensor& x) { return at::view_as_complex(x.contiguous()); };
+  s["aten::_fft_r2c"] = {
+      Sample{"rfft", {{3, 8}}, [=](auto& x) { return parts(at::fft_rfft(x[0])); }, kSum, true, false, false},
+      Sample{"rfft2 ortho", {{2, 4, 6}},
+             [=](auto& x) { return parts(at::fft_rfft2(x[0], std::nullopt, {0, 1}, "ortho")); }, kSum, true, false,
+             false},
+      Sample{"fft of reals over dim 0", {{5, 3}}, [=](auto& x) { return parts(at::fft_fft(x[0], std::nullopt, 0)); },
+             kSum, true, false, false}};
+  s["aten::_fft_c2r"] = {
+      Sample{"irfft", {{3, 5, 2}}, [=](auto& x) { return one(at::fft_irfft(complex_of(x[0]), 8)); }, kSum, true, false,
+             false},
+      Sample{"irfft2 forward", {{4, 3, 2}},
+             [=](auto& x) { return one(at::fft_irfft2(complex_of(x[0]), std::vector<int64_t>{4, 5}, {0, 1}, "forward")); },
+             kSum, true, false, false}};
   s["aten::sort"] = {Sample{"sort", {{3, 5}}, [](auto& x) {
                               auto [v, i] = x[0].sort(1);
                               return Tensors{v, i};

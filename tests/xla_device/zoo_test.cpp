@@ -18,6 +18,7 @@
 
 #include "strata/xla/device.h"
 #include "support/zoo/dcgan.h"
+#include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"
 #include "support/zoo/mnist.h"
 #include "support/zoo/resnet.h"
@@ -268,3 +269,16 @@ TEST_F(XlaZooTest, SpatialTransformerTrainsOnTheDeviceWithoutFallback) {
 }
 
 }  // namespace
+
+// FNet mixes its tokens with a two-dimensional Fourier transform (complex
+// values on the device, Note [Complex tensors on the xla device] in
+// src/xla_device/lazy_buffer.h).
+TEST_F(XlaZooTest, FNetTrainsLikeTheCpu) {
+  const zoo::fnet::FNetConfig c;
+  auto [tokens, labels] = zoo::fnet::batch(c);
+  expect_trains_like_the_cpu([&, tokens = tokens, labels = labels](c10::Device device) {
+    return classifier_step<zoo::fnet::FNetForSequenceClassification, torch::optim::AdamW>(
+        [&] { return zoo::fnet::FNetForSequenceClassification(c); }, torch::optim::AdamWOptions(1e-3), tokens, labels,
+        zoo::fnet::loss, device);
+  });
+}
