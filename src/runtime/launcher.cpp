@@ -79,6 +79,18 @@ int port_from_environment() {
   return port;
 }
 
+// Tells options.on_started the job's place (its first local rank's, the
+// calling process's when it is rank 0) and the workers' pids.
+void report_started(const LaunchOptions& options, const Environment& base, const std::vector<Worker>& workers) {
+  if (!options.on_started) return;
+  Environment job = base;
+  job.rank = options.node_rank * options.nproc_per_node;
+  job.source = "strata";
+  std::vector<int> pids;
+  for (const Worker& w : workers) pids.push_back(w.pid);
+  options.on_started(job, pids);
+}
+
 }  // namespace
 
 void LaunchOptions::validate() const {
@@ -207,14 +219,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
     throw;
   }
   ::close(devnull);
-  if (options.on_started) {
-    Environment job = base;
-    job.rank = options.node_rank * options.nproc_per_node;
-    job.source = "strata";
-    std::vector<int> pids;
-    for (const Worker& w : workers) pids.push_back(w.pid);
-    options.on_started(job, pids);
-  }
+  report_started(options, base, workers);
   LaunchResult result = supervise(options, workers, signals.read_fd(), terminal);
   for (Worker& w : workers)
     if (w.live.fd >= 0) ::close(w.live.fd);

@@ -83,8 +83,9 @@ class Watchdog {
 };
 
 TEST(FabricTeardownTest, AnEmptyTwoWorkerLaunchEndsPromptlyEveryTime) {
-  // In a worker (this binary, started again by launch()), the first launch
-  // runs the function and ends the process; only the launching process loops.
+  // The first launch makes this process rank 0 and starts rank 1 (this
+  // binary again, running this test); every later Fabric in either joins
+  // the same job in place, so both ranks run every launch of the loop.
   const bool worker = strata::runtime::Environment::from_env().launched();
   std::unique_ptr<Watchdog> watchdog = worker ? nullptr : std::make_unique<Watchdog>();
   const auto all = Clock::now();

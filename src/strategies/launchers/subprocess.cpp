@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/core/interrupted.h"
 #include "strata/core/log.h"
 #include "strata/runtime/env.h"
 #include "strata/runtime/launcher.h"
@@ -44,7 +45,14 @@ class Job {
   }
   ~Job() {
     join();
-    if (result_.exit_code != 0) log::error("[launcher] the workers failed: ", result_.summary);
+    if (result_.exit_code != 0 && !stopping_) log::error("[launcher] the workers failed: ", result_.summary);
+  }
+
+  // The ranks stop together (Note [Stopping on a signal]): the workers'
+  // exit codes say so and are no failure.
+  void stopping() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
   }
 
   bool started() {
@@ -109,6 +117,7 @@ class Job {
   std::condition_variable cv_;
   bool started_ = false;
   bool ended_ = false;
+  bool stopping_ = false;
   runtime::Environment env_;
   std::vector<int> pids_;
   runtime::LaunchResult result_;
@@ -150,11 +159,17 @@ nlohmann::json SubprocessLauncher::launch(const std::function<nlohmann::json()>&
     runtime::LaunchOptions options;
     options.nproc_per_node = processes_;
     options.first_local_rank = 1;  // this process
+    options.extra_env[kEnvSubprocessWorker] = "1";
     become_rank_zero(job.start(runtime::current_command_line(), options));
   }
   nlohmann::json result;
   try {
     result = run_in_place(*strategy, seed_, fn);
+  } catch (const Interrupted&) {
+    // Every rank agreed to stop after the same step; the workers end on
+    // their own, and the process waits for them when it exits.
+    job.stopping();
+    throw;
   } catch (const std::exception& e) {
     // A collective that lost its peer: the worker's failure is the story.
     const bool peer = dynamic_cast<const CommError*>(&e) != nullptr;

@@ -44,6 +44,11 @@ namespace strata::strategies {
 
 class Strategy;
 
+/// Set to "1" in the ranks the subprocess launcher starts: an error that
+/// leaves their launch() is logged there as an "error: " line, which rank
+/// 0's report quotes, whatever their main() then does with it.
+inline constexpr const char* kEnvSubprocessWorker = "STRATA_SUBPROCESS_WORKER";
+
 /// Note [The launching process is rank 0]. One host only: a job of several
 /// hosts is started by a launcher on each (ConfigError says how).
 class SubprocessLauncher : public Launcher {
