@@ -53,6 +53,7 @@
 
 #include "strata/core/error.h"
 #include "strata/models/gpt.h"
+#include "strata/optim/fused.h"
 #include "strata/xla/device.h"
 
 namespace {
@@ -72,6 +73,7 @@ struct BenchConfig {
   int threads = 0;                   ///< LibTorch intra-op threads; 0: LibTorch's default
   std::string eager_device = "cpu";  ///< "cpu", or "cuda" with a CUDA LibTorch
   std::string sides = "both";        ///< "both", "xla" or "eager" (one side alone, for a profiler)
+  std::string optimizer = "loop";    ///< "loop": torch::optim::AdamW; "fused": strata::optim::AdamW
   std::string json;                  ///< file for the JSON result; empty: none
 };
 
@@ -145,7 +147,7 @@ struct Side {
   std::string name;
   c10::Device device;
   strata::models::GPT model{nullptr};
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::vector<double> step_ms, losses, norms;
   std::vector<double> to_clip_ms;  ///< from the step's start to clip_grad_norm_'s return
   /// xla: execute time up to clipping (the first program); the rest is the second.
@@ -221,8 +223,12 @@ nlohmann::json run(const BenchConfig& c) {
       for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
     }
     side.model->to(side.device);
-    side.optimizer = std::make_unique<torch::optim::AdamW>(side.model->parameters(),
-                                                           torch::optim::AdamWOptions(c.lr).weight_decay(0.1));
+    const auto options = torch::optim::AdamWOptions(c.lr).weight_decay(0.1);
+    if (c.optimizer == "fused") {
+      side.optimizer = std::make_unique<strata::optim::AdamW>(side.model->parameters(), options);
+    } else {
+      side.optimizer = std::make_unique<torch::optim::AdamW>(side.model->parameters(), options);
+    }
   }
   if (run_xla) {
     strata::xla::mark_step();  // the weights' upload is not step 0's
@@ -256,6 +262,7 @@ nlohmann::json run(const BenchConfig& c) {
                         {"seq_len", config.block_size},
                         {"steps", c.steps},
                         {"clip", c.clip},
+                        {"optimizer", c.optimizer},
                         {"lr", c.lr},
                         {"cpu", cpu_model()},
                         {"torch_threads", at::get_num_threads()},
@@ -327,10 +334,11 @@ nlohmann::json run(const BenchConfig& c) {
 
 void print_table(const nlohmann::json& r) {
   const bool both = r.contains("ratio_xla_over_eager");
-  std::printf("model %s (%lld parameters), batch %lld x %lld tokens, %lld steps, AdamW + clip_grad_norm_(%g)\n",
+  std::printf("model %s (%lld parameters), batch %lld x %lld tokens, %lld steps, AdamW (%s) + clip_grad_norm_(%g)\n",
               r["model"].get<std::string>().c_str(), static_cast<long long>(r["params"].get<int64_t>()),
               static_cast<long long>(r["batch"].get<int64_t>()), static_cast<long long>(r["seq_len"].get<int64_t>()),
-              static_cast<long long>(r["steps"].get<int64_t>()), r["clip"].get<double>());
+              static_cast<long long>(r["steps"].get<int64_t>()), r["optimizer"].get<std::string>().c_str(),
+              r["clip"].get<double>());
   std::printf("cpu: %s; torch threads %d; load average before %s, after %s\n", r["cpu"].get<std::string>().c_str(),
               r["torch_threads"].get<int>(), r["load_before"].get<std::string>().c_str(),
               r["load_after"].get<std::string>().c_str());
@@ -422,6 +430,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sides", c.sides, "both, or one side alone: xla or eager (for a profiler)")
       ->check(CLI::IsMember({"both", "xla", "eager"}))
+      ->capture_default_str();
+  app.add_option("--optimizer", c.optimizer,
+                 "AdamW's step: loop (torch::optim, ~10 ops a parameter) or fused (strata::optim: ATen's fused "
+                 "kernel on the CPU, one graph node a group on xla)")
+      ->check(CLI::IsMember({"loop", "fused"}))
       ->capture_default_str();
   app.add_option("--json", c.json, "Also write the result as one JSON object to this file");
   CLI11_PARSE(app, argc, argv);

@@ -21,6 +21,7 @@
 
 #include "strata/xla/device.h"
 #include "support/zoo/dcgan.h"
+#include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"
 #include "support/zoo/mnist.h"
 #include "support/zoo/resnet.h"
@@ -40,7 +41,7 @@ struct Config {
   int64_t steps = 20;
   int64_t batch = 16;
   int threads = 0;
-  std::vector<std::string> models{"mnist", "dcgan", "llama", "resnet", "vit", "lstm", "gru"};
+  std::vector<std::string> models{"mnist", "dcgan", "llama", "resnet", "vit", "lstm", "gru", "fnet"};
   std::string json;
 };
 
@@ -124,6 +125,15 @@ MakeStep make_step(const std::string& name, int64_t n) {
           zoo::vit::batch(config, n), zoo::vit::loss, device);
     };
   }
+  if (name == "fnet") {
+    return [n](c10::Device device) {
+      torch::manual_seed(11);
+      const zoo::fnet::FNetConfig config;
+      return classifier<zoo::fnet::FNetForSequenceClassification, torch::optim::AdamW>(
+          std::make_shared<zoo::fnet::FNetForSequenceClassification>(config), torch::optim::AdamWOptions(1e-3),
+          zoo::fnet::batch(config, n), zoo::fnet::loss, device);
+    };
+  }
   if (name == "lstm" || name == "gru") {
     return [n, name](c10::Device device) {
       torch::manual_seed(11);
@@ -140,7 +150,7 @@ MakeStep make_step(const std::string& name, int64_t n) {
     };
   }
   throw std::invalid_argument("unknown model '" + name +
-                              "': expected mnist, dcgan, llama, resnet, vit, lstm or gru");
+                              "': expected mnist, dcgan, llama, resnet, vit, lstm, gru or fnet");
 }
 
 double median(std::vector<double> v) {
@@ -219,7 +229,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", c.threads, "LibTorch intra-op threads; 0: LibTorch's default")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  app.add_option("--models", c.models, "Models to run: mnist dcgan llama resnet vit lstm gru");
+  app.add_option("--models", c.models, "Models to run: mnist dcgan llama resnet vit lstm gru fnet");
   app.add_option("--json", c.json, "Also write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -17,7 +17,7 @@
 #
 # With -z it also runs the test zoo (bench/bench_xla_zoo.cpp): the MNIST
 # net, the DCGAN, the LLaMA-style decoder, the ResNet, the ViT and the
-# LSTM and GRU language models (tests/support/zoo/), batch 16, each on
+# LSTM and GRU language models and FNet (tests/support/zoo/), batch 16, each on
 # xla:0 beside LibTorch eager: median step times, the ratio, the programs
 # a step runs, the compiles after step 2 and the CPU fallbacks.
 #

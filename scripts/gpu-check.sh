@@ -38,8 +38,8 @@
 #                tiny GPT, both sides, through the same code paths.
 #  --bench-only  builds (a no-op after an earlier call on the same machine)
 #                and runs step 3 alone: a second device call for the table.
-#  --stage-deps  copies the headers, CMake files and static libraries of
-#                nlohmann-json, CLI11, GoogleTest and zlib from this
+#  --stage-deps  copies the headers, CMake files and libraries of
+#                nlohmann-json, CLI11, GoogleTest and yaml-cpp from this
 #                machine into .gpu-deps/ (ignored by git), for a GPU
 #                machine that lacks them and cannot download: name
 #                .gpu-deps in the device run's carry list.
@@ -111,9 +111,10 @@ if [ "$mode" = stage ]; then
   for lib in gtest gtest_main gmock gmock_main; do
     copy "/usr/lib/x86_64-linux-gnu/lib$lib.a" "$deps/lib/x86_64-linux-gnu/" libgtest-dev
   done
-  copy /usr/include/zlib.h "$deps/include/" zlib1g-dev
-  copy /usr/include/zconf.h "$deps/include/" zlib1g-dev
-  cp -L /usr/lib/x86_64-linux-gnu/libz.so "$deps/lib/libz.so"
+  # yaml-cpp: its CMake package finds the library beside it (four levels up).
+  copy /usr/include/yaml-cpp "$deps/include/" libyaml-cpp-dev
+  copy /usr/lib/x86_64-linux-gnu/cmake/yaml-cpp "$deps/lib/x86_64-linux-gnu/cmake/" libyaml-cpp-dev
+  for f in /usr/lib/x86_64-linux-gnu/libyaml-cpp.so*; do copy "$f" "$deps/lib/x86_64-linux-gnu/" libyaml-cpp-dev; done
   grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || grep -qx '/.gpu-deps/' .gitignore ||
     echo "[gpu-check] note: .gpu-deps/ is not ignored by git here" >&2
   echo "[gpu-check] staged $(du -sh "$deps" | cut -f1) in .gpu-deps/; carry it: run(..., carry=[\".gpu-deps\"])" >&2

@@ -2,7 +2,7 @@
 # Installs what strata needs to build, test and benchmark. Idempotent and
 # quiet when nothing is missing.
 #  - Debian packages: compiler, CMake, Ninja, ccache, nlohmann-json, CLI11,
-#    zlib, GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime, mimalloc (the workers' tensor pool)
+#    yaml-cpp, cairo with the DejaVu fonts, GoogleTest, Google Benchmark, clang-14 with its libFuzzer runtime, mimalloc (the workers' tensor pool)
 #    (apt-get runs only when one is missing;
 #    needs root or sudo).
 #  - A Python venv (scripts/env.sh says where: a cache folder outside the
@@ -25,7 +25,9 @@ packages=(
   ccache                  # compiler cache shared by the clones and builds on the machine
   nlohmann-json3-dev      # checkpoint metadata
   libcli11-dev            # command-line parsing
-  zlib1g-dev              # PNG output of strata plot
+  libyaml-cpp-dev         # hparams.yaml
+  libcairo2-dev           # PNG output of strata plot (drawn by cairo)
+  fonts-dejavu-core       # its text: DejaVu Sans Mono, found through fontconfig
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev   # checkpoint fuzz targets (libFuzzer + ASan, fuzz/run.sh)
   iproute2                # ip netns: the two-hosts test

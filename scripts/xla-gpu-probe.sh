@@ -107,7 +107,7 @@ cat "$out_dir/env.txt" >&2
 # 4 (in the background). bench_xla against the Python's CUDA torch: CMake
 # builds only that target (the core, models and xla_device objects), so it
 # is ready when the probe is done. .gpu-deps/ (scripts/gpu-check.sh
-# --stage-deps) supplies nlohmann-json, CLI11 and zlib where the machine
+# --stage-deps) supplies nlohmann-json, CLI11 and yaml-cpp where the machine
 # lacks them.
 train="${STRATA_XLA_PROBE_TRAIN:-1}"
 eager_device="${TRAIN_EAGER_DEVICE:-cuda}"
@@ -152,7 +152,7 @@ if [ "${STRATA_XLA_PROBE_RUN:-1}" != 0 ]; then
   mkdir -p "$build"
   pids=()
   for src in src/xla/*.cpp; do
-    "$cxx" -std=c++20 -O2 -Iinclude -c "$src" -o "$build/$(basename "$src" .cpp).o" &
+    "$cxx" -std=c++20 -O2 -Iinclude -Ithird_party/pjrt -c "$src" -o "$build/$(basename "$src" .cpp).o" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || die "compiling src/xla failed"; done

@@ -43,10 +43,6 @@ GPTJob::GPTJob(const models::GPTConfig& config, std::string model_size, double l
   gpt = register_module("model", models::GPT(config));
 }
 
-std::shared_ptr<TrainModule> GPTJob::replica() const {
-  return std::make_shared<GPTJob>(gpt->config(), model_size_, lr_, weight_decay_, optimizer_, schedule_);
-}
-
 at::Tensor GPTJob::training_step(const data::Batch& batch, int64_t) {
   return gpt->loss(batch.input, batch.target).to(at::kFloat);
 }

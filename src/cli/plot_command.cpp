@@ -1,8 +1,8 @@
 // `strata plot RUN [RUN...] [-o OUT.svg|OUT.png] [--smooth W] [--log-y]`:
 // draws train and validation loss and the learning rate against step from
 // one or more runs' metrics files (plot_metrics.cpp) on one chart, laid out
-// once (plot_chart.cpp) and written as SVG (plot_svg.cpp) or PNG
-// (plot_raster.cpp).
+// once (plot_chart.cpp) and written as SVG (plot_svg.cpp) or PNG drawn by
+// cairo (plot_png.cpp).
 #include <fcntl.h>
 #include <unistd.h>
 

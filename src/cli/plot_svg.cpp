@@ -81,7 +81,7 @@ class SvgCanvas : public Canvas {
   void text(double x, double y, const std::string& text, int scale, Anchor anchor, Color color,
             bool vertical) override {
     // A monospace font at 10*scale px advances about 6*scale px per
-    // character, as the raster font does.
+    // character, as the PNG's DejaVu Sans Mono does.
     const char* anchors[] = {"start", "middle", "end"};
     out_ += "<text x=\"" + num(x) + "\" y=\"" + num(y) + "\" font-size=\"" + std::to_string(10 * scale) +
             "\" fill=\"" + rgb(color) + "\" text-anchor=\"" + anchors[static_cast<int>(anchor)] +

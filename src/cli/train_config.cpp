@@ -12,11 +12,12 @@
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/data/token_file.h"
+#include "strata/loggers/file_logger.h"
+#include "strata/loggers/make_logger.h"
+#include "strata/loggers/mlflow_logger.h"
 #include "strata/models/gpt.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/trainer/csv_logger.h"
-#include "strata/trainer/mlflow_logger.h"
 
 namespace strata::cli {
 namespace {
@@ -285,8 +286,23 @@ int64_t TrainConfig::validation_interval() const { return val_every == -1 ? 50 :
 // checkpoints, early stopping) and logger. The Trainer then launches the workers, as for any
 // Trainer user. Validation settings are given whenever --val-every is not
 // 0; they only act when the job passes held-out data to fit.
+models::GPTConfig gpt_config(const TrainConfig& config) {
+  models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
+  if (config.seq_len > 0) model_config.block_size = config.seq_len;
+  model_config.attention = config.attention;
+  if (config.token_data()) model_config.vocab_size = config.vocab_size;
+  return model_config;
+}
+
+std::shared_ptr<GPTJob> make_gpt_job(const TrainConfig& config) {
+  return std::make_shared<GPTJob>(gpt_config(config), config.model_size, config.lr, config.weight_decay,
+                                  config.optimizer, config.schedule());
+}
+
 TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero) {
   TrainerOptions options;
+  // Note [The Trainer's ranks as threads]: the other ranks' modules.
+  options.with_module_factory([config] { return make_gpt_job(config); });
   options.with_accelerator(config.accelerator)
       .with_devices(config.devices)
       .with_num_nodes(config.num_nodes)

@@ -47,6 +47,7 @@
 #include "strata/data/loader.h"
 #include "strata/data/text_dataset.h"
 #include "strata/data/token_file.h"
+#include "strata/loggers/logger.h"
 #include "strata/models/gpt.h"
 #include "strata/runtime/progress.h"
 #include "strata/runtime/env.h"
@@ -54,7 +55,6 @@
 #include "strata/runtime/torchelastic.h"
 #include "strata/strategies/placement.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/trainer/csv_logger.h"
 #include "strata/trainer/trainer.h"
 #include "strata/xla/device.h"
 
@@ -192,11 +192,7 @@ int slurm_restart_count() {
 // The job in a process that trains (a worker, or the only process): the
 // data, the model, fit, the sample and the closing line on global rank 0.
 void train_here(Trainer& trainer, const TrainConfig& config) {
-  models::GPTConfig model_config = models::GPTConfig::preset(config.model_size);
-  if (config.seq_len > 0) model_config.block_size = config.seq_len;
-  model_config.attention = config.attention;
-  if (config.token_data()) model_config.vocab_size = config.vocab_size;
-  const int64_t seq_len = model_config.block_size;
+  const int64_t seq_len = gpt_config(config).block_size;
   TrainData data = load_train_data(config, seq_len);
   if (config.token_data()) {
     // The sample continues the data's first id, and prints ids: strata has
@@ -210,8 +206,7 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
 
   // Identical initialisation on every rank (and DDP broadcasts from rank 0).
   strategies::seed_everything(config.seed);
-  auto job = std::make_shared<GPTJob>(model_config, config.model_size, config.lr, config.weight_decay,
-                                      config.optimizer, config.schedule());
+  std::shared_ptr<GPTJob> job = make_gpt_job(config);
   job->save_hyperparameters(train_hparams(config, job->gpt->config(), trainer));
   const int64_t num_parameters = job->gpt->num_parameters();  // before FSDP leaves each rank a shard
 
@@ -275,7 +270,7 @@ void train_here(Trainer& trainer, const TrainConfig& config) {
   std::cout << std::endl;
   // What the xla device did (docs/xla.md, "Reading the metrics"): the
   // compiles, the fallbacks and where the time went.
-  if (trainer.strategy().lazy_device()) std::cout << "xla: " << xla::summary(xla::metrics()) << std::endl;
+  if (trainer.strategy().accelerator().name() == "xla") std::cout << "xla: " << xla::summary(xla::metrics()) << std::endl;
 }
 
 }  // namespace

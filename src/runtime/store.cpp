@@ -1,6 +1,7 @@
 // The rendezvous store: strata's own small TCP key-value store (server in
-// store_server.cpp, wire format in store_protocol.h) behind the Store
-// interface, with errors that name the address, the key and what to do.
+// store_server.cpp, wire format in store_protocol.h, the client's socket in
+// store_connection.cpp) behind the Store interface, with errors that name
+// the address, the key and what to do.
 //
 // Note [Why not c10d's TCPStore]
 // LibTorch's c10d::TCPStore cannot check who connects (no token), reads
@@ -13,22 +14,16 @@
 // rendezvous, bounds every read by a deadline and every length by a limit.
 #include "strata/runtime/store.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
 
+#include "store_connection.h"
 #include "store_protocol.h"
 #include "strata/core/error.h"
 #include "strata/core/log.h"
@@ -84,133 +79,6 @@ std::string identity() {
   ::gethostname(host, sizeof(host) - 1);
   return detail::cat("pid ", ::getpid(), " on ", host);
 }
-
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::max<long long>(0, std::min<long long>(left, 24LL * 3600 * 1000)));
-}
-
-// How a connection failed, so the caller can word the message.
-enum class Failure { kRefused, kTimedOut, kClosed, kJunk, kOther };
-
-struct ConnectionError {
-  Failure kind;
-  std::string detail;
-};
-
-// One blocking-with-deadline TCP connection to the server.
-class Connection {
- public:
-  Connection() = default;
-  ~Connection() { close(); }
-  Connection(const Connection&) = delete;
-  Connection& operator=(const Connection&) = delete;
-
-  bool open() const { return fd_ >= 0; }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
-  // One connect attempt; throws ConnectionError.
-  void connect(const std::string& host, int port, Clock::time_point deadline) {
-    close();
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-    if (rc != 0) throw ConnectionError{Failure::kOther, detail::cat("cannot resolve '", host, "': ", ::gai_strerror(rc))};
-    Failure kind = Failure::kRefused;
-    std::string why = "connection refused";
-    for (addrinfo* ai = found; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
-      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-      if (fd < 0) continue;
-      int r = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-      if (r != 0 && errno == EINPROGRESS) {
-        pollfd p{fd, POLLOUT, 0};
-        int n = ::poll(&p, 1, remaining_ms(deadline));
-        int err = 0;
-        socklen_t len = sizeof(err);
-        if (n == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
-          r = 0;
-        } else {
-          errno = n == 0 ? ETIMEDOUT : err;
-        }
-      }
-      if (r == 0) {
-        int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        fd_ = fd;
-      } else {
-        if (errno == ETIMEDOUT) kind = Failure::kTimedOut;
-        if (errno != ECONNREFUSED && errno != ETIMEDOUT) {
-          kind = Failure::kOther;
-          why = detail::errno_string(errno);
-        }
-        ::close(fd);
-      }
-    }
-    ::freeaddrinfo(found);
-    if (fd_ < 0) throw ConnectionError{kind, why};
-  }
-
-  void send(const std::string& frame, Clock::time_point deadline) {
-    size_t done = 0;
-    while (done < frame.size()) {
-      ssize_t n = ::send(fd_, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
-      if (n > 0) {
-        done += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN) {
-        pollfd p{fd_, POLLOUT, 0};
-        if (::poll(&p, 1, remaining_ms(deadline)) == 0) fail(Failure::kTimedOut, "sending timed out");
-        continue;
-      }
-      fail(Failure::kClosed, detail::errno_string(errno));
-    }
-  }
-
-  // Reads one frame's payload before `deadline`.
-  std::string receive(Clock::time_point deadline) {
-    std::string head = read_exact(4, deadline);
-    uint32_t len = 0;
-    try {
-      len = frame_length(head.data());
-    } catch (const ProtocolError& e) {
-      fail(Failure::kJunk, e.what());
-    }
-    return read_exact(len, deadline);
-  }
-
- private:
-  [[noreturn]] void fail(Failure kind, const std::string& why) {
-    close();
-    throw ConnectionError{kind, why};
-  }
-
-  std::string read_exact(size_t n, Clock::time_point deadline) {
-    std::string out;
-    out.reserve(std::min<size_t>(n, 1 << 20));
-    char buffer[65536];
-    while (out.size() < n) {
-      pollfd p{fd_, POLLIN, 0};
-      int ready = ::poll(&p, 1, remaining_ms(deadline));
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready == 0) fail(Failure::kTimedOut, "no answer");
-      ssize_t got = ::recv(fd_, buffer, std::min(sizeof(buffer), n - out.size()), 0);
-      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (got <= 0) fail(Failure::kClosed, got == 0 ? "closed" : detail::errno_string(errno));
-      out.append(buffer, static_cast<size_t>(got));
-    }
-    return out;
-  }
-
-  int fd_ = -1;
-};
 
 class TcpStore final : public Store {
  public:

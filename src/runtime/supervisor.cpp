@@ -1,9 +1,10 @@
 // Supervising started workers: one poll() loop over their output pipes,
 // heartbeat pipes and the launch's self-pipe, which relays output line by
-// line (and lines redrawn in place, on a terminal), notices exits, hangs
-// and signals, stops the others when one fails (SIGTERM, then SIGKILL after
-// the grace period), lets them finish their step when the launcher is
-// signalled, reaps every worker and writes the report.
+// line (and lines redrawn in place, on a terminal: output_relay.cpp),
+// notices exits, hangs and signals, stops the others when one fails
+// (SIGTERM, then SIGKILL after the grace period), lets them finish their
+// step when the launcher is signalled, reaps every worker and writes the
+// report.
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <string_view>
 
 #include "launch_internal.h"
+#include "output_relay.h"
 #include "strata/core/error.h"
 #include "strata/core/strings.h"
 #include "strata/runtime/env.h"
@@ -47,7 +49,7 @@ constexpr bool is_stop_signal(int sig) { return sig == SIGINT || sig == SIGTERM 
 class Supervisor {
  public:
   Supervisor(const LaunchOptions& options, std::vector<Worker>& workers, int signal_fd, bool terminal)
-      : options_(options), workers_(workers), signal_fd_(signal_fd), terminal_(terminal) {}
+      : options_(options), workers_(workers), signal_fd_(signal_fd), terminal_(terminal), relay_(options, workers, terminal) {}
 
   LaunchResult run() {
     start_ = Clock::now();
@@ -58,7 +60,7 @@ class Supervisor {
       poll_once();
       check_deadlines();
     }
-    end_redraw();
+    relay_.end_redraw();
     return result();
   }
 
@@ -171,7 +173,7 @@ class Supervisor {
 
   // One line from the launcher itself, on its stderr.
   void say(const std::string& text) {
-    end_redraw();
+    relay_.end_redraw();
     write_all(STDERR_FILENO, "[launcher] " + text + "\n");
   }
 
@@ -211,7 +213,7 @@ class Supervisor {
     }
     if (fds[0].revents & POLLIN) drain_signals();
     for (size_t i = 1; i < first_heartbeat; ++i) {
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(*streams[i]);
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) relay_.read_stream(*streams[i]);
     }
     for (size_t i = first_heartbeat; i < fds.size(); ++i) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_heartbeats(*beating[i - first_heartbeat]);
@@ -354,157 +356,10 @@ class Supervisor {
     }
   }
 
-  Worker& owner(const Stream& s) {
-    for (Worker& w : workers_)
-      if (&w.out == &s || &w.err == &s) return w;
-    STRATA_ASSERT(false, "stream without a worker");
-  }
-
-  // Reads what is available; returns false when nothing was (or at EOF).
-  bool read_stream(Stream& s) {
-    char buffer[16384];
-    ssize_t n = ::read(s.fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) return true;
-    if (n < 0 && errno == EAGAIN) return false;
-    if (n <= 0) {
-      close_stream(s);
-      return false;
-    }
-    if (terminal_) {
-      take_terminal_output(owner(s), s, buffer, static_cast<size_t>(n));
-      return true;
-    }
-    s.partial.append(buffer, static_cast<size_t>(n));
-    size_t begin = 0;
-    while (true) {
-      size_t nl = s.partial.find('\n', begin);
-      if (nl == std::string::npos) break;
-      emit(owner(s), s.kind, s.partial.substr(begin, nl - begin));
-      begin = nl + 1;
-    }
-    s.partial.erase(0, begin);
-    if (s.partial.size() > kMaxLine) {
-      emit(owner(s), s.kind, s.partial);
-      s.partial.clear();
-    }
-    return true;
-  }
-
-  void close_stream(Stream& s) {
-    if (terminal_) {
-      s.pending_cr = false;
-      if (!s.partial.empty() || open_ == &s) end_line(owner(s), s);
-    } else if (!s.partial.empty()) {
-      emit(owner(s), s.kind, s.partial);
-    }
-    s.partial.clear();
-    ::close(s.fd);
-    s.fd = -1;
-  }
-
   int running_count() const {
     int n = 0;
     for (const Worker& w : workers_) n += w.running ? 1 : 0;
     return n;
-  }
-
-  std::string prefix(const Worker& w) const {
-    return options_.prefix_output ? detail::cat("[rank ", w.rank, "] ") : std::string();
-  }
-
-  void write(const Worker& w, OutputStream kind, const std::string& text) {
-    if (options_.on_output) {
-      options_.on_output(w.rank, kind, text);
-    } else {
-      write_all(kind == OutputStream::kStdout ? STDOUT_FILENO : STDERR_FILENO, text);
-    }
-  }
-
-  void emit(Worker& w, OutputStream kind, std::string line) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (kind == OutputStream::kStderr) w.errors.add(line);  // Note [The last error line] in error_line.cpp
-    end_redraw();
-    write(w, kind, prefix(w) + line + "\n");
-  }
-
-  // Note [Redraws through the launcher]
-  // A progress bar on a terminal redraws one line in place: "\r" and the
-  // new text, no newline (trainer::ProgressBar; tqdm writes "text\r").
-  // Relayed line by line, a worker's redraws showed nothing until a
-  // newline, so a launched job printed a line every few steps instead. On a
-  // terminal the launcher keeps them: it splits a worker's output at '\r'
-  // as well as '\n'. Text after a '\r' is the line's new content; it is
-  // drawn as "\r[rank R] text\x1b[K" (clear to the end of the line) without
-  // a newline when another '\r' replaces it or a read ends inside it (the
-  // worker flushed), and once more with "\n" when a '\n' ends it. "\r\n"
-  // is a plain line end. One redraw is open on the terminal at a time: any
-  // other output (another line, another rank's redraw, the launcher's own
-  // words) first ends it with a newline, and the next redraw starts on a
-  // fresh line. Off a terminal nothing changes ('\r' is text, a trailing
-  // one is dropped): logs keep one line per line.
-  void take_terminal_output(Worker& w, Stream& s, const char* data, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      const char c = data[i];
-      if (s.pending_cr) {
-        s.pending_cr = false;
-        if (c == '\n') {
-          end_line(w, s);
-          continue;
-        }
-        carriage_return(w, s);
-      }
-      if (c == '\n') {
-        end_line(w, s);
-      } else if (c == '\r') {
-        s.pending_cr = true;
-      } else {
-        s.partial += c;
-        if (s.partial.size() > kMaxLine) end_line(w, s);
-      }
-    }
-    // The worker flushed: show the line it is redrawing as it is now.
-    if ((s.redraw || s.pending_cr) && !s.partial.empty() && s.shown != s.partial.size()) draw(w, s, false);
-  }
-
-  // A '\r' not followed by '\n': what the line held is replaced.
-  void carriage_return(Worker& w, Stream& s) {
-    if (!s.partial.empty() && s.shown != s.partial.size()) draw(w, s, false);
-    s.partial.clear();
-    s.shown = 0;
-    s.redraw = true;
-  }
-
-  // A '\n' (or the end of the stream): the line is done.
-  void end_line(Worker& w, Stream& s) {
-    if (s.redraw || s.shown > 0) {
-      if (!s.partial.empty()) draw(w, s, true);
-      else if (open_ == &s) end_redraw();
-    } else {
-      emit(w, s.kind, s.partial);
-    }
-    s.partial.clear();
-    s.shown = 0;
-    s.redraw = false;
-  }
-
-  void draw(Worker& w, Stream& s, bool final_draw) {
-    std::string text = s.partial;
-    static const std::string kClear = "\x1b[K";
-    while (text.size() >= kClear.size() && text.compare(text.size() - kClear.size(), kClear.size(), kClear) == 0)
-      text.resize(text.size() - kClear.size());
-    if (open_ != nullptr && open_ != &s) end_redraw();
-    if (final_draw && s.kind == OutputStream::kStderr) w.errors.add(text);
-    write(w, s.kind, "\r" + prefix(w) + text + kClear + (final_draw ? "\n" : ""));
-    open_ = final_draw ? nullptr : &s;
-    s.shown = final_draw ? 0 : s.partial.size();
-  }
-
-  // Ends the open redraw, if any, with a newline.
-  void end_redraw() {
-    if (open_ == nullptr) return;
-    Stream* s = open_;
-    open_ = nullptr;
-    write(owner(*s), s->kind, "\n");
   }
 
   void check_deadlines() {
@@ -524,9 +379,9 @@ class Supervisor {
       // non-blocking) and stop waiting for more.
       for (Worker& w : workers_) {
         for (Stream* s : {&w.out, &w.err}) {
-          while (s->fd >= 0 && read_stream(*s)) {
+          while (s->fd >= 0 && relay_.read_stream(*s)) {
           }
-          if (s->fd >= 0) close_stream(*s);
+          if (s->fd >= 0) relay_.close_stream(*s);
         }
       }
     }
@@ -609,7 +464,7 @@ class Supervisor {
   int worker_signal_ = 0;    // the signal a worker stopped on by itself
   const Worker* first_stopped_ = nullptr;  // that worker
   const Worker* failed_while_stopping_ = nullptr;
-  Stream* open_ = nullptr;   // the stream whose redraw is open (Note [Redraws through the launcher])
+  OutputRelay relay_;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
   const Worker* failed_ = nullptr;

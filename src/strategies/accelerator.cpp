@@ -73,7 +73,19 @@ class XlaAccelerator : public Accelerator {
   // Note [Ranks as threads] (strategies/xla.h): the plugin's client drives
   // every local device from this process.
   int devices_per_process(int devices) const override { return devices; }
-  bool lazy() const override { return true; }
+  // Note [No reads inside a lazy step] (accelerator.h): the device records
+  // a step and runs it when the step ends, with the checks deferred to it.
+  bool reads_inside_step() const override { return false; }
+  void end_step() const override { xla::mark_step(); }
+  void check_at_step_end(const at::Tensor& ok, const std::string& message) const override {
+    xla::check_after_step(ok, message);
+  }
+  // XLA devices such as TPUs have no float64.
+  bool has_float64() const override { return false; }
+  CompiledPrograms compiled_programs() const override {
+    const xla::Metrics m = xla::metrics();
+    return {m.compiles, m.compile_reasons.empty() ? std::string() : m.compile_reasons.back()};
+  }
   ThreadRanks thread_ranks(int ranks, std::chrono::milliseconds timeout) const override {
     std::vector<int> devices(static_cast<size_t>(ranks));
     for (int r = 0; r < ranks; ++r) devices[static_cast<size_t>(r)] = r;
@@ -90,6 +102,10 @@ class XlaAccelerator : public Accelerator {
 };
 
 }  // namespace
+
+void Accelerator::check_at_step_end(const at::Tensor& ok, const std::string& message) const {
+  if (!ok.item<bool>()) throw Error(message);
+}
 
 ThreadRanks Accelerator::thread_ranks(int, std::chrono::milliseconds) const {
   throw ConfigError("[accelerator] '" + name() + "' runs one process per device, not ranks as threads");

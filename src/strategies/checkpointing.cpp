@@ -123,7 +123,7 @@ void Strategy::save_checkpoint(const std::string& requested_path, const State& s
   options.local_world_size = env_.local_world_size;
   options.tag = name();
   // Note [Gathered tensors on a lazy device] (checkpoint_plan.h).
-  if (lazy_device()) options.end_step = [this] { mark_step(); };
+  options.end_step = [this] { mark_step(); };
   write_plan(group_, path, plan, std::move(metadata), options);
 }
 

@@ -53,8 +53,8 @@
 // running statistics for backward, and overwriting them in place would
 // fail autograd's version check. One broadcast per dtype and device of the
 // buffers (flattened together), on every rank in the modules' set-up
-// order. Not on a lazy device (xla): Lightning's XLAStrategy broadcasts
-// no buffers, and a step's collectives are recorded into its program.
+// order. Not under XlaStrategy: Lightning's XLAStrategy broadcasts no
+// buffers, and a step's collectives are recorded into its program.
 #include "strata/strategies/ddp.h"
 
 #include <torch/nn/module.h>
@@ -399,7 +399,7 @@ struct DDPStrategy::Replica {
 };
 
 bool DDPStrategy::broadcasts_buffers() const {
-  return options_.broadcast_buffers && world_size() > 1 && !lazy_device();
+  return options_.broadcast_buffers && world_size() > 1;
 }
 
 DDPStrategy::Replica* DDPStrategy::replica_of(const torch::nn::Module& module) const {
@@ -430,7 +430,8 @@ ModulePtr DDPStrategy::setup_module(ModulePtr module) {
   }
   auto replica = std::make_unique<Replica>();
   replica->module = module;
-  replica->reducer = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024, lazy_device());
+  replica->reducer = std::make_shared<Reducer>(group_, params, options_.bucket_cap_mb * 1024 * 1024,
+                                                !accelerator_->reads_inside_step());
   std::weak_ptr<Reducer> weak = replica->reducer;
   replica->hooks = std::make_unique<GradHooks>([weak](size_t i) {
     auto reducer = weak.lock();

@@ -18,7 +18,6 @@
 #include "strata/core/module_hooks.h"
 #include "strata/data/device_loader.h"
 #include "strata/runtime/process.h"
-#include "strata/xla/device.h"
 #include "sync_batchnorm.h"
 
 namespace strata::strategies {
@@ -191,11 +190,10 @@ at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim
   const c10::Device device = !grads.empty() ? grads.front().device()
                             : launched_      ? root_device()
                                              : c10::Device(c10::kCPU);
-  // On a lazy device the sum is taken in f32 (XLA devices such as TPUs
-  // have no f64) and the finiteness check waits for the step's end (Note
-  // [No reads inside a lazy step]); elsewhere in f64, read at once.
-  const bool lazy = lazy_device();
-  const at::ScalarType sum_type = lazy ? at::kFloat : at::kDouble;
+  // The sum in f64 where the device has it (XLA devices such as TPUs do
+  // not); the finiteness check is the accelerator's, read at the step's
+  // end on a lazy device (Note [No reads inside a lazy step]).
+  const at::ScalarType sum_type = accelerator_->has_float64() ? at::kDouble : at::kFloat;
   if (is_max) {
     std::vector<at::Tensor> maxes{at::zeros({}, at::TensorOptions(at::kFloat).device(device))};
     for (const at::Tensor& g : grads) maxes.push_back(g.detach().abs().max().to(at::kFloat));
@@ -205,13 +203,13 @@ at::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module, torch::optim
     for (const at::Tensor& g : grads) powers.push_back(g.detach().to(sum_type).norm(norm_type).pow(norm_type));
     total = reduce_norm(at::stack(powers).sum(), false).pow(1.0 / norm_type).to(at::kFloat);
   }
-  const std::string non_finite = "[" + name() + "] the total norm of order " + std::to_string(norm_type) +
-                                 " of the gradients is non-finite, so it cannot be clipped; pass "
-                                 "error_if_nonfinite=false to clip anyway";
-  if (error_if_nonfinite && lazy) {
-    xla::check_after_step(total.isfinite(), non_finite + " (read when the step was marked, after it ran)");
-  } else if (error_if_nonfinite && !std::isfinite(total.item<double>())) {
-    throw Error(non_finite);
+  if (error_if_nonfinite) {
+    const bool deferred = !accelerator_->reads_inside_step();
+    accelerator_->check_at_step_end(
+        total.isfinite(), "[" + name() + "] the total norm of order " + std::to_string(norm_type) +
+                              " of the gradients is non-finite, so it cannot be clipped; pass "
+                              "error_if_nonfinite=false to clip anyway" +
+                              (deferred ? " (read when the step was marked, after it ran)" : ""));
   }
   at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
   for (at::Tensor& g : grads) g.detach().mul_(coef.to(g.device(), g.scalar_type()));
@@ -248,10 +246,11 @@ at::Tensor Strategy::all_reduce(const at::Tensor& tensor, const std::string& op)
 at::Tensor Strategy::broadcast(const at::Tensor& tensor, int src) {
   STRATA_CHECK(src >= 0 && src < world_size(), ConfigError, "[", name(), "] broadcast src ", src,
                " is not a rank of this job (world size ", world_size(), ")");
-  // On a lazy device the step so far runs first, while every rank's step
-  // is still the same: from here the source alone copies what it sends
-  // (Note [Collectives of the replicas] in src/xla_device/replicas.cpp).
-  if (lazy_device()) mark_step();
+  // The step so far ends first (on a lazy device it runs, while every
+  // rank's step is still the same): from here the source alone copies what
+  // it sends (Note [Collectives of the replicas] in
+  // src/xla_device/replicas.cpp).
+  mark_step();
   // Ranks may hold tensors of other shapes (or none): send shape and dtype first.
   nlohmann::json meta;
   if (global_rank() == src) {
@@ -352,9 +351,7 @@ void Strategy::remove_checkpoint(const std::string& path, const std::string& fol
                                : refusal);
 }
 
-void Strategy::mark_step() {
-  if (lazy_device()) xla::mark_step();
-}
+void Strategy::mark_step() { accelerator_->end_step(); }
 
 void Strategy::teardown() {
   for (const ModulePtr& module : modules_) {
@@ -385,10 +382,10 @@ std::shared_ptr<data::Loader> Strategy::process_dataloader(std::shared_ptr<data:
   STRATA_CHECK(loader != nullptr, ConfigError, "[", name(), "] process_dataloader got a null loader");
   // Each pass starts the next epoch (Lightning's loaders call set_epoch on
   // every iteration); an explicit set_epoch/load_state still decides.
-  // On a lazy device the loader also marks the step (Note [No reads
-  // inside a lazy step]).
-  const auto mark = [lazy = lazy_device()](data::DeviceLoader& l) {
-    if (lazy) l.mark_steps_with([] { xla::mark_step(); });
+  // The loader also ends the step at each batch (Note [No reads inside a
+  // lazy step]): the accelerator's end_step, nothing on an eager device.
+  const auto mark = [accelerator = accelerator_](data::DeviceLoader& l) {
+    l.mark_steps_with([accelerator] { accelerator->end_step(); });
   };
   if (auto existing = std::dynamic_pointer_cast<data::DeviceLoader>(loader)) {
     existing->advance_epoch_each_pass(true);

@@ -276,7 +276,7 @@ bool batchnorm_kernel_registered(const at::Tensor& key) { return synced_group(ke
 
 size_t Strategy::apply_sync_batchnorm(torch::nn::Module& module) {
   if (!sync_batchnorm() || world_size() <= 1) return 0;
-  STRATA_CHECK(!lazy_device(), ConfigError, "[", name(), "] sync_batchnorm is not supported on a lazy device ('",
+  STRATA_CHECK(accelerator_->reads_inside_step(), ConfigError, "[", name(), "] sync_batchnorm is not supported on a lazy device ('",
                accelerator_->name(), "'): its batch norms run in the compiled step. Turn sync_batchnorm off");
   register_kernel_once();
   size_t added = 0;

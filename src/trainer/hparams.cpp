@@ -1,25 +1,19 @@
 // Hyperparameters in Lightning's two outputs (trainer/hparams.h):
-// hparams.yaml as PyYAML's emitter lays it out, and TensorBoard's flat
-// hparams.
-//
-// Note [PyYAML's string styles]
-// yaml.dump (PyYAML 6, allow_unicode=False) picks for each string the first
-// style its Emitter.analyze_scalar allows: plain, when the YAML 1.1
-// resolvers read the plain text back as a string (not as a bool such as
-// "yes", a number such as "0.003" or "1_000", null, a timestamp) and no
-// indicator or whitespace rule forbids it; else single-quoted, unless the
-// text holds line breaks after/before spaces or "special" characters
-// (control characters, and every non-ASCII one, since allow_unicode is off);
-// else double-quoted with escapes. hparams_yaml follows those rules, except
-// that text with line breaks goes double-quoted (PyYAML single-quotes it
-// with folded line breaks), no line is folded at 80 columns, and text over
-// 256 bytes is never plain.
+// hparams.yaml, written by yaml-cpp so that any YAML reader (Lightning's
+// load_hparams_from_yaml, PyYAML) reads back the same values, and
+// TensorBoard's flat hparams with Python's repr where Lightning hands
+// TensorBoard str(value).
 #include "strata/trainer/hparams.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <regex>
+#include <set>
+
+#include "strata/core/error.h"
 
 namespace strata::trainer {
 namespace {
@@ -63,148 +57,38 @@ void append_utf8(std::string& out, char32_t cp) {
   }
 }
 
-// PyYAML's YAML 1.1 implicit resolvers (resolver.py): a plain scalar
-// matching one of them is read as that type, not as a string.
-bool resolves_to_other_type(const std::string& text) {
-  static const std::regex kOther(
-      // bool
-      "yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF"
-      // float
-      "|[-+]?(?:[0-9][0-9_]*)\\.[0-9_]*(?:[eE][-+][0-9]+)?|\\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
-      "|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\\.[0-9_]*|[-+]?\\.(?:inf|Inf|INF)|\\.(?:nan|NaN|NAN)"
-      // int
-      "|[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+"
-      "|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+"
-      // merge, null, value, yaml
-      "|<<|~|null|Null|NULL|=|!|&|\\*"
-      // timestamp
-      "|[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]"
-      "|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?(?:[Tt]|[ \\t]+)[0-9][0-9]?:[0-9][0-9]:[0-9][0-9]"
-      "(?:\\.[0-9]*)?(?:[ \\t]*(?:Z|[-+][0-9][0-9]?(?::[0-9][0-9])?))?");
-  // std::regex recurses per character: a long text is quoted without
-  // asking (quoting plain-safe text still reads back as the same string).
-  if (text.size() > 256) return true;
-  return text.empty() || std::regex_match(text, kOther);
-}
-
-bool is_break(char32_t c) { return c == '\n' || c == 0x85 || c == 0x2028 || c == 0x2029; }
-bool is_space_or_break(char32_t c) { return c == 0 || c == ' ' || c == '\t' || c == '\r' || is_break(c); }
-
-enum class Style { kPlain, kSingle, kDouble };
-
-// Emitter.analyze_scalar and choose_scalar_style for a string in block
-// context (Note [PyYAML's string styles]).
-Style choose_style(const std::string& text, const std::vector<char32_t>& s) {
-  if (s.empty()) return Style::kSingle;  // '' (plain would read as null)
-  bool block_indicators = false, line_breaks = false, special = false;
-  bool leading_space = false, leading_break = false, trailing_space = false, trailing_break = false;
-  bool break_space = false, space_break = false;
-  if (text.rfind("---", 0) == 0 || text.rfind("...", 0) == 0) block_indicators = true;
-  bool preceded_by_ws = true;
-  bool followed_by_ws = s.size() == 1 || is_space_or_break(s[1]);
-  bool previous_space = false, previous_break = false;
-  const std::u32string first_indicators = U"#,[]{}&*!|>'\"%@`";
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const char32_t ch = s[i];
-    if (i == 0) {
-      if (first_indicators.find(ch) != std::u32string::npos) block_indicators = true;
-      if ((ch == '?' || ch == ':') && followed_by_ws) block_indicators = true;
-      if (ch == '-' && followed_by_ws) block_indicators = true;
-    } else {
-      if (ch == ':' && followed_by_ws) block_indicators = true;
-      if (ch == '#' && preceded_by_ws) block_indicators = true;
-    }
-    if (is_break(ch)) line_breaks = true;
-    if (!(ch == '\n' || (ch >= 0x20 && ch <= 0x7E))) special = true;  // allow_unicode=False
-    if (ch == ' ') {
-      if (i == 0) leading_space = true;
-      if (i + 1 == s.size()) trailing_space = true;
-      if (previous_break) break_space = true;
-      previous_space = true;
-      previous_break = false;
-    } else if (is_break(ch)) {
-      if (i == 0) leading_break = true;
-      if (i + 1 == s.size()) trailing_break = true;
-      if (previous_space) space_break = true;
-      previous_space = false;
-      previous_break = true;
-    } else {
-      previous_space = previous_break = false;
-    }
-    preceded_by_ws = is_space_or_break(ch);
-    followed_by_ws = i + 2 >= s.size() || is_space_or_break(s[i + 2]);
+// Note [Strings in hparams.yaml]
+// yaml-cpp quotes a string only when plain text could not be parsed back at
+// all; it does not ask whether a reader would take the plain text for a
+// number, a boolean or null ("0.003", "yes", "1e-4", "2024-01-02" under
+// PyYAML's YAML 1.1 rules). So a string goes plain only when it is a word no
+// YAML reader takes for anything else: a letter first, then letters, digits
+// and "_-./", and none of YAML 1.1's boolean or null words. Every other
+// string is double-quoted, with non-ASCII characters escaped, so the file is
+// ASCII and reads the same under any locale (as PyYAML's default
+// allow_unicode=False writes it).
+bool plain_is_safe(const std::string& text) {
+  if (text.empty() || !std::isalpha(static_cast<unsigned char>(text[0]))) return false;
+  std::string lower;
+  for (char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (!(std::isalnum(u) || c == '_' || c == '-' || c == '.' || c == '/')) return false;
+    lower.push_back(static_cast<char>(std::tolower(u)));
   }
-  bool plain = !(leading_space || leading_break || trailing_space || trailing_break);
-  bool single = true;
-  if (break_space) plain = single = false;
-  if (space_break || special) plain = single = false;
-  if (line_breaks) plain = false;
-  if (block_indicators) plain = false;
-  if (plain && !resolves_to_other_type(text)) return Style::kPlain;
-  if (single && !line_breaks) return Style::kSingle;
-  return Style::kDouble;
+  static const std::set<std::string> kWords = {"y", "n", "yes", "no", "true", "false", "on", "off", "null"};
+  return kWords.count(lower) == 0;
 }
 
-std::string double_quoted(const std::vector<char32_t>& s) {
-  std::string out = "\"";
-  for (const char32_t ch : s) {
-    const char* named = nullptr;
-    switch (ch) {
-      case 0: named = "0"; break;
-      case 0x07: named = "a"; break;
-      case 0x08: named = "b"; break;
-      case 0x09: named = "t"; break;
-      case 0x0A: named = "n"; break;
-      case 0x0B: named = "v"; break;
-      case 0x0C: named = "f"; break;
-      case 0x0D: named = "r"; break;
-      case 0x1B: named = "e"; break;
-      case '"': named = "\""; break;
-      case '\\': named = "\\"; break;
-      case 0x85: named = "N"; break;
-      case 0xA0: named = "_"; break;
-      case 0x2028: named = "L"; break;
-      case 0x2029: named = "P"; break;
-      default: break;
-    }
-    if (named) {
-      out += '\\';
-      out += named;
-    } else if (ch >= 0x20 && ch <= 0x7E) {
-      out.push_back(static_cast<char>(ch));
-    } else {
-      char buf[16];
-      if (ch <= 0xFF) std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned>(ch));
-      else if (ch <= 0xFFFF) std::snprintf(buf, sizeof buf, "\\u%04X", static_cast<unsigned>(ch));
-      else std::snprintf(buf, sizeof buf, "\\U%08X", static_cast<unsigned>(ch));
-      out += buf;
-    }
-  }
-  return out + "\"";
+void emit_string(YAML::Emitter& out, const std::string& text) {
+  if (plain_is_safe(text)) out << text;
+  else out << YAML::DoubleQuoted << text;
 }
 
-std::string yaml_string(const std::string& text) {
-  const std::vector<char32_t> s = code_points(text);
-  switch (choose_style(text, s)) {
-    case Style::kPlain: {
-      std::string out;
-      for (char32_t c : s) append_utf8(out, c);  // ASCII: plain text holds no other
-      return out;
-    }
-    case Style::kSingle: {
-      std::string out = "'";
-      for (char32_t c : s) {
-        if (c == '\'') out += '\'';
-        append_utf8(out, c);
-      }
-      return out + "'";
-    }
-    case Style::kDouble: break;
-  }
-  return double_quoted(s);
-}
-
-// PyYAML's represent_float: repr, lower-cased, ".0" before a bare exponent.
+// A float as Python's repr made YAML 1.1 (PyYAML's represent_float): a float
+// needs a '.' to be read as one there, so "1e-05" is written "1.0e-05";
+// .nan, .inf and -.inf for the others. yaml-cpp's own double output has
+// neither the shortest digits nor the '.', so the text is made here and
+// written as a plain scalar.
 std::string yaml_float(double v) {
   if (std::isnan(v)) return ".nan";
   if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
@@ -216,56 +100,31 @@ std::string yaml_float(double v) {
   return text;
 }
 
-// A scalar, or an empty list or map (PyYAML writes those in flow style).
-std::string yaml_scalar(const json& v) {
+void emit(YAML::Emitter& out, const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return v.get<bool>() ? "true" : "false";
-    case json::value_t::number_integer: return std::to_string(v.get<int64_t>());
-    case json::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
-    case json::value_t::number_float: return yaml_float(v.get<double>());
-    case json::value_t::string: return yaml_string(v.get_ref<const std::string&>());
-    case json::value_t::array: return "[]";
-    case json::value_t::object: return "{}";
-    default: return "null";  // binary and discarded values are not hyperparameters
-  }
-}
-
-bool is_block(const json& v) { return (v.is_object() || v.is_array()) && !v.empty(); }
-
-// One node in block style at `indent`; `inline_first`: the first line's
-// prefix ("- ") is already written.
-void emit(std::string& out, const json& v, int indent, bool inline_first) {
-  bool first = true;
-  if (v.is_object()) {
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if (!(first && inline_first)) out.append(static_cast<std::size_t>(indent), ' ');
-      first = false;
-      const std::string key = yaml_string(it.key());
-      // PyYAML writes a key of 128 characters or more as an explicit key.
-      if (key.size() >= 128) {
-        out += "? " + key + "\n";
-        out.append(static_cast<std::size_t>(indent), ' ');
-      } else {
-        out += key;
+    case json::value_t::object:
+      if (v.empty()) out << YAML::Flow;  // "{}" beside its key, as PyYAML writes it
+      out << YAML::BeginMap;
+      for (auto it = v.begin(); it != v.end(); ++it) {  // sorted, as PyYAML's yaml.dump sorts them
+        out << YAML::Key;
+        emit_string(out, it.key());
+        out << YAML::Value;
+        emit(out, it.value());
       }
-      out += ":";
-      if (!is_block(it.value())) {
-        out += " " + yaml_scalar(it.value()) + "\n";
-      } else {
-        out += "\n";
-        // A list inside a map is not indented (PyYAML's indentless sequence).
-        emit(out, it.value(), it.value().is_object() ? indent + 2 : indent, false);
-      }
-    }
-  } else {
-    for (const json& item : v) {
-      if (!(first && inline_first)) out.append(static_cast<std::size_t>(indent), ' ');
-      first = false;
-      out += "- ";
-      if (!is_block(item)) out += yaml_scalar(item) + "\n";
-      else emit(out, item, indent + 2, true);
-    }
+      out << YAML::EndMap;
+      break;
+    case json::value_t::array:
+      if (v.empty()) out << YAML::Flow;  // "[]"
+      out << YAML::BeginSeq;
+      for (const json& item : v) emit(out, item);
+      out << YAML::EndSeq;
+      break;
+    case json::value_t::boolean: out << v.get<bool>(); break;
+    case json::value_t::number_integer: out << v.get<int64_t>(); break;
+    case json::value_t::number_unsigned: out << v.get<uint64_t>(); break;
+    case json::value_t::number_float: out << yaml_float(v.get<double>()); break;
+    case json::value_t::string: emit_string(out, v.get_ref<const std::string&>()); break;
+    default: out << YAML::Null; break;  // null (binary and discarded values are not hyperparameters)
   }
 }
 
@@ -380,10 +239,13 @@ std::string python_repr(const json& v) {
 }
 
 std::string hparams_yaml(const Hyperparams& params) {
-  if (params.empty()) return "{}\n";
-  std::string out;
-  emit(out, json(params), 0, false);
-  return out;
+  YAML::Emitter out;
+  out.SetOutputCharset(YAML::EscapeNonAscii);  // Note [Strings in hparams.yaml]
+  out.SetNullFormat(YAML::LowerNull);
+  out.SetBoolFormat(YAML::TrueFalseBool);
+  emit(out, json(params));
+  STRATA_ASSERT(out.good(), "yaml-cpp could not write the hyperparameters: ", out.GetLastError());
+  return std::string(out.c_str(), out.size()) + "\n";
 }
 
 std::vector<HparamValue> tensorboard_hparams(const Hyperparams& params) {

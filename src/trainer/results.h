@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "strata/comm/backend.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 #include "strata/trainer/train_module.h"
 
 namespace strata::strategies {

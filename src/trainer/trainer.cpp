@@ -1,7 +1,8 @@
 // The Trainer: options and the fit loop (epochs, accumulated batches,
-// optimizer steps, schedulers, validation checks, logging). The launch and
-// set-up are in trainer_setup.cpp, evaluation loops in evaluation.cpp,
-// checkpoints in trainer_checkpoint.cpp.
+// optimizer steps, schedulers, validation checks). The launch and set-up
+// are in trainer_setup.cpp, evaluation loops in evaluation.cpp,
+// checkpoints in trainer_checkpoint.cpp, the logged metrics'
+// way to the loggers in trainer_logging.cpp.
 //
 // Note [Steps through the root's forward]
 // Lightning runs training_step through the wrapped module's forward, so
@@ -32,7 +33,6 @@
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/precision.h"
 #include "strata/trainer/callbacks.h"
-#include "strata/xla/device.h"
 #include "trainer_impl.h"
 
 namespace strata {
@@ -235,10 +235,17 @@ void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& tra
 }
 
 void Trainer::agree_on_stop_signal() {
+  // Every rank votes after the same step, so all stop after it together,
+  // and with the same signal: one sent to every task (srun, a pod's
+  // SIGTERM) may reach a rank only after the vote, and a rank that
+  // guessed would exit with another code and skip SIGUSR1's requeue.
+  // A stop outranks SIGUSR1's save-and-requeue: SIGTERM, SIGINT, SIGUSR1.
   const int mine = runtime::pending_stop_signal();
-  // Every rank votes after the same step, so all stop after it together.
-  if (!strategy_->reduce_boolean_decision(mine != 0, /*all=*/false)) return;
-  stop_signal_ = mine != 0 ? mine : SIGTERM;  // a rank the signal has not reached yet
+  const int vote = mine == 0 ? 0 : mine == SIGUSR1 ? 1 : mine == SIGINT ? 2 : 3;
+  const at::Tensor votes = at::scalar_tensor(static_cast<double>(vote), at::kFloat);
+  const int agreed = static_cast<int>(strategy_->all_reduce(votes, comm::ReduceOp::kMax).item<float>() + 0.5f);
+  if (agreed <= 0) return;
+  stop_signal_ = agreed == 1 ? SIGUSR1 : agreed == 2 ? SIGINT : SIGTERM;
   should_stop = true;
   if (is_global_zero()) {
     log::warning("[trainer] ", runtime::stop_signal_name(stop_signal_), ": stopping after step ", global_step_,
@@ -439,17 +446,7 @@ void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool l
     STRATA_CHECK(loss.requires_grad(), ConfigError,
                  "[trainer] the loss training_step returned does not require grad (epoch ", epoch_, ", batch ",
                  batch_idx, "): it is not computed from the module's trainable parameters, or was detached");
-    // Note [NaN loss]
-    // Every rank votes; one non-finite loss stops all of them before the
-    // backward, so no step is taken with it and nothing is saved after the
-    // last good step: the checkpoints on disk stay as they were. On a lazy
-    // device the check is deferred to the step's end, registered before
-    // any check of the step's gradients, so that it is the one reported.
-    if (strategy_->lazy_device()) {
-      xla::check_after_step(loss.detach().isfinite(), lazy_loss_message(batch_idx));
-    } else {
-      check_loss(loss.detach().to(at::kDouble).item<double>(), batch_idx);
-    }
+    check_loss(loss, batch_idx);
     at::Tensor scaled = loss.to(at::kFloat) / static_cast<double>(options_.accumulate_grad_batches);
     // Note [Unequal shares]: a rank holding n_r of an uneven global batch
     // of m examples weights its mean loss by n_r * N / m (0 for a filler
@@ -462,24 +459,40 @@ void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool l
   }
   last_batch_loss_ = loss.detach();
   if (last_of_step) optimizer_step();
-  if (strategy_->lazy_device()) {
-    // Note [No reads inside a lazy step]: the step runs here, then the
-    // values it computed are read.
-    strategy_->mark_step();  // throws lazy_loss_message for a non-finite loss
-    if (last_of_step) read_step_loss();
-    results_->settle(*strategy_);
-    warn_about_recompiles();
-  }
+  end_step(last_of_step);
+}
+
+void Trainer::end_step(bool stepped) {
+  // Note [No reads inside a lazy step] (strategies/accelerator.h): the
+  // step ends here (on a lazy device it runs, and throws
+  // deferred_loss_message for a non-finite loss), then the values it
+  // computed are read.
+  strategy_->mark_step();
+  if (stepped) read_step_loss();
+  results_->settle(*strategy_);
+  warn_about_recompiles();
 }
 
 void Trainer::accumulate(at::Tensor& sum, const at::Tensor& loss) const {
+  // The sum stays on the loss's device, read once the step ended.
   const at::Tensor value = loss.detach().to(at::kFloat);
-  // On a lazy device the sum stays there (read after the step is marked).
-  sum = strategy_->lazy_device() ? (sum.device() == value.device() ? sum + value : value + sum.to(value.device()))
-                                 : sum + value.cpu();
+  sum = sum.device() == value.device() ? sum + value : value + sum.to(value.device());
 }
 
-void Trainer::check_loss(double value, int64_t batch_idx) {
+void Trainer::check_loss(const at::Tensor& loss, int64_t batch_idx) {
+  // Note [NaN loss]
+  // Every rank votes; one non-finite loss stops all of them before the
+  // backward, so no step is taken with it and nothing is saved after the
+  // last good step: the checkpoints on disk stay as they were. On a device
+  // that reads nothing inside a step the check is deferred to the step's
+  // end, registered before any check of the step's gradients, so that it
+  // is the one reported.
+  const strategies::Accelerator& accelerator = strategy_->accelerator();
+  if (!accelerator.reads_inside_step()) {
+    accelerator.check_at_step_end(loss.detach().isfinite(), deferred_loss_message(batch_idx));
+    return;
+  }
+  const double value = loss.detach().to(at::kDouble).item<double>();
   const bool bad = !std::isfinite(value);
   if (!strategy_->reduce_boolean_decision(bad, /*all=*/false)) return;
   throw Error(detail::cat("[trainer] the loss is ", bad ? (std::isnan(value) ? "NaN" : "infinite") : "non-finite",
@@ -488,7 +501,7 @@ void Trainer::check_loss(double value, int64_t batch_idx) {
                           "untouched. Lower the learning rate or clip gradients (gradient_clip_val)"));
 }
 
-std::string Trainer::lazy_loss_message(int64_t batch_idx) const {
+std::string Trainer::deferred_loss_message(int64_t batch_idx) const {
   return detail::cat("[trainer] the loss is NaN or infinite at step ", global_step_ + 1, " (epoch ", epoch_,
                      ", batch ", batch_idx, "); on the ", strategy_->accelerator().name(),
                      " device the loss is read after the step ran (Note [No reads inside a lazy step]), so the model "
@@ -498,7 +511,7 @@ std::string Trainer::lazy_loss_message(int64_t batch_idx) const {
 }
 
 void Trainer::read_step_loss() {
-  // A download on a lazy device (the step has run); a convert there would
+  // A download (on a lazy device the step has run); a convert there would
   // be a program of its own.
   last_loss_ = finished_loss_.cpu().item<double>();
   last_loss_weighted_ = finished_loss_weighted_.cpu().item<double>();
@@ -508,16 +521,17 @@ void Trainer::warn_about_recompiles() {
   // Note [Recompiles after the warm-up]: a steady loop compiles its
   // programs in its first two steps; a compile later means the step
   // changed (a shape, an op, a constant) and each such step pays a compile.
-  const xla::Metrics m = xla::metrics();
+  // An eager device compiles none.
+  const strategies::Accelerator::CompiledPrograms programs = strategy_->accelerator().compiled_programs();
   // With ranks as threads the counts are the process's: rank 0 speaks.
-  if (global_step_ > 2 && m.compiles > compiles_seen_ && !m.compile_reasons.empty() && is_global_zero()) {
-    log::warning("[trainer] the xla device compiled a new program at step ", global_step_,
-              ", after the warm-up steps (", m.compiles - compiles_seen_, " new; ", m.compiles,
-              " in all): ", m.compile_reasons.back(),
-              ". A step whose shapes or ops change compiles each time; keep batch shapes fixed (drop_last) "
-              "and read values only after the step");
+  if (global_step_ > 2 && programs.count > compiles_seen_ && !programs.last_reason.empty() && is_global_zero()) {
+    log::warning("[trainer] the ", strategy_->accelerator().name(), " device compiled a new program at step ",
+                 global_step_, ", after the warm-up steps (", programs.count - compiles_seen_, " new; ",
+                 programs.count, " in all): ", programs.last_reason,
+                 ". A step whose shapes or ops change compiles each time; keep batch shapes fixed (drop_last) "
+                 "and read values only after the step");
   }
-  compiles_seen_ = m.compiles;
+  compiles_seen_ = programs.count;
 }
 
 void Trainer::optimizer_step() {
@@ -537,54 +551,11 @@ void Trainer::optimizer_step() {
   ++global_step_;
   finished_loss_ = step_loss_;
   finished_loss_weighted_ = step_loss_weighted_;
-  if (!strategy_->lazy_device()) read_step_loss();  // else once the step is marked
   step_loss_ = at::zeros({}, at::kFloat);
   step_loss_weighted_ = at::zeros({}, at::kFloat);
   for (auto& s : schedulers_) {
     if (s.interval == "step" && global_step_ % s.frequency == 0) s.scheduler->step();
   }
-}
-
-void Trainer::collect_step_metrics() {
-  trainer::Metrics log, bar, all;
-  results_->take_step(*strategy_, log, bar, all);
-  for (const auto& [k, v] : all) callback_metrics_[k] = v;
-  for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
-  // logged_metrics has every batch's values, whether or not this step's
-  // row reaches the loggers (Lightning's on_batch_end).
-  for (const auto& [k, v] : log) pending_step_metrics_[k] = logged_metrics_[k] = v;
-}
-
-void Trainer::log_step_metrics(bool stepped) {
-  // Lightning's update_train_step_metrics: after a batch that stepped,
-  // when should_update_logs(), so also off the cadence once a hook has set
-  // should_stop (that step is the run's last).
-  if (stepped && should_update_logs() && !pending_step_metrics_.empty()) {
-    log_to_loggers(pending_step_metrics_, log_step());
-    pending_step_metrics_.clear();
-  }
-}
-
-void Trainer::log_to_loggers(const trainer::Metrics& metrics, int64_t step) {
-  // "epoch" goes to the loggers' rows only (Lightning adds it there, not
-  // to logged_metrics).
-  for (const auto& [k, v] : metrics) logged_metrics_[k] = v;
-  trainer::Metrics row = metrics;
-  row["epoch"] = static_cast<double>(epoch_);
-  if (!is_global_zero()) return;
-  for (const auto& logger : loggers_) {
-    logger->log_metrics(row, step);
-    logger->save();
-  }
-}
-
-void Trainer::record_log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
-  STRATA_CHECK(!stage_.empty(), ConfigError, "[trainer] log('", name,
-               "') was called outside fit/validate/test/predict; log inside a step or hook");
-  trainer::detail::Results& results = active_results_ ? *active_results_ : *results_;
-  int64_t batch_size = options.batch_size.value_or(current_batch_size_);
-  results.log(*strategy_, name, value, options, /*in_training=*/!validating_ && stage_ == "fit", batch_size,
-              current_share_);
 }
 
 }  // namespace strata

@@ -31,27 +31,36 @@ constexpr const char* kOneModule =
     "[trainer] this Trainer already runs another module; one Trainer trains one module (its strategy set that "
     "module up): create a new Trainer for this one";
 
-// Rank r's module: `module.replica()` with `module`'s weights and
-// hyperparameters (Note [The Trainer's ranks as threads]).
-std::shared_ptr<TrainModule> module_for_rank(const TrainModule& module, const strategies::ResolvedPlacement& p) {
-  std::shared_ptr<TrainModule> copy = module.replica();
-  STRATA_CHECK(copy != nullptr, ConfigError, "[trainer] accelerator '", p.accelerator->name(), "' with devices=",
-               p.devices, " runs the ranks as threads of this process, each with a module of its own, and this "
-               "module has no replica(): override TrainModule::replica() to return a new module built as this one "
-               "was (e.g. std::make_shared<MyModule>(config)); the Trainer copies this one's weights into it");
-  STRATA_CHECK(typeid(*copy) == typeid(module), ConfigError, "[trainer] replica() returned a module of another "
-               "class (", typeid(*copy).name(), ", not ", typeid(module).name(), "); return a new module of this "
-               "one's class");
+// "[trainer] accelerator 'xla' with devices=2 runs the ranks as threads of
+// this process, each with ", for the messages of what cannot be made for them.
+std::string threads_note(const strategies::ResolvedPlacement& p) {
+  return detail::cat("[trainer] accelerator '", p.accelerator->name(), "' with devices=", p.devices,
+                     " runs the ranks as threads of this process, each with ");
+}
+
+// Rank r's module: the options' module_factory's, with `module`'s weights
+// and hyperparameters (Note [The Trainer's ranks as threads]).
+std::shared_ptr<TrainModule> module_for_rank(const TrainModule& module, const TrainerOptions& options,
+                                             const strategies::ResolvedPlacement& p) {
+  STRATA_CHECK(options.module_factory != nullptr, ConfigError, threads_note(p), "a module of its own, and no "
+               "module_factory builds them: pass TrainerOptions::with_module_factory a function that returns a new "
+               "module built as this one was (e.g. [=] { return std::make_shared<MyModule>(config); }); the "
+               "Trainer copies this one's weights into it");
+  std::shared_ptr<TrainModule> copy = options.module_factory();
+  STRATA_CHECK(copy != nullptr, ConfigError, "[trainer] module_factory returned a null module");
+  STRATA_CHECK(typeid(*copy) == typeid(module), ConfigError, "[trainer] module_factory returned a module of "
+               "another class (", typeid(*copy).name(), ", not ", typeid(module).name(), "); return a new module "
+               "of the class of the one passed");
   const auto copy_all = [&](const torch::OrderedDict<std::string, at::Tensor>& from,
                             const torch::OrderedDict<std::string, at::Tensor>& to, const char* what) {
-    STRATA_CHECK(from.size() == to.size(), ConfigError, "[trainer] replica() returned a module with ", to.size(),
-                 " ", what, "s where this one has ", from.size(), "; build it as this one was");
+    STRATA_CHECK(from.size() == to.size(), ConfigError, "[trainer] module_factory returned a module with ",
+                 to.size(), " ", what, "s where the one passed has ", from.size(), "; build it as that one was");
     for (const auto& item : from) {
       const at::Tensor* target = to.find(item.key());
       STRATA_CHECK(target != nullptr && target->sizes() == item.value().sizes() &&
                        target->scalar_type() == item.value().scalar_type(),
-                   ConfigError, "[trainer] replica() returned a module whose ", what, " '", item.key(),
-                   "' is missing or of another shape or type; build it as this one was");
+                   ConfigError, "[trainer] module_factory returned a module whose ", what, " '", item.key(),
+                   "' is missing or of another shape or type; build it as the one passed was");
       at::Tensor(*target).detach().copy_(item.value().detach());
     }
   };
@@ -64,6 +73,32 @@ std::shared_ptr<TrainModule> module_for_rank(const TrainModule& module, const st
   return copy;
 }
 
+// A copy of `c` as one of `Classes` (trainer::detail::copy_as); null when
+// it is none of them.
+template <class... Classes>
+trainer::CallbackPtr copy_as_one_of(const trainer::Callback& c) {
+  trainer::CallbackPtr copy;
+  ((copy = copy != nullptr ? copy : trainer::detail::copy_as<Classes>(c)), ...);
+  return copy;
+}
+
+// Rank r's copy of callback `c` (Note [The Trainer's ranks as threads]):
+// by the copier with_callback recorded, or as a built-in callback.
+trainer::CallbackPtr callback_for_rank(const trainer::CallbackPtr& c, const TrainerOptions& options,
+                                       const strategies::ResolvedPlacement& p) {
+  const auto copier = options.callback_copiers.find(c.get());
+  trainer::CallbackPtr copy = copier != options.callback_copiers.end() ? copier->second() : nullptr;
+  if (copy == nullptr) {
+    copy = copy_as_one_of<trainer::ModelCheckpoint, trainer::EarlyStopping, trainer::LearningRateMonitor,
+                          trainer::Timer, trainer::ProgressBar>(*c);
+  }
+  STRATA_CHECK(copy != nullptr, ConfigError, threads_note(p), "its own callbacks, and the callback '", c->state_key(),
+               "' cannot be copied for them: give its class a copy constructor (the implicit one will do) and pass "
+               "it as TrainerOptions().with_callback(std::make_shared<MyCallback>(...)), which records how to copy "
+               "it");
+  return copy;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> strategy)
@@ -71,14 +106,7 @@ Trainer::Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> s
   placement_.strategy = strategy_;
   max_epochs_ = primary.max_epochs_;
   loggers_ = primary.loggers_;  // written by rank 0 only
-  for (const auto& c : primary.callbacks_) {
-    trainer::CallbackPtr copy = c->replica();
-    STRATA_CHECK(copy != nullptr, ConfigError, "[trainer] accelerator '", placement_.accelerator->name(),
-                 "' with devices=", placement_.devices, " runs the ranks as threads of this process, each with "
-                 "its own callbacks, and the callback '", c->state_key(), "' has no replica(): override "
-                 "Callback::replica() to return a copy (e.g. std::make_shared<MyCallback>(*this))");
-    callbacks_.push_back(std::move(copy));
-  }
+  for (const auto& c : primary.callbacks_) callbacks_.push_back(callback_for_rank(c, options_, placement_));
   results_ = std::make_unique<trainer::detail::Results>();
 }
 
@@ -134,7 +162,9 @@ nlohmann::json Trainer::run_on_thread_ranks(const std::shared_ptr<TrainModule>& 
       state = generator.get_state();
     }
     std::vector<std::shared_ptr<TrainModule>> modules;
-    for (size_t r = 0; r < ranks.trainers.size(); ++r) modules.push_back(module_for_rank(*module, placement_));
+    for (size_t r = 0; r < ranks.trainers.size(); ++r) {
+      modules.push_back(module_for_rank(*module, options_, placement_));
+    }
     {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(state);

@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "key_value.h"
-#include "pjrt_c_api.h"
+#include "pjrt_api.h"
 #include "plugin_call.h"
 
 namespace strata::xla {
@@ -16,16 +16,16 @@ namespace strata::xla {
 namespace detail {
 struct ClientHandle {
   std::shared_ptr<const Plugin> plugin;
-  capi::PJRT_Client* client = nullptr;
+  PJRT_Client* client = nullptr;
   std::shared_ptr<KeyValueStore> store;  // a multi-process client's; destroyed after the client
 
   ~ClientHandle() {
-    if (client == nullptr || !plugin->has(&capi::PJRT_Api::PJRT_Client_Destroy)) return;
-    auto args = capi::make_args<capi::PJRT_Client_Destroy_Args>();
+    if (client == nullptr || !plugin->has(&PJRT_Api::PJRT_Client_Destroy)) return;
+    auto args = STRATA_PJRT_ARGS(PJRT_Client_Destroy_Args);
     args.client = client;
     // A destructor cannot throw; a failed destroy is a leak and nothing more.
     try {
-      plugin->call(&capi::PJRT_Api::PJRT_Client_Destroy, args, "PJRT_Client_Destroy");
+      plugin->call(&PJRT_Api::PJRT_Client_Destroy, args, "PJRT_Client_Destroy");
     } catch (const XlaError&) {
     }
   }
@@ -34,7 +34,6 @@ struct ClientHandle {
 
 namespace {
 
-using capi::PJRT_Api;
 
 // Note [Create options]
 // PJRT_Client_Create takes named options, and recent plugins refuse a
@@ -53,28 +52,28 @@ const std::vector<std::string> kNoOptions = {};
 
 std::string text_of(const char* data, size_t size) { return data != nullptr ? std::string(data, size) : ""; }
 
-Device describe(const Plugin& plugin, capi::PJRT_Device* handle) {
+Device describe(const Plugin& plugin, PJRT_Device* handle) {
   Device device;
   device.handle = handle;
-  auto get = capi::make_args<capi::PJRT_Device_GetDescription_Args>();
+  auto get = STRATA_PJRT_ARGS(PJRT_Device_GetDescription_Args);
   get.device = handle;
   plugin.call(&PJRT_Api::PJRT_Device_GetDescription, get, "PJRT_Device_GetDescription");
-  auto id = capi::make_args<capi::PJRT_DeviceDescription_Id_Args>();
+  auto id = STRATA_PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
   id.device_description = get.device_description;
   plugin.call(&PJRT_Api::PJRT_DeviceDescription_Id, id, "PJRT_DeviceDescription_Id");
   device.id = id.id;
-  auto process = capi::make_args<capi::PJRT_DeviceDescription_ProcessIndex_Args>();
+  auto process = STRATA_PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args);
   process.device_description = get.device_description;
   plugin.call(&PJRT_Api::PJRT_DeviceDescription_ProcessIndex, process, "PJRT_DeviceDescription_ProcessIndex");
-  device.process_index = process.id;
-  auto kind = capi::make_args<capi::PJRT_DeviceDescription_Kind_Args>();
+  device.process_index = process.process_index;
+  auto kind = STRATA_PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
   kind.device_description = get.device_description;
   plugin.call(&PJRT_Api::PJRT_DeviceDescription_Kind, kind, "PJRT_DeviceDescription_Kind");
-  device.kind = text_of(kind.value, kind.value_size);
-  auto text = capi::make_args<capi::PJRT_DeviceDescription_ToString_Args>();
+  device.kind = text_of(kind.device_kind, kind.device_kind_size);
+  auto text = STRATA_PJRT_ARGS(PJRT_DeviceDescription_ToString_Args);
   text.device_description = get.device_description;
   plugin.call(&PJRT_Api::PJRT_DeviceDescription_ToString, text, "PJRT_DeviceDescription_ToString");
-  device.description = text_of(text.value, text.value_size);
+  device.description = text_of(text.to_string, text.to_string_size);
   return device;
 }
 
@@ -133,7 +132,7 @@ std::string plugin_kind(const std::string& path) {
 
 // ---- Event --------------------------------------------------------------------
 
-Event::Event(std::shared_ptr<const Plugin> plugin, capi::PJRT_Event* event)
+Event::Event(std::shared_ptr<const Plugin> plugin, PJRT_Event* event)
     : plugin_(std::move(plugin)), event_(event) {}
 Event::Event(Event&& other) noexcept : plugin_(std::move(other.plugin_)), event_(other.event_) {
   other.event_ = nullptr;
@@ -151,7 +150,7 @@ Event::~Event() { reset(); }
 
 void Event::reset() {
   if (event_ == nullptr) return;
-  auto args = capi::make_args<capi::PJRT_Event_Destroy_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Event_Destroy_Args);
   args.event = event_;
   event_ = nullptr;
   try {
@@ -162,14 +161,14 @@ void Event::reset() {
 
 void Event::await(std::string_view what) {
   if (event_ == nullptr) return;
-  auto args = capi::make_args<capi::PJRT_Event_Await_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Event_Await_Args);
   args.event = event_;
   plugin_->call(&PJRT_Api::PJRT_Event_Await, args, what);
 }
 
 // ---- Buffer -------------------------------------------------------------------
 
-Buffer::Buffer(std::shared_ptr<detail::ClientHandle> client, capi::PJRT_Buffer* buffer)
+Buffer::Buffer(std::shared_ptr<detail::ClientHandle> client, PJRT_Buffer* buffer)
     : client_(std::move(client)), buffer_(buffer) {}
 Buffer::Buffer(Buffer&& other) noexcept : client_(std::move(other.client_)), buffer_(other.buffer_) {
   other.buffer_ = nullptr;
@@ -187,7 +186,7 @@ Buffer::~Buffer() { reset(); }
 
 void Buffer::reset() {
   if (buffer_ == nullptr) return;
-  auto args = capi::make_args<capi::PJRT_Buffer_Destroy_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
   buffer_ = nullptr;
   try {
@@ -198,7 +197,7 @@ void Buffer::reset() {
 
 ElementType Buffer::element_type() const {
   STRATA_CHECK(buffer_ != nullptr, xla::XlaError, "[pjrt] element_type() of an empty Buffer");
-  auto args = capi::make_args<capi::PJRT_Buffer_ElementType_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
   args.buffer = buffer_;
   client_->plugin->call(&PJRT_Api::PJRT_Buffer_ElementType, args, "PJRT_Buffer_ElementType");
   return from_pjrt_buffer_type(args.type);
@@ -206,7 +205,7 @@ ElementType Buffer::element_type() const {
 
 std::vector<int64_t> Buffer::dims() const {
   STRATA_CHECK(buffer_ != nullptr, xla::XlaError, "[pjrt] dims() of an empty Buffer");
-  auto args = capi::make_args<capi::PJRT_Buffer_Dimensions_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
   args.buffer = buffer_;
   client_->plugin->call(&PJRT_Api::PJRT_Buffer_Dimensions, args, "PJRT_Buffer_Dimensions");
   return std::vector<int64_t>(args.dims, args.dims + args.num_dims);
@@ -215,7 +214,7 @@ std::vector<int64_t> Buffer::dims() const {
 size_t Buffer::byte_size() const {
   STRATA_CHECK(buffer_ != nullptr, xla::XlaError, "[pjrt] byte_size() of an empty Buffer");
   // With dst null, PJRT_Buffer_ToHostBuffer only reports the size it needs.
-  auto args = capi::make_args<capi::PJRT_Buffer_ToHostBuffer_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   args.src = buffer_;
   client_->plugin->call(&PJRT_Api::PJRT_Buffer_ToHostBuffer, args, "PJRT_Buffer_ToHostBuffer (size query)");
   return args.dst_size;
@@ -225,7 +224,7 @@ void Buffer::to_host(void* dst, size_t size) const {
   const size_t need = byte_size();
   STRATA_CHECK(size == need, xla::XlaError, "[pjrt] to_host: the destination holds ", size,
                " bytes, the buffer needs ", need);
-  auto args = capi::make_args<capi::PJRT_Buffer_ToHostBuffer_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   args.src = buffer_;
   args.dst = dst;
   args.dst_size = size;
@@ -242,7 +241,7 @@ std::vector<uint8_t> Buffer::to_host() const {
 // ---- LoadedExecutable -------------------------------------------------------
 
 LoadedExecutable::LoadedExecutable(std::shared_ptr<detail::ClientHandle> client,
-                                   capi::PJRT_LoadedExecutable* exe)
+                                   PJRT_LoadedExecutable* exe)
     : client_(std::move(client)), exe_(exe) {}
 LoadedExecutable::LoadedExecutable(LoadedExecutable&& other) noexcept
     : client_(std::move(other.client_)), exe_(other.exe_) {
@@ -261,7 +260,7 @@ LoadedExecutable::~LoadedExecutable() { reset(); }
 
 void LoadedExecutable::reset() {
   if (exe_ == nullptr) return;
-  auto args = capi::make_args<capi::PJRT_LoadedExecutable_Destroy_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
   args.executable = exe_;
   exe_ = nullptr;
   try {
@@ -273,13 +272,13 @@ void LoadedExecutable::reset() {
 size_t LoadedExecutable::num_outputs() const {
   STRATA_CHECK(exe_ != nullptr, xla::XlaError, "[pjrt] num_outputs() of an empty LoadedExecutable");
   const Plugin& plugin = *client_->plugin;
-  auto get = capi::make_args<capi::PJRT_LoadedExecutable_GetExecutable_Args>();
+  auto get = STRATA_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
   get.loaded_executable = exe_;
   plugin.call(&PJRT_Api::PJRT_LoadedExecutable_GetExecutable, get, "PJRT_LoadedExecutable_GetExecutable");
-  auto count = capi::make_args<capi::PJRT_Executable_NumOutputs_Args>();
+  auto count = STRATA_PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
   count.executable = get.executable;
-  capi::PJRT_Error* error = plugin.api().PJRT_Executable_NumOutputs(&count);
-  auto destroy = capi::make_args<capi::PJRT_Executable_Destroy_Args>();
+  PJRT_Error* error = plugin.api().PJRT_Executable_NumOutputs(&count);
+  auto destroy = STRATA_PJRT_ARGS(PJRT_Executable_Destroy_Args);
   destroy.executable = get.executable;
   plugin.call(&PJRT_Api::PJRT_Executable_Destroy, destroy, "PJRT_Executable_Destroy");
   plugin.check(error, "PJRT_Executable_NumOutputs");
@@ -293,8 +292,8 @@ std::vector<std::vector<Buffer>> LoadedExecutable::execute(
                "[pjrt] execute() needs the arguments of at least one device");
   const size_t num_devices = arguments.size();
   const size_t num_args = arguments[0].size();
-  std::vector<std::vector<capi::PJRT_Buffer*>> inputs(num_devices);
-  std::vector<capi::PJRT_Buffer* const*> input_lists(num_devices);
+  std::vector<std::vector<PJRT_Buffer*>> inputs(num_devices);
+  std::vector<PJRT_Buffer* const*> input_lists(num_devices);
   for (size_t d = 0; d < num_devices; ++d) {
     STRATA_CHECK(arguments[d].size() == num_args, xla::XlaError, "[pjrt] execute(): device ", d, " has ",
                  arguments[d].size(), " arguments, device 0 has ", num_args);
@@ -306,13 +305,13 @@ std::vector<std::vector<Buffer>> LoadedExecutable::execute(
     input_lists[d] = inputs[d].data();
   }
   const size_t num_out = num_outputs();
-  std::vector<std::vector<capi::PJRT_Buffer*>> outputs(num_devices, std::vector<capi::PJRT_Buffer*>(num_out));
-  std::vector<capi::PJRT_Buffer**> output_lists(num_devices);
+  std::vector<std::vector<PJRT_Buffer*>> outputs(num_devices, std::vector<PJRT_Buffer*>(num_out));
+  std::vector<PJRT_Buffer**> output_lists(num_devices);
   for (size_t d = 0; d < num_devices; ++d) output_lists[d] = outputs[d].data();
-  std::vector<capi::PJRT_Event*> done(num_devices, nullptr);
+  std::vector<PJRT_Event*> done(num_devices, nullptr);
 
-  auto options = capi::make_args<capi::PJRT_ExecuteOptions>();
-  auto args = capi::make_args<capi::PJRT_LoadedExecutable_Execute_Args>();
+  auto options = STRATA_PJRT_ARGS(PJRT_ExecuteOptions);
+  auto args = STRATA_PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
   args.executable = exe_;
   args.options = &options;
   args.argument_lists = input_lists.data();
@@ -327,7 +326,7 @@ std::vector<std::vector<Buffer>> LoadedExecutable::execute(
   std::vector<std::vector<Buffer>> result(num_devices);
   std::vector<Event> events;
   for (size_t d = 0; d < num_devices; ++d) {
-    for (capi::PJRT_Buffer* b : outputs[d]) result[d].emplace_back(client_, b);
+    for (PJRT_Buffer* b : outputs[d]) result[d].emplace_back(client_, b);
     events.emplace_back(client_->plugin, done[d]);
   }
   for (Event& e : events) e.await("PJRT_LoadedExecutable_Execute (device completion)");
@@ -363,36 +362,36 @@ Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions&
     client.sent_.push_back({"node_id", static_cast<int64_t>(options.node_id)});
     client.sent_.push_back({"num_nodes", static_cast<int64_t>(options.num_nodes)});
   }
-  std::vector<capi::PJRT_NamedValue> values;
+  std::vector<PJRT_NamedValue> values;
   for (const NamedValue& option : client.sent_) {
-    capi::PJRT_NamedValue v{};
-    v.struct_size = capi::kStructSize<capi::PJRT_NamedValue>;
+    PJRT_NamedValue v{};
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
     v.name = option.name.c_str();
     v.name_size = option.name.size();
     if (const auto* s = std::get_if<std::string>(&option.value)) {
-      v.type = capi::PJRT_NamedValue_kString;
+      v.type = PJRT_NamedValue_kString;
       v.string_value = s->c_str();
       v.value_size = s->size();
     } else if (const auto* i = std::get_if<int64_t>(&option.value)) {
-      v.type = capi::PJRT_NamedValue_kInt64;
+      v.type = PJRT_NamedValue_kInt64;
       v.int64_value = *i;
       v.value_size = 1;
     } else if (const auto* l = std::get_if<std::vector<int64_t>>(&option.value)) {
-      v.type = capi::PJRT_NamedValue_kInt64List;
+      v.type = PJRT_NamedValue_kInt64List;
       v.int64_array_value = l->data();
       v.value_size = l->size();
     } else if (const auto* f = std::get_if<float>(&option.value)) {
-      v.type = capi::PJRT_NamedValue_kFloat;
+      v.type = PJRT_NamedValue_kFloat;
       v.float_value = *f;
       v.value_size = 1;
     } else {
-      v.type = capi::PJRT_NamedValue_kBool;
+      v.type = PJRT_NamedValue_kBool;
       v.bool_value = std::get<bool>(option.value);
       v.value_size = 1;
     }
     values.push_back(v);
   }
-  auto args = capi::make_args<capi::PJRT_Client_Create_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_Create_Args);
   args.create_options = values.data();
   args.num_options = values.size();
   if (options.num_nodes > 1) attach_store(args, options.store.get());
@@ -407,28 +406,28 @@ Client Client::create(std::shared_ptr<const Plugin> plugin, const ClientOptions&
 const Plugin& Client::plugin() const { return *client_->plugin; }
 
 std::string Client::platform_name() const {
-  auto args = capi::make_args<capi::PJRT_Client_PlatformName_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_PlatformName_Args);
   args.client = client_->client;
   plugin().call(&PJRT_Api::PJRT_Client_PlatformName, args, "PJRT_Client_PlatformName");
-  return text_of(args.value, args.value_size);
+  return text_of(args.platform_name, args.platform_name_size);
 }
 
 std::string Client::platform_version() const {
-  auto args = capi::make_args<capi::PJRT_Client_PlatformVersion_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
   args.client = client_->client;
   plugin().call(&PJRT_Api::PJRT_Client_PlatformVersion, args, "PJRT_Client_PlatformVersion");
-  return text_of(args.value, args.value_size);
+  return text_of(args.platform_version, args.platform_version_size);
 }
 
 int Client::process_index() const {
-  auto args = capi::make_args<capi::PJRT_Client_ProcessIndex_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_ProcessIndex_Args);
   args.client = client_->client;
   plugin().call(&PJRT_Api::PJRT_Client_ProcessIndex, args, "PJRT_Client_ProcessIndex");
   return args.process_index;
 }
 
 std::vector<Device> Client::devices() const {
-  auto args = capi::make_args<capi::PJRT_Client_Devices_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_Devices_Args);
   args.client = client_->client;
   plugin().call(&PJRT_Api::PJRT_Client_Devices, args, "PJRT_Client_Devices");
   std::vector<Device> out;
@@ -437,11 +436,12 @@ std::vector<Device> Client::devices() const {
 }
 
 std::vector<Device> Client::addressable_devices() const {
-  auto args = capi::make_args<capi::PJRT_Client_AddressableDevices_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
   args.client = client_->client;
   plugin().call(&PJRT_Api::PJRT_Client_AddressableDevices, args, "PJRT_Client_AddressableDevices");
   std::vector<Device> out;
-  for (size_t i = 0; i < args.num_devices; ++i) out.push_back(describe(plugin(), args.devices[i]));
+  for (size_t i = 0; i < args.num_addressable_devices; ++i)
+    out.push_back(describe(plugin(), args.addressable_devices[i]));
   return out;
 }
 
@@ -457,13 +457,13 @@ Buffer Client::buffer_from_host(const void* data, size_t size, ElementType type,
                stablehlo_name(type), " (", static_cast<size_t>(count) * element_size(type),
                " bytes expected)");
   STRATA_CHECK(device.handle != nullptr, ConfigError, "[pjrt] buffer_from_host: no device given");
-  auto args = capi::make_args<capi::PJRT_Client_BufferFromHostBuffer_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   args.client = client_->client;
   args.data = data;
-  args.type = static_cast<capi::PJRT_Buffer_Type>(pjrt_buffer_type(type));
+  args.type = static_cast<PJRT_Buffer_Type>(pjrt_buffer_type(type));
   args.dims = dims.data();
   args.num_dims = dims.size();
-  args.host_buffer_semantics = capi::PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
   args.device = device.handle;
   plugin().call(&PJRT_Api::PJRT_Client_BufferFromHostBuffer, args, "PJRT_Client_BufferFromHostBuffer");
   Buffer buffer(client_, args.buffer);
@@ -475,12 +475,12 @@ LoadedExecutable Client::compile(const std::string& mlir_text, const CompileOpti
   const std::string serialized = options.serialize();
   std::string code = mlir_text;  // PJRT_Program.code is not const
   const std::string format = "mlir";
-  auto program = capi::make_args<capi::PJRT_Program>();
+  auto program = STRATA_PJRT_ARGS(PJRT_Program);
   program.code = code.data();
   program.code_size = code.size();
   program.format = format.c_str();
   program.format_size = format.size();
-  auto args = capi::make_args<capi::PJRT_Client_Compile_Args>();
+  auto args = STRATA_PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_->client;
   args.program = &program;
   args.compile_options = serialized.data();

@@ -38,7 +38,7 @@ namespace strata::xla {
 // handed out is a copy the plugin frees through the deleter given with it.
 namespace {
 
-capi::PJRT_Error* callback_failure(capi::PJRT_CallbackError* make, capi::PJRT_Error_Code code,
+PJRT_Error* callback_failure(PJRT_CallbackError* make, PJRT_Error_Code code,
                                    const std::string& message) {
   if (make == nullptr || *make == nullptr) return nullptr;  // nothing to report it with
   return (*make)(code, message.data(), message.size());
@@ -59,7 +59,7 @@ void hand_out(Args* args, const std::string& value) {
 // A get waits up to its timeout and reports a key that never came as
 // DEADLINE_EXCEEDED; a try-get looks once and reports NOT_FOUND.
 template <class Args>
-capi::PJRT_Error* read(Args* args, std::chrono::milliseconds timeout, capi::PJRT_Error_Code missing,
+PJRT_Error* read(Args* args, std::chrono::milliseconds timeout, PJRT_Error_Code missing,
                        const std::string& why_missing) {
   const std::string key(args->key, args->key_size);
   try {
@@ -68,28 +68,28 @@ capi::PJRT_Error* read(Args* args, std::chrono::milliseconds timeout, capi::PJRT
     hand_out(args, *value);
     return nullptr;
   } catch (const std::exception& e) {
-    return callback_failure(args->callback_error, capi::PJRT_Error_Code_UNAVAILABLE,
+    return callback_failure(args->callback_error, PJRT_Error_Code_UNAVAILABLE,
                             "[pjrt] getting key '" + key + "' from the store: " + e.what());
   }
 }
 
-capi::PJRT_Error* kv_get(capi::PJRT_KeyValueGetCallback_Args* args) {
-  return read(args, std::chrono::milliseconds(args->timeout_in_ms), capi::PJRT_Error_Code_DEADLINE_EXCEEDED,
+PJRT_Error* kv_get(PJRT_KeyValueGetCallback_Args* args) {
+  return read(args, std::chrono::milliseconds(args->timeout_in_ms), PJRT_Error_Code_DEADLINE_EXCEEDED,
               "was not set within " + std::to_string(args->timeout_in_ms) +
                   " ms: a process of the client did not start or did not reach it");
 }
 
-capi::PJRT_Error* kv_try_get(capi::PJRT_KeyValueTryGetCallback_Args* args) {
-  return read(args, std::chrono::milliseconds(0), capi::PJRT_Error_Code_NOT_FOUND, "is not set");
+PJRT_Error* kv_try_get(PJRT_KeyValueTryGetCallback_Args* args) {
+  return read(args, std::chrono::milliseconds(0), PJRT_Error_Code_NOT_FOUND, "is not set");
 }
 
-capi::PJRT_Error* kv_put(capi::PJRT_KeyValuePutCallback_Args* args) {
+PJRT_Error* kv_put(PJRT_KeyValuePutCallback_Args* args) {
   const std::string key(args->key, args->key_size);
   try {
     static_cast<KeyValueStore*>(args->user_arg)->set(key, std::string(args->value, args->value_size));
     return nullptr;
   } catch (const std::exception& e) {
-    return callback_failure(args->callback_error, capi::PJRT_Error_Code_UNAVAILABLE,
+    return callback_failure(args->callback_error, PJRT_Error_Code_UNAVAILABLE,
                             "[pjrt] setting key '" + key + "' in the store: " + e.what());
   }
 }
@@ -163,7 +163,7 @@ std::shared_ptr<KeyValueStore> directory_store(std::string dir) {
   return std::make_shared<DirectoryStore>(std::move(dir));
 }
 
-void attach_store(capi::PJRT_Client_Create_Args& args, KeyValueStore* store) {
+void attach_store(PJRT_Client_Create_Args& args, KeyValueStore* store) {
   args.kv_get_callback = kv_get;
   args.kv_get_user_arg = store;
   args.kv_put_callback = kv_put;

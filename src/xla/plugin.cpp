@@ -9,7 +9,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "pjrt_c_api.h"
+#include "pjrt_api.h"
 #include "plugin_call.h"
 
 namespace strata::xla {
@@ -19,11 +19,11 @@ namespace {
 // The PJRT C API is versioned major.minor. Within major 0 a minor bump
 // appends fields to argument structs and slots to the function table, and
 // each side reads `struct_size` to see how much of a struct the other knows,
-// so a plugin newer than strata's declarations is fine. Two things are not:
-// a different major, and a plugin older than the declarations (it may lack
-// fields or slots strata uses; 0.57 even rearranged the table without a
-// major bump). So strata requires major 0 and minor >= the declarations',
-// and refuses anything else before calling a single function.
+// so a plugin newer than the header strata is built with (pjrt_api.h) is
+// fine. Two things are not: a different major, and a plugin older than the
+// header (it may lack fields or slots strata uses; 0.57 even rearranged the
+// table without a major bump). So strata requires major 0 and minor >= the
+// header's, and refuses anything else before calling a single function.
 
 // Note [Never unload]
 // Plugins register atexit handlers and thread-local destructors that point
@@ -38,17 +38,17 @@ std::map<std::string, std::shared_ptr<const Plugin>>& registry() {
   return *plugins;
 }
 
-NamedValue::Value read_value(const capi::PJRT_NamedValue& v) {
+NamedValue::Value read_value(const PJRT_NamedValue& v) {
   switch (v.type) {
-    case capi::PJRT_NamedValue_kString:
+    case PJRT_NamedValue_kString:
       return std::string(v.string_value, v.value_size);
-    case capi::PJRT_NamedValue_kInt64:
+    case PJRT_NamedValue_kInt64:
       return v.int64_value;
-    case capi::PJRT_NamedValue_kInt64List:
+    case PJRT_NamedValue_kInt64List:
       return std::vector<int64_t>(v.int64_array_value, v.int64_array_value + v.value_size);
-    case capi::PJRT_NamedValue_kFloat:
+    case PJRT_NamedValue_kFloat:
       return v.float_value;
-    case capi::PJRT_NamedValue_kBool:
+    case PJRT_NamedValue_kBool:
       return v.bool_value;
   }
   return std::string("<unknown type ") + std::to_string(static_cast<int>(v.type)) + ">";
@@ -85,7 +85,7 @@ std::string value_text(const NamedValue::Value& value) {
   return std::visit(Visitor{}, value);
 }
 
-ApiVersion strata_api_version() { return {capi::kPjrtApiMajor, capi::kPjrtApiMinor}; }
+ApiVersion strata_api_version() { return {pjrt::kApiMajor, pjrt::kApiMinor}; }
 
 void check_api_version(ApiVersion plugin, const std::string& path) {
   const ApiVersion ours = strata_api_version();
@@ -128,11 +128,11 @@ std::shared_ptr<const Plugin> Plugin::load(const std::string& path) {
         ". Check the path (--plugin or STRATA_PJRT_PLUGIN) and that the libraries it "
         "needs are on LD_LIBRARY_PATH"));
   }
-  auto get_api = reinterpret_cast<StrataGetPjrtApiFn>(::dlsym(handle, "GetPjrtApi"));
+  auto get_api = reinterpret_cast<const PJRT_Api* (*)()>(::dlsym(handle, "GetPjrtApi"));
   if (get_api == nullptr)
     throw XlaError(
         strata::detail::cat("[pjrt] ", path, " is not a PJRT plugin: it does not export GetPjrtApi"));
-  const capi::PJRT_Api* api = get_api();
+  const PJRT_Api* api = get_api();
   if (api == nullptr) throw XlaError(strata::detail::cat("[pjrt] ", path, ": GetPjrtApi() returned null"));
   // Note [Never unload]: `handle` is intentionally never passed to dlclose.
   std::shared_ptr<const Plugin> plugin(new Plugin(path, api));
@@ -140,26 +140,26 @@ std::shared_ptr<const Plugin> Plugin::load(const std::string& path) {
   return plugin;
 }
 
-Plugin::Plugin(std::string path, const capi::PJRT_Api* api) : path_(std::move(path)), api_(api) {
+Plugin::Plugin(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {
   // The version struct sits at a fixed place in every version of the table.
-  const size_t version_end = offsetof(capi::PJRT_Api, pjrt_api_version) + sizeof(capi::PJRT_Api_Version);
+  const size_t version_end = offsetof(PJRT_Api, pjrt_api_version) + sizeof(PJRT_Api_Version);
   if (api_->struct_size < version_end)
     throw XlaError(strata::detail::cat("[pjrt] ", path_, ": the PJRT_Api table is ", api_->struct_size,
                                        " bytes, too small to hold a version; this is not a usable plugin"));
   version_ = {api_->pjrt_api_version.major_version, api_->pjrt_api_version.minor_version};
   check_api_version(version_, path_);
 
-  if (has(&capi::PJRT_Api::PJRT_Plugin_Initialize)) {
-    auto args = capi::make_args<capi::PJRT_Plugin_Initialize_Args>();
-    call(&capi::PJRT_Api::PJRT_Plugin_Initialize, args, "PJRT_Plugin_Initialize");
+  if (has(&PJRT_Api::PJRT_Plugin_Initialize)) {
+    auto args = STRATA_PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+    call(&PJRT_Api::PJRT_Plugin_Initialize, args, "PJRT_Plugin_Initialize");
   }
-  if (has(&capi::PJRT_Api::PJRT_Plugin_Attributes)) {
-    auto args = capi::make_args<capi::PJRT_Plugin_Attributes_Args>();
-    call(&capi::PJRT_Api::PJRT_Plugin_Attributes, args, "PJRT_Plugin_Attributes");
+  if (has(&PJRT_Api::PJRT_Plugin_Attributes)) {
+    auto args = STRATA_PJRT_ARGS(PJRT_Plugin_Attributes_Args);
+    call(&PJRT_Api::PJRT_Plugin_Attributes, args, "PJRT_Plugin_Attributes");
     STRATA_CHECK(args.num_attributes < 4096, xla::XlaError, "[pjrt] ", path_, " reports ",
                  args.num_attributes, " attributes; refusing more than 4096");
     for (size_t i = 0; i < args.num_attributes; ++i) {
-      const capi::PJRT_NamedValue& v = args.attributes[i];
+      const PJRT_NamedValue& v = args.attributes[i];
       attributes_.push_back({std::string(v.name, v.name_size), read_value(v)});
     }
   }
@@ -174,23 +174,23 @@ void Plugin::throw_missing(std::string_view what) const {
                                      ") does not provide ", what));
 }
 
-void Plugin::check(capi::PJRT_Error* error, std::string_view what) const {
+void Plugin::check(PJRT_Error* error, std::string_view what) const {
   if (error == nullptr) return;
   std::string message = "(no message)";
-  int code = capi::PJRT_Error_Code_UNKNOWN;
+  int code = PJRT_Error_Code_UNKNOWN;
   if (api_->PJRT_Error_Message != nullptr) {
-    auto args = capi::make_args<capi::PJRT_Error_Message_Args>();
+    auto args = STRATA_PJRT_ARGS(PJRT_Error_Message_Args);
     args.error = error;
     api_->PJRT_Error_Message(&args);
     if (args.message != nullptr) message.assign(args.message, args.message_size);
   }
   if (api_->PJRT_Error_GetCode != nullptr) {
-    auto args = capi::make_args<capi::PJRT_Error_GetCode_Args>();
+    auto args = STRATA_PJRT_ARGS(PJRT_Error_GetCode_Args);
     args.error = error;
     if (api_->PJRT_Error_GetCode(&args) == nullptr) code = args.code;
   }
   if (api_->PJRT_Error_Destroy != nullptr) {
-    auto args = capi::make_args<capi::PJRT_Error_Destroy_Args>();
+    auto args = STRATA_PJRT_ARGS(PJRT_Error_Destroy_Args);
     args.error = error;
     api_->PJRT_Error_Destroy(&args);
   }

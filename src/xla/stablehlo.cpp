@@ -180,6 +180,8 @@ std::string Function::replace_region(ElementType dtype) {
 
 Value Function::constant(const Type& type, const std::vector<double>& values) {
   check_open("constant");
+  STRATA_CHECK(!is_complex(type.dtype), ConfigError, "[stablehlo] constant of ", type.text(),
+               ": complex constants are not printed; build them with complex(re, im)");
   const int64_t n = type.numel();
   STRATA_CHECK(values.size() == 1 || static_cast<int64_t>(values.size()) == n, ConfigError,
                "[stablehlo] constant of ", type.text(), " needs 1 or ", n, " values, got ", values.size());

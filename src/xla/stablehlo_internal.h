@@ -45,7 +45,7 @@ inline void check_dims(const char* op, const std::vector<int64_t>& dims, size_t 
   }
 }
 
-inline bool is_integer(ElementType t) { return t != ElementType::kPred && !is_floating(t); }
+inline bool is_integer(ElementType t) { return t != ElementType::kPred && !is_floating(t) && !is_complex(t); }
 
 /// Throws unless `v` is a tensor of integers (the indices of gather,
 /// scatter and the dynamic slices).

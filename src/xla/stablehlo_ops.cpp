@@ -19,6 +19,7 @@ using detail::check_dims;
 using detail::check_integer;
 using detail::is_integer;
 using detail::rank;
+using detail::shape_text;
 
 bool is_unsigned(ElementType t) {
   return t == ElementType::kU8 || t == ElementType::kU16 || t == ElementType::kU32 || t == ElementType::kU64;
@@ -85,15 +86,17 @@ Value Function::sign(const Value& a) {
   return emit("sign", {a}, "", "", a.type);
 }
 
-Value Function::erf(const Value& a) {
-  check_open("erf");
-  STRATA_CHECK(is_floating(a.type.dtype), ConfigError, "[stablehlo] erf: needs a float operand, got ",
+Value Function::chlo_unary(const char* op, const Value& a) {
+  check_open(op);
+  STRATA_CHECK(is_floating(a.type.dtype), ConfigError, "[stablehlo] ", op, ": needs a float operand, got ",
                a.type.text());
-  // Note [chlo.erf]: StableHLO's core opset has no erf. XLA's MLIR import
-  // (the path PJRT's "mlir" programs take) legalizes CHLO, as it does for
-  // JAX, whose lax.erf emits chlo.erf; the CPU plugin and jaxlib both accept
-  // it, and stablehlo_ops_test.cpp checks it against std::erf.
-  return emit_op("chlo.erf", {a}, "", "", {a.type})[0];
+  // Note [chlo.erf]: StableHLO's core opset has no erf, acos, asin, atan,
+  // acosh, asinh, atanh, cosh or sinh. XLA's MLIR import (the path PJRT's
+  // "mlir" programs take) legalizes CHLO, as it does for JAX, whose lax.erf
+  // and lax.acos emit chlo.erf and chlo.acos; the CPU plugin and jaxlib
+  // both accept them, and stablehlo_ops_test.cpp checks erf against
+  // std::erf.
+  return emit_op(std::string("chlo.") + op, {a}, "", "", {a.type})[0];
 }
 
 Value Function::is_finite(const Value& a) {
@@ -120,6 +123,55 @@ Value Function::bitcast_convert(const Value& x, ElementType dtype) {
                ConfigError, "[stablehlo] bitcast_convert: ", x.type.text(), " to ", stablehlo_name(dtype),
                " changes the element size; only same-size non-bool types are supported");
   return emit("bitcast_convert", {x}, "", "", {dtype, x.type.dims});
+}
+
+Value Function::complex(const Value& re, const Value& im) {
+  check_open("complex");
+  STRATA_CHECK((re.type.dtype == ElementType::kF32 || re.type.dtype == ElementType::kF64) && re.type == im.type,
+               ConfigError, "[stablehlo] complex: needs two f32 or two f64 operands of one shape, got ", re.type.text(),
+               " and ", im.type.text());
+  return emit("complex", {re, im}, "", "",
+              {re.type.dtype == ElementType::kF32 ? ElementType::kC64 : ElementType::kC128, re.type.dims});
+}
+
+Value Function::complex_part_of(const char* op, const Value& x) {
+  check_open(op);
+  STRATA_CHECK(is_complex(x.type.dtype), ConfigError, "[stablehlo] ", op, ": needs a complex operand, got ",
+               x.type.text());
+  return emit(op, {x}, "", "", {complex_part(x.type.dtype), x.type.dims});
+}
+
+Value Function::fft(const Value& x, FftType type, const std::vector<int64_t>& lengths) {
+  static const char* const kNames[] = {"FFT", "IFFT", "RFFT", "IRFFT"};
+  const char* name = kNames[static_cast<int>(type)];
+  check_open("fft");
+  const size_t r = x.type.dims.size();
+  STRATA_CHECK(!lengths.empty() && lengths.size() <= 3 && lengths.size() <= r, ConfigError, "[stablehlo] fft: ",
+               lengths.size(), " lengths for ", x.type.text(), "; give 1 to 3, at most its rank");
+  for (int64_t n : lengths)
+    STRATA_CHECK(n > 0, ConfigError, "[stablehlo] fft: length ", n, " is not positive");
+  Type result = x.type;
+  const size_t inner = r - lengths.size();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t want = type == FftType::kRealInverse && i + 1 == lengths.size() ? lengths[i] / 2 + 1 : lengths[i];
+    STRATA_CHECK(x.type.dims[inner + i] == want, ConfigError, "[stablehlo] fft ", name, ": dim ", inner + i, " of ",
+                 x.type.text(), " is ", x.type.dims[inner + i], ", the lengths ", shape_text(lengths), " need ", want);
+  }
+  if (type == FftType::kRealForward) {
+    STRATA_CHECK(x.type.dtype == ElementType::kF32 || x.type.dtype == ElementType::kF64, ConfigError,
+                 "[stablehlo] fft RFFT: needs f32 or f64 values, got ", x.type.text());
+    result.dtype = x.type.dtype == ElementType::kF32 ? ElementType::kC64 : ElementType::kC128;
+    result.dims.back() = lengths.back() / 2 + 1;
+  } else {
+    STRATA_CHECK(is_complex(x.type.dtype), ConfigError, "[stablehlo] fft ", name, ": needs complex values, got ",
+                 x.type.text());
+    if (type == FftType::kRealInverse) {
+      result.dtype = complex_part(x.type.dtype);
+      result.dims.back() = lengths.back();
+    }
+  }
+  return emit("fft", {x}, "",
+              std::string("fft_type = #stablehlo<fft_type ") + name + ">, fft_length = " + array_attr(lengths), result);
 }
 
 // ---- Shapes and indexing ---------------------------------------------------------------

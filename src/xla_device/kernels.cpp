@@ -18,6 +18,8 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
@@ -69,6 +71,12 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
 }
 
 at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+// A complex tensor's parts as a real tensor of one more dim, and back:
+// LibTorch's kernels only change the dtype, sizes and strides over the
+// same storage (Note [Complex tensors on the xla device] in lazy_buffer.h).
+at::Tensor view_as_real(const at::Tensor& self) { return at::native::view_as_real(self); }
+at::Tensor view_as_complex(const at::Tensor& self) { return at::native::view_as_complex(self); }
 
 // A view of windows along a dim (repeat is made of it): LibTorch's kernel
 // is as_strided arithmetic, device-independent.
@@ -263,6 +271,8 @@ void register_kernels() {
   kernels->impl("as_strided", TORCH_FN(as_strided));
   kernels->impl("view", TORCH_FN(view));
   kernels->impl("unfold", TORCH_FN(unfold));
+  kernels->impl("view_as_real", TORCH_FN(view_as_real));
+  kernels->impl("view_as_complex", TORCH_FN(view_as_complex));
   kernels->impl("_reshape_alias", TORCH_FN(reshape_alias));
   kernels->impl("resize_", TORCH_FN(resize_xla));
   kernels->impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));

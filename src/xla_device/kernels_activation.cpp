@@ -58,19 +58,6 @@ NodePtr log1p(Recorder& r, const NodePtr& x) { return r.unary("log_plus_one", x,
 // 1 / (1 + exp(-x)), LibTorch's sigmoid.
 NodePtr sigmoid(Recorder& r, const NodePtr& x) { return div(r, like(r, 1.0, x), add(r, like(r, 1.0, x), exp(r, neg(r, x)))); }
 
-// The result of an element-wise op of float inputs: `f` of its operands
-// (each in the computation dtype, broadcast) written to `out`.
-using Formula = std::function<NodePtr(Recorder&, const std::vector<NodePtr>&)>;
-template <class Meta>
-void lower_pointwise(Recorder& r, Meta&& on_meta, const std::vector<const at::Tensor*>& inputs, const at::Tensor& out,
-                     const Formula& f) {
-  const Result res = result_of(std::forward<Meta>(on_meta), &out);
-  if (!is_floating(res.dtype)) throw NotLowered{};
-  std::vector<NodePtr> in;
-  for (const at::Tensor* t : inputs) in.push_back(r.operand(*t, res.dtype, res.dims));
-  r.write(out, f(r, in));
-}
-
 at::Tensor& sigmoid_out(const at::Tensor& self, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     lower_pointwise(r, [&] { return at::sigmoid(meta(self)); }, {&self}, out,
@@ -119,13 +106,14 @@ at::Tensor& rsqrt_out(const at::Tensor& self, at::Tensor& out) {
   STRATA_LOWER("aten::rsqrt.out", rsqrt_out, self, out);
 }
 
-// -1, 0 or 1 by the sign of x (0 for +-0, NaN for NaN): abs's gradient.
+// -1, 0 or 1 by the sign of x (0 for +-0 and NaN, as LibTorch's): abs's
+// gradient.
 at::Tensor& sgn_out(const at::Tensor& self, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     if (self.is_complex()) throw NotLowered{};
     const Result res = result_of([&] { return at::sgn(meta(self)); }, &out);
     if (res.dtype == ElementType::kPred) throw NotLowered{};
-    r.write(out, r.unary("sign", r.operand(self, res.dtype, res.dims), &shlo::Function::sign));
+    r.write(out, libtorch_sign(r, r.operand(self, res.dtype, res.dims)));
   };
   STRATA_LOWER("aten::sgn.out", sgn_out, self, out);
 }

@@ -1,6 +1,6 @@
 // The lowered kernels of the checks a training step computes on the
 // device, so that nothing is read inside the step (Note [No reads inside a
-// lazy step] in strata/strategies/strategy.h): isfinite, which gradient
+// lazy step] in strata/strategies/accelerator.h): isfinite, which gradient
 // clipping's error_if_nonfinite defers to the step's end.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/isfinite_ops.h>

@@ -302,9 +302,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_on_host(
 
 }  // namespace
 
-// The pooling and padding kernels (kernels_pool.cpp), registered with these.
+// The pooling, padding and folding kernels (kernels_pool.cpp,
+// kernels_pad.cpp, kernels_fold.cpp), registered with these.
 void register_pool(torch::Library& library);
 void register_pad(torch::Library& library);
+void register_fold(torch::Library& library);
 
 void register_conv(torch::Library& library) {
   library.impl("convolution_overrideable", TORCH_FN(convolution));
@@ -315,6 +317,7 @@ void register_conv(torch::Library& library) {
   host->impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_on_host));
   register_pool(library);
   register_pad(library);
+  register_fold(library);
 }
 
 }  // namespace strata::xla::detail::lowering

@@ -1,8 +1,8 @@
 // Lowered kernels of the reductions with indices (max and min, with their
-// indices along a dim or over all elements; argmax, argmin), of gather,
-// scatter and scatter_add along a dim, of indexing by integer tensors
-// (index.Tensor, index_put_), of flip, of cumsum, and of sort and topk:
-// Note [What is lowered] in lowerings.cpp.
+// indices along a dim or over all elements; argmax, argmin), of indexing
+// by integer tensors (index.Tensor, index_put_), of flip, of cumsum, and
+// of sort and topk; gather and the scatters along a dim are in
+// kernels_scatter.cpp: Note [What is lowered] in lowerings.cpp.
 //
 // Note [Min as a max]
 // The emitter's argmax returns the first maximum, NaN counting as the
@@ -13,16 +13,13 @@
 #include <ATen/ops/flip.h>
 #include <ATen/ops/index.h>
 #include <ATen/ops/_index_put_impl.h>
-#include <ATen/ops/scatter.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/argmin.h>
 #include <ATen/ops/cumsum.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/gather.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/min.h>
-#include <ATen/ops/scatter_add.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/topk.h>
 
@@ -170,163 +167,82 @@ at::Tensor min(const at::Tensor& self) {
   return min_unary_out(self, out);
 }
 
-// Note [Gather and scatter along a dim]
-// torch.gather and scatter_add address one element per index: the full
-// coordinates of each index element are its own position with `dim`
-// replaced by the index, a [..., rank] tensor of s64 built from iotas;
-// StableHLO's gather (scatter) then takes (adds) single elements at them.
-// Out-of-range indices are clamped by gather and dropped by scatter (XLA),
-// where LibTorch raises: validate on the host where that matters.
-NodePtr coordinates(Recorder& r, const NodePtr& index, int64_t dim) {
-  const std::vector<int64_t> dims = index->type().dims;
-  const int64_t rank = static_cast<int64_t>(dims.size());
-  std::vector<int64_t> one = dims;
-  one.push_back(1);
-  std::vector<NodePtr> parts;
-  for (int64_t d = 0; d < rank; ++d)
-    parts.push_back(r.reshape(d == dim ? r.convert(index, ElementType::kS64) : r.iota(ElementType::kS64, dims, d), one));
-  return r.concat(parts, rank);
-}
-
-at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, bool sparse_grad,
-                       at::Tensor& out) {
-  auto lower = [&](Recorder& r) {
-    const Result res = result_of([&] { return at::gather(meta(self), dim, meta(index), sparse_grad); }, &out);
-    if (self.dim() == 0 || index.dim() != self.dim()) throw NotLowered{};
-    const int64_t d = c10::maybe_wrap_dim(dim, self.dim()), rank = self.dim();
-    NodePtr x = r.tensor(self), at = coordinates(r, r.tensor(index), d);
-    shlo::GatherDims g;
-    g.collapsed_slice_dims.resize(static_cast<size_t>(rank));
-    std::iota(g.collapsed_slice_dims.begin(), g.collapsed_slice_dims.end(), 0);
-    g.start_index_map = g.collapsed_slice_dims;
-    g.index_vector_dim = rank;
-    const std::vector<int64_t> sizes(static_cast<size_t>(rank), 1);
-    r.write(out, r.op("gather", {x, at}, {x->type().dtype, res.dims}, [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.gather(in[0], in[1], g, sizes);
-    }));
-  };
-  STRATA_LOWER("aten::gather.out", gather_out, self, dim, index, sparse_grad, out);
-}
-
-// scatter's dimension numbers for one element per index (Note [Gather and
-// scatter along a dim]).
-shlo::ScatterDims elementwise_scatter(int64_t rank) {
-  shlo::ScatterDims s;
-  s.inserted_window_dims.resize(static_cast<size_t>(rank));
-  std::iota(s.inserted_window_dims.begin(), s.inserted_window_dims.end(), 0);
-  s.scatter_dims_to_operand_dims = s.inserted_window_dims;
-  s.index_vector_dim = rank;
-  return s;
-}
-
-// self with src[i...] added at the coordinates of index[i...] (src read
-// over index's shape).
-at::Tensor& scatter_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
-                            at::Tensor& out) {
-  auto lower = [&](Recorder& r) {
-    const Result res = result_of([&] { return at::scatter_add(meta(self), dim, meta(index), meta(src)); }, &out);
-    if (self.dim() == 0 || index.dim() != self.dim() || src.dim() != self.dim()) throw NotLowered{};
-    const int64_t d = c10::maybe_wrap_dim(dim, self.dim()), rank = self.dim();
-    NodePtr x = r.convert(r.tensor(self), res.stored);
-    NodePtr at = coordinates(r, r.tensor(index), d);
-    std::vector<int64_t> zeros(static_cast<size_t>(rank), 0);
-    NodePtr updates = r.convert(r.slice(r.tensor(src), zeros, vec(index.sizes())), res.stored);
-    const shlo::ScatterDims s = elementwise_scatter(rank);
-    r.write(out, r.op("scatter", {x, at, updates}, x->type(), [s](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.scatter(in[0], in[1], in[2], s, shlo::ReduceOp::kSum);
-    }));
-  };
-  STRATA_LOWER("aten::scatter_add.out", scatter_add_out, self, dim, index, src, out);
-}
-
-// self with src[i...] (or the scalar `value`) put at the coordinates of
-// index[i...]. Repeated coordinates keep one of their updates: LibTorch
-// leaves which one undefined too.
-at::Tensor& scatter_put(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index,
-                        const at::Tensor* src, const at::Scalar* value, at::Tensor& out) {
-  Recorder r(name);
-  const Result res = result_of(
-      [&] {
-        return src ? at::scatter(meta(self), dim, meta(index), meta(*src)) : at::scatter(meta(self), dim, meta(index), *value);
-      },
-      &out);
-  if (self.dim() == 0 || index.dim() != self.dim() || (src && src->dim() != self.dim())) throw NotLowered{};
-  const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
-  NodePtr x = r.convert(r.tensor(self), res.stored);
-  NodePtr at = coordinates(r, r.tensor(index), d);
-  const std::vector<int64_t> zeros(static_cast<size_t>(self.dim()), 0);
-  NodePtr updates = src ? r.convert(r.slice(r.tensor(*src), zeros, vec(index.sizes())), res.stored)
-                        : r.broadcast(r.scalar(*value, res.stored), vec(index.sizes()));
-  const shlo::ScatterDims s = elementwise_scatter(self.dim());
-  r.write(out, r.op("scatter_replace", {x, at, updates}, x->type(),
-                    [s](shlo::Function& f, const std::vector<shlo::Value>& in) {
-                      return f.scatter_replace(in[0], in[1], in[2], s);
-                    }));
-  return out;
-}
-
-at::Tensor& scatter_src_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
-                            at::Tensor& out) {
-  try {
-    return scatter_put("aten::scatter.src_out", self, dim, index, &src, nullptr, out);
-  } catch (const NotLowered&) {
-  }
-  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::scatter_src_out>::call(self, dim, index, src, out);
-}
-
-at::Tensor& scatter_value_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Scalar& value,
-                              at::Tensor& out) {
-  try {
-    return scatter_put("aten::scatter.value_out", self, dim, index, nullptr, &value, out);
-  } catch (const NotLowered&) {
-  }
-  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::scatter_value_out>::call(self, dim, index, value,
-                                                                                       out);
-}
-
 // Note [Indexing by integer tensors]
 // x[i0, i1] (index.Tensor) and x[i0, i1] = v (index_put_) with integer
-// index tensors on consecutive dims p..p+k-1 (None before and after): the
-// indices broadcast to one shape B, negative ones count from the end, and
-// each element of B picks the operand's slice at (i0, i1, ...). The result
-// is the operand's dims before p, then B, then its dims after p+k, as
-// LibTorch's for adjacent indices; one gather reads it and one scatter
-// (replacing, or adding with accumulate=True) writes it. Boolean masks
-// (a shape that depends on the values), indices apart from each other
-// (LibTorch then puts B first) and indices on the CPU take the fallback;
-// an out-of-range index is clamped (gather) or dropped (scatter) where
-// LibTorch raises.
+// index tensors on k dims: the indices broadcast to one shape B, negative
+// ones count from the end, and each element of B picks the operand's slice
+// at (i0, i1, ...). The result is, as LibTorch's:
+//   - indices on consecutive dims p..p+k-1: the operand's dims before p,
+//     then B, then its dims after p+k;
+//   - indices on dims apart from each other: B, then the operand's other
+//     dims in order.
+// One gather reads it and one scatter (replacing, or adding with
+// accumulate=True) writes it. Index tensors on the CPU are uploaded first
+// (LibTorch takes them for a device tensor too). A boolean mask stands for
+// the coordinates of its true elements, one index per dim it covers
+// (LibTorch's nonzero): its count decides the result's shape, so the mask
+// is read to the host (on the xla device that runs the step so far, as
+// torch_xla does) and the coordinates come back as index tensors; each
+// count of true elements is a program of its own. An out-of-range index is
+// clamped (gather) or dropped (scatter) where LibTorch raises.
 struct AdvancedIndex {
-  int64_t first = 0, count = 0;  // the indexed dims p..p+k-1
+  std::vector<int64_t> dims;     // the indexed dims, ascending
+  bool adjacent = true;          // dims are consecutive: B sits in their place
   std::vector<int64_t> batch;    // B
   NodePtr coordinates;           // [B..., k], s64
 };
 
+// `indices` with each boolean mask replaced by the integer indices of its
+// true elements and each index on the CPU uploaded to self's device; masks
+// whose shape is not the operand's at their dims are left to the fallback
+// (LibTorch's error).
+c10::List<std::optional<at::Tensor>> integer_indices(const at::Tensor& self,
+                                                     const c10::List<std::optional<at::Tensor>>& indices) {
+  c10::List<std::optional<at::Tensor>> out;
+  int64_t dim = 0;
+  for (size_t d = 0; d < indices.size(); ++d) {
+    const std::optional<at::Tensor> t = indices.get(d);
+    if (!t.has_value() || !t->defined()) {
+      out.push_back(std::nullopt);
+      ++dim;
+      continue;
+    }
+    if (t->device() != self.device() && !t->device().is_cpu()) throw NotLowered{};
+    if (t->scalar_type() != at::kBool && t->scalar_type() != at::kByte) {
+      if (!at::isIntegralType(t->scalar_type(), /*includeBool=*/false)) throw NotLowered{};
+      out.push_back(t->device() == self.device() ? *t : t->to(self.device()));
+      ++dim;
+      continue;
+    }
+    if (dim + t->dim() > self.dim()) throw NotLowered{};
+    for (int64_t j = 0; j < t->dim(); ++j)
+      if (t->size(j) != self.size(dim + j)) throw NotLowered{};
+    const at::Tensor where = at::nonzero(*t).to(self.device());  // [true elements, mask dims]: Note [Shapes that depend on values]
+    for (int64_t j = 0; j < t->dim(); ++j) out.push_back(where.select(1, j).to(self.device()));
+    dim += t->dim();
+  }
+  return out;
+}
+
 AdvancedIndex advanced_index(Recorder& r, const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
   AdvancedIndex a;
   std::vector<at::Tensor> given;
-  int64_t last = -1;
   for (size_t d = 0; d < indices.size(); ++d) {
     const std::optional<at::Tensor> t = indices.get(d);
     if (!t.has_value() || !t->defined()) continue;
-    if (!at::isIntegralType(t->scalar_type(), /*includeBool=*/false) || t->device() != self.device()) throw NotLowered{};
-    if (given.empty()) a.first = static_cast<int64_t>(d);
-    if (last >= 0 && static_cast<int64_t>(d) != last + 1) throw NotLowered{};
-    last = static_cast<int64_t>(d);
+    if (!a.dims.empty() && static_cast<int64_t>(d) != a.dims.back() + 1) a.adjacent = false;
+    a.dims.push_back(static_cast<int64_t>(d));
     given.push_back(*t);
   }
   if (given.empty()) throw NotLowered{};
-  a.count = static_cast<int64_t>(given.size());
   a.batch = vec(given[0].sizes());
   for (const at::Tensor& t : given) a.batch = at::infer_size(a.batch, t.sizes());
-  for (int64_t n : a.batch)
-    if (n == 0) throw NotLowered{};
   std::vector<int64_t> one = a.batch;
   one.push_back(1);
   std::vector<NodePtr> parts;
-  for (int64_t j = 0; j < a.count; ++j) {
-    NodePtr i = r.broadcast(r.convert(r.tensor(given[static_cast<size_t>(j)]), ElementType::kS64), a.batch);
-    const double size = static_cast<double>(self.size(a.first + j));
+  for (size_t j = 0; j < given.size(); ++j) {
+    NodePtr i = r.broadcast(r.convert(r.tensor(given[j]), ElementType::kS64), a.batch);
+    const double size = static_cast<double>(self.size(a.dims[j]));
     NodePtr negative = r.compare(i, r.splat(0.0, ElementType::kS64, a.batch), shlo::Direction::kLT);
     i = r.select(negative, r.binary(Recorder::Binary::kAdd, i, r.splat(size, ElementType::kS64, a.batch)), i);
     parts.push_back(r.reshape(i, one));
@@ -335,38 +251,42 @@ AdvancedIndex advanced_index(Recorder& r, const at::Tensor& self, const c10::Lis
   return a;
 }
 
-// The result dims that hold the operand's un-indexed dims.
+// The result dims that hold the operand's un-indexed dims (in order).
 std::vector<int64_t> window_dims(const AdvancedIndex& a, int64_t rank) {
+  const int64_t nb = static_cast<int64_t>(a.batch.size()), k = static_cast<int64_t>(a.dims.size());
   std::vector<int64_t> out;
-  const int64_t nb = static_cast<int64_t>(a.batch.size());
-  for (int64_t d = 0; d < a.first; ++d) out.push_back(d);
-  for (int64_t d = a.first + a.count; d < rank; ++d) out.push_back(d - a.count + nb);
+  if (!a.adjacent) {
+    for (int64_t d = 0; d < rank - k; ++d) out.push_back(nb + d);
+    return out;
+  }
+  const int64_t first = a.dims.front();
+  for (int64_t d = 0; d < first; ++d) out.push_back(d);
+  for (int64_t d = first + k; d < rank; ++d) out.push_back(d - k + nb);
   return out;
 }
 
-std::vector<int64_t> indexed_dims(const AdvancedIndex& a) {
-  std::vector<int64_t> out(static_cast<size_t>(a.count));
-  std::iota(out.begin(), out.end(), a.first);
-  return out;
+c10::List<std::optional<at::Tensor>> metas_of(const c10::List<std::optional<at::Tensor>>& indices) {
+  c10::List<std::optional<at::Tensor>> metas;
+  for (size_t d = 0; d < indices.size(); ++d) {
+    const std::optional<at::Tensor> t = indices.get(d);
+    metas.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(meta(*t)) : std::nullopt);
+  }
+  return metas;
 }
 
 at::Tensor& index_out(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
-    c10::List<std::optional<at::Tensor>> metas;
-    for (size_t d = 0; d < indices.size(); ++d) {
-      const std::optional<at::Tensor> t = indices.get(d);
-      metas.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(meta(*t)) : std::nullopt);
-    }
-    const Result res = result_of([&] { return at::index(meta(self), metas); }, &out);
-    const AdvancedIndex a = advanced_index(r, self, indices);
+    const c10::List<std::optional<at::Tensor>> integers = integer_indices(self, indices);
+    const Result res = result_of([&] { return at::index(meta(self), metas_of(integers)); }, &out);
+    const AdvancedIndex a = advanced_index(r, self, integers);
     NodePtr x = r.tensor(self);
     shlo::GatherDims g;
     g.offset_dims = window_dims(a, self.dim());
-    g.collapsed_slice_dims = indexed_dims(a);
-    g.start_index_map = g.collapsed_slice_dims;
+    g.collapsed_slice_dims = a.dims;
+    g.start_index_map = a.dims;
     g.index_vector_dim = static_cast<int64_t>(a.batch.size());
     std::vector<int64_t> sizes = vec(self.sizes());
-    for (int64_t d : g.collapsed_slice_dims) sizes[static_cast<size_t>(d)] = 1;
+    for (int64_t d : a.dims) sizes[static_cast<size_t>(d)] = 1;
     r.write(out, r.op("gather", {x, a.coordinates}, {x->type().dtype, res.dims},
                       [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
                         return f.gather(in[0], in[1], g, sizes);
@@ -379,22 +299,20 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
                            const at::Tensor& values, bool accumulate, bool unsafe) {
   at::Tensor& out = self;
   auto lower = [&](Recorder& r) {
-    c10::List<std::optional<at::Tensor>> metas;
-    for (size_t d = 0; d < indices.size(); ++d) {
-      const std::optional<at::Tensor> t = indices.get(d);
-      metas.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(meta(*t)) : std::nullopt);
-    }
-    const std::vector<int64_t> window = vec(at::index(meta(self), metas).sizes());
+    const c10::List<std::optional<at::Tensor>> integers = integer_indices(self, indices);
+    const std::vector<int64_t> window = vec(at::index(meta(self), metas_of(integers)).sizes());
     if (!c10::canCast(values.scalar_type(), self.scalar_type())) throw NotLowered{};
-    const AdvancedIndex a = advanced_index(r, self, indices);
+    const AdvancedIndex a = advanced_index(r, self, integers);
+    for (int64_t n : a.batch)
+      if (n == 0) throw NotLowered{};  // nothing to write: the fallback's no-op
     const ElementType stored = element_type(self.scalar_type());
     NodePtr x = r.tensor(self);
     NodePtr updates = values.device().is_cpu() && values.dim() == 0 ? r.broadcast(r.scalar(values.item(), stored), window)
                                                                     : r.broadcast(r.convert(r.tensor(values), stored), window);
     shlo::ScatterDims s;
     s.update_window_dims = window_dims(a, self.dim());
-    s.inserted_window_dims = indexed_dims(a);
-    s.scatter_dims_to_operand_dims = s.inserted_window_dims;
+    s.inserted_window_dims = a.dims;
+    s.scatter_dims_to_operand_dims = a.dims;
     s.index_vector_dim = static_cast<int64_t>(a.batch.size());
     r.write(self, r.op(accumulate ? "scatter" : "scatter_replace", {x, a.coordinates, updates}, x->type(),
                        [s, accumulate](shlo::Function& f, const std::vector<shlo::Value>& in) {
@@ -507,7 +425,10 @@ std::tuple<at::Tensor&, at::Tensor&> topk_out(const at::Tensor& self, int64_t k,
 
 }  // namespace
 
+void register_scatter(torch::Library& library);
+
 void register_index(torch::Library& library) {
+  register_scatter(library);
   library.impl("sort.values_stable", TORCH_FN(sort_out));
   library.impl("topk.values", TORCH_FN(topk_out));
   library.impl("max.dim_max", TORCH_FN(max_dim_out));
@@ -518,10 +439,6 @@ void register_index(torch::Library& library) {
   library.impl("min", TORCH_FN(min));
   library.impl("max.unary_out", TORCH_FN(max_unary_out));
   library.impl("min.unary_out", TORCH_FN(min_unary_out));
-  library.impl("gather.out", TORCH_FN(gather_out));
-  library.impl("scatter_add.out", TORCH_FN(scatter_add_out));
-  library.impl("scatter.src_out", TORCH_FN(scatter_src_out));
-  library.impl("scatter.value_out", TORCH_FN(scatter_value_out));
   library.impl("index.Tensor_out", TORCH_FN(index_out));
   library.impl("_index_put_impl_", TORCH_FN(index_put_impl));
   library.impl("flip", TORCH_FN(flip));

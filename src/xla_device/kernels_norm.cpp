@@ -248,43 +248,78 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
       grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask);
 }
 
-// (var, mean) over `dim` (all dims when absent): the mean of x, and the
-// sum of (x - mean)^2 over n - correction (1 when not given), as group
-// norm's composite asks for them.
+// The variance and mean over `dim` (all dims when absent), written to
+// fresh tensors: the mean of x, and the sum of (x - mean)^2 over
+// n - correction (1 when not given), as group norm's composite and
+// torch.var ask for them. Throws NotLowered where LibTorch's answer is inf
+// or NaN (n <= correction): the fallback gives it.
+std::tuple<at::Tensor, at::Tensor> moments(Recorder& r, const at::Tensor& self, at::OptionalIntArrayRef dim,
+                                           const std::optional<at::Scalar>& correction, bool keepdim) {
+  const ElementType stored = element_type(self.scalar_type()), t = opmath(stored);
+  if ((t != ElementType::kF32 && t != ElementType::kF64) || self.numel() == 0) throw NotLowered{};
+  const std::vector<int64_t> over = reduced_dims(self, dim), dims = vec(self.sizes());
+  int64_t n = 1;
+  for (int64_t d : over) n *= self.size(d);
+  const double c = correction.has_value() ? correction->toDouble() : 1.0;
+  if (static_cast<double>(n) - c <= 0) throw NotLowered{};
+  std::vector<int64_t> out_dims;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (!std::binary_search(over.begin(), over.end(), d)) out_dims.push_back(self.size(d));
+    else if (keepdim) out_dims.push_back(1);
+  }
+  NodePtr x = r.convert(r.tensor(self), t);
+  NodePtr mean = times(r, 1.0 / static_cast<double>(n), r.sum(x, over));
+  NodePtr centred = sub(r, x, r.expand_back(mean, dims, over));
+  NodePtr var = times(r, 1.0 / (static_cast<double>(n) - c), r.sum(mul(r, centred, centred), over));
+  at::Tensor out_var = at::empty(out_dims, self.options()), out_mean = at::empty(out_dims, self.options());
+  r.write(out_var, r.reshape(var, out_dims));
+  r.write(out_mean, r.reshape(mean, out_dims));
+  return {out_var, out_mean};
+}
+
 std::tuple<at::Tensor, at::Tensor> var_mean(const at::Tensor& self, at::OptionalIntArrayRef dim,
                                             const std::optional<at::Scalar>& correction, bool keepdim) {
   try {
     Recorder r("aten::var_mean.correction");
-    const ElementType stored = element_type(self.scalar_type()), t = opmath(stored);
-    if ((t != ElementType::kF32 && t != ElementType::kF64) || self.numel() == 0) throw NotLowered{};
-    const std::vector<int64_t> over = reduced_dims(self, dim), dims = vec(self.sizes());
-    int64_t n = 1;
-    for (int64_t d : over) n *= self.size(d);
-    const double c = correction.has_value() ? correction->toDouble() : 1.0;
-    if (static_cast<double>(n) - c <= 0) throw NotLowered{};  // LibTorch's inf or NaN: the fallback gives it
-    std::vector<int64_t> out_dims;
-    for (int64_t d = 0; d < self.dim(); ++d) {
-      if (!std::binary_search(over.begin(), over.end(), d)) out_dims.push_back(self.size(d));
-      else if (keepdim) out_dims.push_back(1);
-    }
-    NodePtr x = r.convert(r.tensor(self), t);
-    NodePtr mean = times(r, 1.0 / static_cast<double>(n), r.sum(x, over));
-    NodePtr centred = sub(r, x, r.expand_back(mean, dims, over));
-    NodePtr var = times(r, 1.0 / (static_cast<double>(n) - c), r.sum(mul(r, centred, centred), over));
-    at::Tensor out_var = at::empty(out_dims, self.options()), out_mean = at::empty(out_dims, self.options());
-    r.write(out_var, r.reshape(var, out_dims));
-    r.write(out_mean, r.reshape(mean, out_dims));
-    return {out_var, out_mean};
+    return moments(r, self, dim, correction, keepdim);
   } catch (const NotLowered&) {
   }
   return at::native::call_fallback_fn<&cpu_fallback, at::_ops::var_mean_correction>::call(self, dim, correction,
                                                                                           keepdim);
 }
 
+at::Tensor var(const at::Tensor& self, at::OptionalIntArrayRef dim, const std::optional<at::Scalar>& correction,
+               bool keepdim) {
+  try {
+    Recorder r("aten::var.correction");
+    return std::get<0>(moments(r, self, dim, correction, keepdim));
+  } catch (const NotLowered&) {
+  }
+  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::var_correction>::call(self, dim, correction, keepdim);
+}
+
+// The functional batch norms export and the decompositions use: the same
+// kernel as native_batch_norm, with the running statistics given (updated
+// in place) or absent.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_legit(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean, at::Tensor& running_var, bool training, double momentum, double eps) {
+  return lowering::native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_legit_no_stats(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    bool training, double momentum, double eps) {
+  return lowering::native_batch_norm(input, weight, bias, std::nullopt, std::nullopt, training, momentum, eps);
+}
+
 }  // namespace
 
 void register_norm(torch::Library& library) {
   library.impl("var_mean.correction", TORCH_FN(var_mean));
+  library.impl("var.correction", TORCH_FN(var));
+  library.impl("_native_batch_norm_legit", TORCH_FN(native_batch_norm_legit));
+  library.impl("_native_batch_norm_legit.no_stats", TORCH_FN(native_batch_norm_legit_no_stats));
   library.impl("native_batch_norm", TORCH_FN(native_batch_norm));
   library.impl("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward));
   library.impl("native_group_norm_backward", TORCH_FN(native_group_norm_backward));

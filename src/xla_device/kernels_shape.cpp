@@ -1,13 +1,15 @@
 // Lowered kernels of the shape and indexing ops the example GPT reaches:
-// batched matrix products, cat, triu and tril, arange, masked_fill_,
-// index_select (embedding lookups) and embedding_dense_backward (Note
-// [What is lowered] in lowerings.cpp).
+// batched matrix products, cat, triu and tril, arange, linspace, masked_fill_,
+// index_select (embedding lookups), its backward index_add, and
+// embedding_dense_backward (Note [What is lowered] in lowerings.cpp).
 #include <ATen/ExpandUtils.h>  // at::infer_size (not reached through ops/ in every LibTorch)
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/embedding_dense_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_add.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/linspace.h>
 #include <ATen/ops/masked_fill.h>
 #include <ATen/ops/tril.h>
 #include <ATen/ops/triu.h>
@@ -86,25 +88,59 @@ at::Tensor& tril_out(const at::Tensor& self, int64_t diagonal, at::Tensor& out) 
   STRATA_LOWER("aten::tril.out", tril_out, self, diagonal, out);
 }
 
-// start + i * step for i in [0, ceil((end - start) / step)), in out's dtype;
-// the bounds set the shape, so they are baked in.
+// start + i * step for i in [0, ceil((end - start) / step)), in out's
+// dtype; the bounds set the shape, so they are baked in. Integer bounds
+// are an iota in s64 converted once to out's dtype (LibTorch computes
+// them exactly in double and rounds once: the same values); other ranges
+// are LibTorch's CPU kernel's values, baked as linspace's are (below).
 at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at::Scalar& step, at::Tensor& out) {
+  constexpr int64_t kMaxBaked = 1 << 16;
   auto lower = [&](Recorder& r) {
     if (start.isComplex() || end.isComplex() || step.isComplex()) throw NotLowered{};
     const double a = start.toDouble(), b = end.toDouble(), s = step.toDouble();
-    if (s == 0 || !std::isfinite(a) || !std::isfinite(b)) throw NotLowered{};
+    if (s == 0 || !std::isfinite(a) || !std::isfinite(b) || !std::isfinite(s)) throw NotLowered{};
     const ElementType t = element_type(out.scalar_type());
-    if (!start.isIntegral(false) || !end.isIntegral(false) || !step.isIntegral(false) || is_floating(t))
-      throw NotLowered{};  // integer ranges only: float ranges round as LibTorch's kernel does
     const int64_t n = static_cast<int64_t>(std::ceil((b - a) / s));
     if (n <= 0) throw NotLowered{};
     const std::vector<int64_t> dims = {n};
-    NodePtr i = r.iota(ElementType::kS64, dims, 0);
-    if (s != 1) i = r.binary(Binary::kMultiply, i, r.splat(s, ElementType::kS64, dims));
-    if (a != 0) i = r.binary(Binary::kAdd, i, r.splat(a, ElementType::kS64, dims));
-    r.write(out, i);
+    if (start.isIntegral(false) && end.isIntegral(false) && step.isIntegral(false)) {
+      NodePtr i = r.iota(ElementType::kS64, dims, 0);
+      if (s != 1) i = r.binary(Binary::kMultiply, i, r.splat(s, ElementType::kS64, dims));
+      if (a != 0) i = r.binary(Binary::kAdd, i, r.splat(a, ElementType::kS64, dims));
+      r.write(out, i);
+      return;
+    }
+    if (!is_floating(t) || n > kMaxBaked) throw NotLowered{};
+    const at::Tensor values =
+        at::arange(start, end, step, at::TensorOptions().dtype(out.scalar_type())).to(at::kDouble).contiguous();
+    if (values.numel() != n) throw NotLowered{};
+    const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + n);
+    const shlo::Type type{t, dims};
+    r.write(out, r.op("constant", {}, type, [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+      return f.constant(type, v);
+    }));
   };
   STRATA_LOWER("aten::arange.start_out", arange_start_out, start, end, step, out);
+}
+
+// linspace's values depend on its arguments only: LibTorch's CPU kernel
+// computes them (its halves from each end, in its rounding) and they are
+// baked into the program, as a grid of affine_grid wants them. Longer
+// ranges than kMaxBaked take the fallback rather than a large constant.
+at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
+  constexpr int64_t kMaxBaked = 1 << 16;
+  auto lower = [&](Recorder& r) {
+    const ElementType t = element_type(out.scalar_type());
+    if (steps < 1 || steps > kMaxBaked || start.isComplex() || end.isComplex()) throw NotLowered{};
+    const at::Tensor host = at::linspace(start, end, steps, at::TensorOptions().dtype(out.scalar_type()));
+    const at::Tensor values = host.to(at::kDouble).contiguous();
+    const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + steps);
+    const shlo::Type type{t, {steps}};
+    r.write(out, r.op("constant", {}, type, [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+      return f.constant(type, v);
+    }));
+  };
+  STRATA_LOWER("aten::linspace.out", linspace_out, start, end, steps, out);
 }
 
 at::Tensor& masked_fill_(at::Tensor& self, const at::Tensor& mask, const at::Scalar& value) {
@@ -159,6 +195,33 @@ at::Tensor& index_select_out(const at::Tensor& self, int64_t dim, const at::Tens
   STRATA_LOWER("aten::index_select.out", index_select_out, self, dim, index, out);
 }
 
+// self with alpha * source's slices added at `index` along `dim`
+// (index_select's backward). Repeated indices add up in XLA's order, not
+// the CPU loop's, to a rounding of the sum; out-of-range indices are
+// dropped by XLA's scatter where LibTorch raises.
+at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                          const at::Scalar& alpha, at::Tensor& out) {
+  auto lower = [&](Recorder& r) {
+    if (self.dim() == 0 || index.dim() > 1 || out.scalar_type() != self.scalar_type()) throw NotLowered{};
+    if (index.scalar_type() != at::kLong && index.scalar_type() != at::kInt) throw NotLowered{};
+    if (source.scalar_type() != self.scalar_type() || source.dim() != self.dim()) throw NotLowered{};
+    const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
+    std::vector<int64_t> rows = vec(self.sizes());
+    rows[static_cast<size_t>(d)] = index.numel();
+    if (vec(source.sizes()) != rows) throw NotLowered{};
+    const ElementType stored = element_type(self.scalar_type());
+    const ElementType t = opmath(stored);
+    NodePtr idx = r.convert(r.reshape(r.tensor(index), {index.numel()}), ElementType::kS64);
+    NodePtr src = r.scaled(alpha, r.convert(r.tensor(source), t));
+    NodePtr base = r.convert(r.tensor(self), t);
+    r.write(out, r.op("scatter_add_rows", {base, idx, src}, base->type(),
+                      [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                        return f.scatter_add_rows(in[0], in[1], in[2], d);
+                      }));
+  };
+  STRATA_LOWER("aten::index_add.out", index_add_out, self, dim, index, source, alpha, out);
+}
+
 // Zeros [num_weights, D] with each row of grad_output added at its index;
 // rows at padding_idx add nothing.
 at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor& indices, int64_t num_weights,
@@ -195,6 +258,8 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Ten
 
 void register_shape(torch::Library& library) {
   library.impl("bmm.out", TORCH_FN(bmm_out));
+  library.impl("index_add.out", TORCH_FN(index_add_out));
+  library.impl("linspace.out", TORCH_FN(linspace_out));
   library.impl("cat.out", TORCH_FN(cat_out));
   library.impl("triu.out", TORCH_FN(triu_out));
   library.impl("tril.out", TORCH_FN(tril_out));

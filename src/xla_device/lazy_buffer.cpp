@@ -267,7 +267,7 @@ at::Tensor host_view(const at::Tensor& xla) {
 void write(const at::Tensor& dst, const at::Tensor& src) {
   LazyBuffer& buffer = lazy_buffer(dst);
   ElementType type = ElementType::kU8;
-  element_type_of(dst.scalar_type(), type);
+  if (!element_type_of(dst.scalar_type(), type)) complex_storage_type_of(dst.scalar_type(), type);
   const bool covers_storage = dst.is_contiguous() && dst.storage_offset() == 0 &&
                               static_cast<size_t>(dst.numel()) * dst.element_size() == buffer.nbytes();
   // The storage's current bytes, with dst's part replaced: a write to a
@@ -326,6 +326,15 @@ size_t bind_results(const std::vector<PendingValue>& values,
     if (live_buffers().count(values[i].buffer) && values[i].buffer->bind_result(values[i].node, results[i])) ++bound;
   }
   return bound;
+}
+
+bool complex_storage_type_of(c10::ScalarType type, ElementType& out) {
+  switch (type) {
+    case c10::ScalarType::ComplexHalf: out = ElementType::kF16; return true;
+    case c10::ScalarType::ComplexFloat: out = ElementType::kF32; return true;
+    case c10::ScalarType::ComplexDouble: out = ElementType::kF64; return true;
+    default: return false;
+  }
 }
 
 bool element_type_of(c10::ScalarType type, ElementType& out) {

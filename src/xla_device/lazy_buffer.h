@@ -167,7 +167,21 @@ void grow_storage(c10::StorageImpl& storage, size_t nbytes);
 /// Releases the host copies of every live xla storage (mark_step).
 void release_host_copies();
 
-/// The ElementType that holds `type` on the device, false when none does.
+/// The ElementType that holds `type` on the device, false when none does
+/// (the complex types: Note [Complex tensors on the xla device]).
 bool element_type_of(c10::ScalarType type, ElementType& out);
+
+/// Note [Complex tensors on the xla device]
+/// A complex tensor's storage holds its parts interleaved, as LibTorch's
+/// does, in a buffer of the part's type (f32 for complex64, which is also
+/// XLA's layout of complex<f32>). So view_as_real of it is a view of that
+/// storage like any other, read and written by the lowered kernels as a
+/// real tensor; the kernels that lower complex ops (the FFTs, copies,
+/// fills) take their complex operands and results through it
+/// (complex_value and write_complex in lowering_kernels.h), and every
+/// other op on a complex tensor takes the CPU fallback. element_type_of
+/// refuses the complex types, so no real kernel mistakes such a tensor for
+/// a real one. This sets `out` to the part's type for a complex `type`.
+bool complex_storage_type_of(c10::ScalarType type, ElementType& out);
 
 }  // namespace strata::xla::detail

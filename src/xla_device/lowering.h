@@ -1,8 +1,9 @@
-// What the xla device's lowered kernels share (lowerings.cpp, kernels_nn.cpp,
-// kernels_shape.cpp): the Recorder that makes one call's graph nodes, the
-// meta-tensor result of an op, and STRATA_LOWER, which runs a lowering and
-// takes the CPU fallback where it does not apply (Note [What is lowered] in
-// lowerings.cpp).
+// What the xla device's lowered kernels share (lowerings.cpp,
+// kernels_*.cpp): the Recorder that makes one call's graph nodes, reading
+// tensors of any layout and writing results into them; then, through
+// lowering_kernels.h, the meta-tensor result of an op and STRATA_LOWER,
+// which runs a lowering and takes the CPU fallback where it does not apply
+// (Note [What is lowered] in lowerings.cpp).
 #pragma once
 
 #include <ATen/native/CPUFallback.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <numeric>
 
 #include "strata/xla/lazy_graph.h"
@@ -60,6 +62,13 @@ inline bool reduced_float(ElementType t) { return opmath(t) != t; }
 class Recorder {
  public:
   explicit Recorder(const char* op) : op_(op) {}
+  // A call that wrote its outputs counts once, with every node it made
+  // (an op with several outputs writes each).
+  ~Recorder() {
+    if (written_) count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
+  }
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
 
   NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, lazy::EmitFn emit) {
     ++nodes_;
@@ -304,10 +313,20 @@ class Recorder {
   }
 
   // The value of an xla tensor, of its own shape and dtype.
+  //
+  // Note [Empty tensors]
+  // A tensor with no elements has no value to read: it is a constant of
+  // its shape (StableHLO has zero-sized arrays), so an op on it records
+  // as on any other tensor, and a reduction over an empty dim gives its
+  // initial value (a sum of zeros, as LibTorch's). An output with no
+  // elements has nothing to bind: write() only resizes it. Ops whose
+  // LibTorch kernel refuses empty inputs (max without a dim, ...) check
+  // that themselves before recording.
   NodePtr tensor(const at::Tensor& t) {
     if (t.defined() && t.device().type() != kXla && t.numel() > 0) throw_other_device(op_, t);
-    if (!t.defined() || t.device().type() != kXla || t.numel() == 0) throw NotLowered{};
+    if (!t.defined() || t.device().type() != kXla) throw NotLowered{};
     const ElementType dtype = element_type(t.scalar_type());
+    if (t.numel() == 0) return splat(0.0, dtype, vec(t.sizes()));  // Note [Empty tensors]
     LazyBuffer& storage = lazy_buffer(t);
     NodePtr base = storage.value_node(dtype);
     if (!base) throw NotLowered{};
@@ -379,7 +398,8 @@ class Recorder {
     if (out.device().type() != kXla) throw NotLowered{};
     if (vec(out.sizes()) != dims) at::native::resize_output(out, dims);
     const ElementType dtype = element_type(out.scalar_type());
-    if (out.numel() == 0) throw NotLowered{};
+    written_ = true;
+    if (out.numel() == 0) return;  // Note [Empty tensors]: nothing to bind
     value = convert(value, dtype);
     if (out.is_contiguous()) {
       write_flat(out, reshape(value, {out.numel()}), dtype);
@@ -391,7 +411,6 @@ class Recorder {
     } else {
       write_box(out, value, dtype);
     }
-    count_lowered(op_, nodes_, std::chrono::steady_clock::now() - start_);
   }
 
  private:
@@ -459,109 +478,13 @@ class Recorder {
   RecordingScope recording_;
   const char* op_;
   int64_t nodes_ = 0;
+  bool written_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 using Binary = Recorder::Binary;
 
-// `x` (computed in f32) rounded to `stored` (bf16, f16) and back, where a
-// LibTorch CPU kernel stores or computes an intermediate in that dtype
-// (Note [bf16 computes in f32]); `x` itself for any other dtype.
-inline NodePtr rounded(Recorder& r, const NodePtr& x, ElementType stored) {
-  if (!reduced_float(stored) || x->type().dtype == stored) return x;
-  return r.convert(r.convert(x, stored), x->type().dtype);
-}
-
-inline at::Tensor meta(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
-  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return m;
-}
-
-// The shape and dtype of an op's result (Note [Shapes and dtypes from meta
-// tensors]), and the check that `out` may hold it. `dtype` is the dtype
-// the op computes in: the result's, or f32 for a bf16/f16 result (Note
-// [bf16 computes in f32]); `stored` is the result's own.
-struct Result {
-  std::vector<int64_t> dims;
-  ElementType dtype;
-  ElementType stored = dtype;
-};
-
-template <class F>
-Result result_of(F&& run_on_meta, const at::Tensor* out = nullptr) {
-  at::Tensor m;
-  try {
-    m = run_on_meta();
-  } catch (const c10::Error&) {
-    throw NotLowered{};  // the fallback raises LibTorch's own error
-  }
-  if (out != nullptr && !c10::canCast(m.scalar_type(), out->scalar_type())) throw NotLowered{};
-  const ElementType stored = element_type(m.scalar_type());
-  return {vec(m.sizes()), opmath(stored), stored};
-}
-
-// Runs `lower`; where it does not lower the call, the CPU fallback runs
-// the op (Note [What is lowered]).
-#define STRATA_LOWER(OP, FALLBACK_OP, ...)                                                   \
-  try {                                                                                      \
-    Recorder r(OP);                                                                          \
-    lower(r);                                                                                \
-    return out;                                                                              \
-  } catch (const NotLowered&) {                                                              \
-  }                                                                                          \
-  return at::native::call_fallback_fn<&cpu_fallback, at::_ops::FALLBACK_OP>::call(__VA_ARGS__)
-
-// The dtype a pooling or padding kernel computes in: a floating input's
-// opmath type; an integer input is left to the fallback.
-inline ElementType float_dtype(const at::Tensor& t) {
-  const ElementType stored = element_type(t.scalar_type());
-  if (!is_floating(stored)) throw NotLowered{};
-  return opmath(stored);
-}
-
-// The dims a reduction over `dim` (none or empty: all) covers.
-inline std::vector<int64_t> reduced_dims(const at::Tensor& self, at::OptionalIntArrayRef dim) {
-  std::vector<int64_t> dims;
-  if (!dim.has_value() || dim->empty()) {
-    for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
-    return dims;
-  }
-  for (int64_t d : *dim) dims.push_back(c10::maybe_wrap_dim(d, self.dim()));
-  std::sort(dims.begin(), dims.end());
-  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
-  return dims;
-}
-
-/// The lowered kernels of the nn ops (kernels_nn.cpp) and of the shape and
-/// indexing ops (kernels_shape.cpp).
-void register_nn(torch::Library& library);
-void register_shape(torch::Library& library);
-/// The xla device's autocast kernels (AutocastPrivateUse1), the CPU's
-/// policy (autocast.cpp).
-void register_autocast();
-/// The lowered kernels of the step's checks (kernels_checks.cpp).
-void register_checks(torch::Library& library);
-/// The lowered random kernels: dropout (kernels_random.cpp).
-void register_random(torch::Library& library);
-/// The activations and their backwards, and where
-/// (kernels_activation.cpp).
-void register_activation(torch::Library& library);
-/// Batch norm and its backward, group norm's backward (kernels_norm.cpp).
-void register_norm(torch::Library& library);
-/// The losses and their backwards (kernels_loss.cpp).
-void register_loss(torch::Library& library);
-/// max, min, argmax, argmin, gather, scatter_add, cumsum, sort, topk
-/// (kernels_index.cpp).
-void register_index(torch::Library& library);
-/// The comparisons, logical_not, all and any (kernels_compare.cpp).
-void register_compare(torch::Library& library);
-/// The fused LSTM and GRU cells as decompositions into ATen ops, on
-/// `library` (PrivateUse1) and on AutogradPrivateUse1 (kernels_rnn.cpp).
-void register_rnn(torch::Library& library);
-/// The lowered convolutions (kernels_conv.cpp), pooling and padding
-/// (kernels_pool.cpp), and the CPU kernels the convolutions' fallback runs.
-void register_conv(torch::Library& library);
-
 }  // namespace strata::xla::detail::lowering
+
+// The meta-tensor results, STRATA_LOWER and the formulas the kernels share.
+#include "lowering_kernels.h"  // IWYU pragma: export

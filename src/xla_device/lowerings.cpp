@@ -81,8 +81,55 @@ NodePtr alpha_times(Recorder& r, const Result& res, const at::Scalar& alpha, con
   return r.binary(Binary::kMultiply, r.broadcast(a, x->type().dims), x);
 }
 
+// Note [Complex arithmetic as parts]
+// add, sub and mul with a complex result (the backwards of the Fourier
+// transforms make them: gradients summed, a half spectrum doubled) are
+// computed on the parts (Note [Complex tensors on the xla device] in
+// lazy_buffer.h), as LibTorch's complex<float> computes them: (a + bi)(c +
+// di) = (ac - bd) + (ad + bc)i, a real operand or alpha being c + 0i.
+// Complex alphas and half-precision parts take the fallback.
+using Parts = std::pair<NodePtr, NodePtr>;
+
+// An operand of a complex op as its parts of `part`, broadcast to `dims`:
+// a complex xla tensor, a real one, or a 0-dim CPU scalar.
+Parts complex_operand(Recorder& r, const at::Tensor& t, ElementType part, const std::vector<int64_t>& dims) {
+  if (t.device().is_cpu() && t.dim() == 0) {
+    const c10::complex<double> z = t.item().toComplexDouble();
+    return {r.broadcast(r.scalar(z.real(), part), dims), r.broadcast(r.scalar(z.imag(), part), dims)};
+  }
+  if (!t.is_complex()) return {r.operand(t, part, dims), r.splat(0.0, part, dims)};
+  const auto [re, im] = parts_of(r, t);
+  return {r.broadcast(r.convert(re, part), dims), r.broadcast(r.convert(im, part), dims)};
+}
+
+void complex_binary(Recorder& r, Binary kind, const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha,
+                    at::Tensor& out) {
+  if (alpha.isComplex()) throw NotLowered{};
+  at::Tensor m;
+  try {
+    m = kind == Binary::kMultiply ? at::mul(meta(self), meta(other)) : at::add(meta(self), meta(other));
+  } catch (const c10::Error&) {
+    throw NotLowered{};
+  }
+  ElementType part = ElementType::kF32;
+  if (m.scalar_type() != out.scalar_type() || !complex_storage_type_of(m.scalar_type(), part) ||
+      part == ElementType::kF16)
+    throw NotLowered{};
+  const std::vector<int64_t> dims = vec(m.sizes());
+  const auto [a, b] = complex_operand(r, self, part, dims);
+  auto [c, d] = complex_operand(r, other, part, dims);
+  if (kind == Binary::kMultiply) {
+    write_complex(r, out, r.binary(Binary::kSubtract, r.binary(kind, a, c), r.binary(kind, b, d)),
+                  r.binary(Binary::kAdd, r.binary(kind, a, d), r.binary(kind, b, c)));
+    return;
+  }
+  c = r.scaled(alpha, c), d = r.scaled(alpha, d);
+  write_complex(r, out, r.binary(kind, a, c), r.binary(kind, b, d));
+}
+
 at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
+    if (out.is_complex()) return complex_binary(r, Binary::kAdd, self, other, alpha, out);
     const Result res = result_of([&] { return at::add(meta(self), meta(other), alpha); }, &out);
     r.write(out, r.binary(Binary::kAdd, r.operand(self, res.dtype, res.dims),
                           alpha_times(r, res, alpha, r.operand(other, res.dtype, res.dims))));
@@ -92,6 +139,7 @@ at::Tensor& add_out(const at::Tensor& self, const at::Tensor& other, const at::S
 
 at::Tensor& sub_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
+    if (out.is_complex()) return complex_binary(r, Binary::kSubtract, self, other, alpha, out);
     const Result res = result_of([&] { return at::sub(meta(self), meta(other), alpha); }, &out);
     r.write(out, r.binary(Binary::kSubtract, r.operand(self, res.dtype, res.dims),
                           alpha_times(r, res, alpha, r.operand(other, res.dtype, res.dims))));
@@ -101,6 +149,7 @@ at::Tensor& sub_out(const at::Tensor& self, const at::Tensor& other, const at::S
 
 at::Tensor& mul_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
+    if (out.is_complex()) return complex_binary(r, Binary::kMultiply, self, other, 1, out);
     const Result res = result_of([&] { return at::mul(meta(self), meta(other)); }, &out);
     r.write(out, r.binary(Binary::kMultiply, r.operand(self, res.dtype, res.dims),
                           r.operand(other, res.dtype, res.dims)));
@@ -119,15 +168,7 @@ at::Tensor& div_out(const at::Tensor& self, const at::Tensor& other, at::Tensor&
 }
 
 // The element-wise maximum and minimum (Adam's amsgrad keeps a running
-// maximum). LibTorch's propagate a NaN from either side; XLA's CPU
-// compiler keeps only the first operand's (measured: max(1, nan) is 1), so
-// a NaN on either side is selected explicitly.
-NodePtr nan_propagating(Recorder& r, Binary kind, const NodePtr& a, const NodePtr& b) {
-  NodePtr m = r.binary(kind, a, b);
-  if (!is_floating(a->type().dtype)) return m;
-  return r.select(r.compare(a, a, shlo::Direction::kNE), a, r.select(r.compare(b, b, shlo::Direction::kNE), b, m));
-}
-
+// maximum), NaN from either side (nan_propagating in lowering.h).
 at::Tensor& maximum_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   auto lower = [&](Recorder& r) {
     const Result res = result_of([&] { return at::maximum(meta(self), meta(other)); }, &out);
@@ -378,6 +419,14 @@ at::Tensor& mse_loss_backward_out(const at::Tensor& grad_output, const at::Tenso
 // The whole of `self` set to `value` (a view that is not its whole
 // storage takes the fallback).
 void fill_whole(Recorder& r, const at::Tensor& self, const at::Scalar& value) {
+  if (self.is_complex()) {
+    ElementType part = ElementType::kF32;
+    complex_storage_type_of(self.scalar_type(), part);
+    const c10::complex<double> z = value.toComplexDouble();
+    const std::vector<int64_t> dims = vec(self.sizes());
+    write_complex(r, self, r.broadcast(r.scalar(z.real(), part), dims), r.broadcast(r.scalar(z.imag(), part), dims));
+    return;
+  }
   const ElementType dtype = element_type(self.scalar_type());
   r.write(self, r.broadcast(r.scalar(value, dtype), vec(self.sizes())));
 }
@@ -413,8 +462,21 @@ at::Tensor& zero_(at::Tensor& self) {
 bool lower_copy(const at::Tensor& src, const at::Tensor& dst) {
   try {
     Recorder r("aten::_copy_from");
+    if (dst.is_complex()) {
+      // A real source is the real part (Note [Complex tensors on the xla
+      // device] in lazy_buffer.h); a complex source to a real destination
+      // drops the imaginary part with LibTorch's warning, on the fallback.
+      const std::vector<int64_t> dims = vec(dst.sizes());
+      if (src.is_complex()) {
+        const auto [re, im] = parts_of(r, src);
+        write_complex(r, dst, r.broadcast(re, dims), r.broadcast(im, dims));
+      } else {
+        const NodePtr re = r.broadcast(r.tensor(src), dims);
+        write_complex(r, dst, re, r.splat(0.0, re->type().dtype, dims));
+      }
+      return true;
+    }
     const ElementType dtype = element_type(dst.scalar_type());
-    if (dst.numel() == 0) throw NotLowered{};
     r.write(dst, r.broadcast(r.convert(r.tensor(src), dtype), vec(dst.sizes())));
     return true;
   } catch (const NotLowered&) {
@@ -434,7 +496,13 @@ void register_lowerings(torch::Library& library) {
   lowering::register_loss(library);
   lowering::register_index(library);
   lowering::register_compare(library);
+  lowering::register_math(library);
   lowering::register_conv(library);
+  lowering::register_distance(library);
+  lowering::register_embedding_bag(library);
+  lowering::register_grid_sampler(library);
+  lowering::register_optim(library);
+  lowering::register_fft(library);
   library.impl("add.out", TORCH_FN(add_out));
   library.impl("sub.out", TORCH_FN(sub_out));
   library.impl("mul.out", TORCH_FN(mul_out));

@@ -254,10 +254,11 @@ TEST_F(StopOnSignalTest, UnderTorchrun) {
 }
 
 // Two tasks as srun starts them (srun forwards a signal to every task);
-// `extra` goes before the program, `flags` after its own.
+// `extra` goes before the program, `flags` after its own; `targets` are
+// the tasks the signal is sent to ($zero, $one).
 std::string slurm_tasks_script(const std::string& dir, const std::string& extra, const std::string& flags,
                                const std::string& ckpt, const std::string& signal, const std::string& ready,
-                               const std::string& out) {
+                               const std::string& out, const std::string& targets = "$zero $one") {
   const std::string port = free_port();
   auto task = [&](int rank) {
     return "env SLURM_JOB_ID=4242 SLURM_PROCID=" + std::to_string(rank) + " SLURM_LOCALID=" + std::to_string(rank) +
@@ -267,7 +268,7 @@ std::string slurm_tasks_script(const std::string& dir, const std::string& extra,
   };
   return "cd " + dir + " && { " + task(1) + " > " + out + ".1 2>&1 & one=$!; " + task(0) + " > " + out +
          " 2>&1 & zero=$!; for i in $(seq 600); do " + ready + " && break; sleep 0.1; done; kill -" + signal +
-         " $zero $one; wait $zero; a=$?; wait $one; b=$?; echo exit=$a,$b; cat " + out + "; }";
+         " " + targets + "; wait $zero; a=$?; wait $one; b=$?; echo exit=$a,$b; cat " + out + "; }";
 }
 
 TEST_F(StopOnSignalTest, UnderSlurmVariablesSigterm) {
@@ -291,6 +292,25 @@ TEST_F(StopOnSignalTest, SlurmsSigusr1SavesRequeuesAndTheRequeuedJobResumes) {
   ASSERT_TRUE(std::getline(log, line)) << "scontrol was not run\n" << run.output;
   EXPECT_EQ(line, "requeue 4242");
   EXPECT_FALSE(std::getline(log, line)) << "scontrol ran more than once: " << line;
+  check_stop_and_resume(run.output, path("ckpt"), "SIGUSR1");
+}
+
+TEST_F(StopOnSignalTest, ASignalThatReachesOneTaskStopsEveryTaskAsThatSignal) {
+  // A signal reaches the tasks at different times (srun's forwarding, a
+  // node's SIGTERM): the tasks agree on one signal after the same step, so
+  // a task the signal had not reached exits with the same code, and rank 0
+  // requeues although only rank 1 was told.
+  fs::create_directories(path("bin"));
+  std::ofstream(path("bin/scontrol")) << "#!/bin/sh\necho \"$@\" >> " << path("scontrol.log") << "\n";
+  fs::permissions(path("bin/scontrol"), fs::perms::owner_all);
+  CommandResult run = run_command(slurm_tasks_script(dir_.string(), "PATH=" + path("bin") + ":$PATH", "--requeue",
+                                                     path("ckpt"), "USR1", after_step_three(), path("out.txt"),
+                                                     "$one"));
+  EXPECT_TRUE(contains(run.output, "exit=138,138")) << run.output;
+  std::ifstream log(path("scontrol.log"));
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line)) << "scontrol was not run\n" << run.output;
+  EXPECT_EQ(line, "requeue 4242");
   check_stop_and_resume(run.output, path("ckpt"), "SIGUSR1");
 }
 

@@ -1,7 +1,7 @@
 // `strata plot` as users run it: the built tool on metrics files in
 // Lightning's CSVLogger layout and in `strata train`'s JSON lines, its SVG
-// parsed as XML and its PNG decoded by tests/cli/read_plot.py (Python's
-// xml.etree, zlib and a PNG reader written there), and its errors on
+// parsed as XML and its PNG (drawn by cairo) decoded by tests/cli/read_plot.py
+// (Python's xml.etree, zlib and a PNG reader written there), and its errors on
 // hostile files.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -24,6 +24,16 @@ namespace fs = std::filesystem;
 using ::strata::testing::Outcome;
 using ::strata::testing::run_strata;
 using ::testing::HasSubstr;
+
+// Whether this build's `strata` draws PNG: cairo was found at configure
+// time (CMakeLists.txt; else plot_no_png.cpp refuses PNG output).
+#ifdef STRATA_TEST_NO_PNG
+constexpr bool kPngBuilt = false;
+#else
+constexpr bool kPngBuilt = true;
+#endif
+#define SKIP_WITHOUT_PNG() \
+  if (!kPngBuilt) GTEST_SKIP() << "strata was built without cairo: no PNG output"
 
 class PlotTest : public ::testing::Test {
  protected:
@@ -101,6 +111,7 @@ TEST_F(PlotTest, SvgOfALightningCsvParsesAsXmlWithOnePolylinePerSeries) {
 }
 
 TEST_F(PlotTest, PngOfStrataTrainJsonLinesDecodesToTheRequestedSize) {
+  SKIP_WITHOUT_PNG();
   // What `strata train --metrics-file` writes, plus the NaN Python's json
   // writes and a null (a missing value).
   std::string jsonl;
@@ -121,9 +132,13 @@ TEST_F(PlotTest, PngOfStrataTrainJsonLinesDecodesToTheRequestedSize) {
   EXPECT_EQ(png["color_type"], 2);
   EXPECT_GT(png["pixels"]["255,255,255"].get<int>(), 800 * 500 / 2);  // a white page...
   EXPECT_GT(png["series_pixels"]["31,119,180"].get<int>(), 500);  // ...with the series drawn in blue on it
+  // Antialiased lines and text: edges blend into the page in many shades.
+  EXPECT_GT(png["grey_shades"].get<int>(), 40);
+  EXPECT_GT(png["colours"].get<int>(), 200);
 }
 
 TEST_F(PlotTest, ARunFolderIsSearchedAndThePictureLandsBesideItsMetrics) {
+  SKIP_WITHOUT_PNG();
   fs::create_directories(path("lightning_logs/version_0"));
   write("lightning_logs/version_0/metrics.csv", lightning_csv(100, 10, 50));
   const Outcome o = run_strata({"plot", path("lightning_logs/version_0")});
@@ -131,6 +146,16 @@ TEST_F(PlotTest, ARunFolderIsSearchedAndThePictureLandsBesideItsMetrics) {
   const nlohmann::json png = read_picture(path("lightning_logs/version_0/plot.png"));
   ASSERT_FALSE(png.is_null());
   EXPECT_EQ(png["width"], 1000);
+}
+
+// A build without cairo refuses PNG output, saying what to do, and writes
+// nothing.
+TEST_F(PlotTest, WithoutCairoPngIsRefusedSayingWhatToDo) {
+  if (kPngBuilt) GTEST_SKIP() << "strata was built with cairo";
+  const Outcome o = run_strata({"plot", write("metrics.csv", "step,train_loss\n1,2\n"), "-o", path("x.png")});
+  EXPECT_EQ(o.status, 1);
+  EXPECT_THAT(o.err, HasSubstr("built without cairo, which draws the PNG: write SVG instead (-o NAME.svg)"));
+  EXPECT_FALSE(fs::exists(path("x.png")));
 }
 
 TEST_F(PlotTest, LongRunsAreThinnedToAFewPointsPerPixelColumn) {
@@ -279,12 +304,14 @@ TEST_F(PlotTest, SmoothingIsTensorBoardsDebiasedMovingAverageDrawnOverTheRawValu
             texts.end());
 
   // The PNG shows both: the faint raw tint and the full colour.
-  const Outcome p = run_strata({"plot", file, "-o", path("s.png"), "--smooth", "0.9"});
-  ASSERT_EQ(p.status, 0) << p.err;
-  const nlohmann::json png = read_picture(path("s.png"), {"183,211,231"});
-  ASSERT_FALSE(png.is_null());
-  EXPECT_GT(png["series_pixels"]["183,211,231"].get<int>(), 300);
-  EXPECT_GT(png["series_pixels"]["31,119,180"].get<int>(), 300);
+  if (kPngBuilt) {
+    const Outcome p = run_strata({"plot", file, "-o", path("s.png"), "--smooth", "0.9"});
+    ASSERT_EQ(p.status, 0) << p.err;
+    const nlohmann::json png = read_picture(path("s.png"), {"183,211,231"});
+    ASSERT_FALSE(png.is_null());
+    EXPECT_GT(png["series_pixels"]["183,211,231"].get<int>(), 300);
+    EXPECT_GT(png["series_pixels"]["31,119,180"].get<int>(), 300);
+  }
 
   // --smooth 0 (the default) draws the values as logged, with no raw copy.
   const Outcome z = run_strata({"plot", file, "-o", path("z.svg"), "--smooth", "0"});
@@ -362,13 +389,15 @@ TEST_F(PlotTest, SeveralRunsShareOneChartEachInItsColourWithALegendNamingTheRun)
 
   // The PNG has both runs' colours; with several runs it lands in the
   // current folder unless -o says where.
-  const Outcome p = run_strata({"plot", path("runs/alpha"), path("runs/beta"), "-o", path("two.png"), "--title",
-                                "alpha & beta <lr 3e-3>"});
-  ASSERT_EQ(p.status, 0) << p.err;
-  const nlohmann::json png = read_picture(path("two.png"));
-  ASSERT_FALSE(png.is_null());
-  EXPECT_GT(png["series_pixels"]["31,119,180"].get<int>(), 300);
-  EXPECT_GT(png["series_pixels"]["230,120,20"].get<int>(), 300);
+  if (kPngBuilt) {
+    const Outcome p = run_strata({"plot", path("runs/alpha"), path("runs/beta"), "-o", path("two.png"), "--title",
+                                  "alpha & beta <lr 3e-3>"});
+    ASSERT_EQ(p.status, 0) << p.err;
+    const nlohmann::json png = read_picture(path("two.png"));
+    ASSERT_FALSE(png.is_null());
+    EXPECT_GT(png["series_pixels"]["31,119,180"].get<int>(), 300);
+    EXPECT_GT(png["series_pixels"]["230,120,20"].get<int>(), 300);
+  }
 
   // --title replaces the run names (escaped for XML in SVG).
   const Outcome t = run_strata({"plot", path("runs/alpha"), "-o", path("t.svg"), "--title", "alpha & <b>"});

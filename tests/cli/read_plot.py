@@ -9,7 +9,9 @@
   read_plot.py FILE.png [R,G,B...]  ->  {"width", "height", "bit_depth", "color_type",
                               "pixels": {"r,g,b": count} for the 8 most used colours,
                               "series_pixels": {"r,g,b": count} for the series colours
-                              and the colours named after the file}
+                              and the colours named after the file,
+                              "colours": distinct colours, "grey_shades": distinct greys
+                              (r = g = b) between black and white: antialiased text}
       (every chunk's CRC checked, IDAT inflated with zlib, every row unfiltered)
 Exit status 1 with a message on stderr when the file is malformed.
 """
@@ -88,7 +90,9 @@ def read_png(path, extra_colours=()):
         counts.update(bytes(line[i:i + 3]) for i in range(0, stride, channels))
         prev = line
     key = lambda rgb: "%d,%d,%d" % tuple(rgb)
+    greys = {rgb[0] for rgb in counts if rgb[0] == rgb[1] == rgb[2] and 0 < rgb[0] < 255}
     return {"width": width, "height": height, "bit_depth": depth, "color_type": ctype,
+            "colours": len(counts), "grey_shades": len(greys),
             "pixels": {key(rgb): n for rgb, n in counts.most_common(8)},
             "series_pixels": {key(rgb): counts.get(bytes(rgb), 0)
                               for rgb in SERIES_COLOURS + list(extra_colours)}}

@@ -35,6 +35,7 @@
 #include "strata/strategies/xla.h"
 #include "strata/xla/device.h"
 #include "support/zoo/dcgan.h"
+#include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"
 #include "support/zoo/mnist.h"
 #include "support/zoo/resnet.h"
@@ -109,6 +110,12 @@ ZooCase zoo_case(const std::string& name) {
     return {name, [vit] { return zoo::vit::VisionTransformer(vit).ptr(); },
             forward_of<zoo::vit::VisionTransformerImpl>(), sgd, zoo::vit::batch(vit, kBatch), zoo::vit::loss};
   }
+  if (name == "fnet") {
+    const zoo::fnet::FNetConfig fnet;
+    return {name, [fnet] { return zoo::fnet::FNetForSequenceClassification(fnet).ptr(); },
+            forward_of<zoo::fnet::FNetForSequenceClassificationImpl>(), adamw, zoo::fnet::batch(fnet, kBatch),
+            zoo::fnet::loss};
+  }
   if (name == "lstm") {
     return {name, [rnn] { return zoo::rnn_lm::LSTMModel(rnn).ptr(); }, forward_of<zoo::rnn_lm::LSTMModelImpl>(), sgd,
             zoo::rnn_lm::batch(rnn, kBatch), zoo::rnn_lm::loss};
@@ -117,7 +124,7 @@ ZooCase zoo_case(const std::string& name) {
           zoo::rnn_lm::batch(rnn, kBatch), zoo::rnn_lm::loss};
 }
 
-const strata::strategies::ModuleTypes kBlocks{"TransformerBlock", "EncoderBlock", "LSTM", "GRU", "BasicBlock"};
+const strata::strategies::ModuleTypes kBlocks{"TransformerBlock", "EncoderBlock", "LSTM", "GRU", "BasicBlock", "FNetLayer"};
 
 struct Trained {
   std::vector<double> losses;
@@ -355,7 +362,7 @@ TEST_P(XlaZooRanksTest, TrainsAsTheCpuWithNoFallbackAndOneProgramAStep) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, XlaZooRanksTest,
                          ::testing::Combine(::testing::Values("xla", "xla_fsdp"),
-                                            ::testing::Values("mnist", "resnet", "llama", "vit", "lstm", "gru")),
+                                            ::testing::Values("mnist", "resnet", "llama", "vit", "lstm", "gru", "fnet")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });

@@ -1,6 +1,6 @@
 // The model zoo (tests/support/zoo/), unchanged, under `ddp`, under `fsdp`
 // with a unit per block type (TransformerBlock, BasicBlock, EncoderBlock,
-// LSTM, GRU; the DCGAN's convolutions) and under `fsdp` with those blocks
+// LSTM, GRU, FNetLayer; the DCGAN's convolutions) and under `fsdp` with those blocks
 // checkpointed, at 2 and 3 workers: each model trains as one process does on the whole batch (losses,
 // then every parameter and buffer), and under fsdp each rank holds 1/N of
 // every parameter. BatchNorm layers normalise over the global batch
@@ -26,6 +26,7 @@
 #include "support/multiprocess.h"
 #include "support/worker.h"
 #include "support/zoo/dcgan.h"
+#include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"
 #include "support/zoo/mnist.h"
 #include "support/zoo/resnet.h"
@@ -60,6 +61,7 @@ std::vector<ZooCase> zoo_cases() {
   const zoo::llama::ModelArgs llama;
   const zoo::vit::ViTConfig vit;
   const zoo::rnn_lm::RNNConfig rnn;
+  const zoo::fnet::FNetConfig fnet;
   return {
       {"mnist",
        [] {
@@ -78,10 +80,13 @@ std::vector<ZooCase> zoo_cases() {
        zoo::rnn_lm::batch(rnn, kBatch), zoo::rnn_lm::loss},
       {"gru", [rnn] { return zoo::rnn_lm::GRUModel(rnn).ptr(); }, forward_of<zoo::rnn_lm::GRUModelImpl>(),
        zoo::rnn_lm::batch(rnn, kBatch), zoo::rnn_lm::loss},
+      {"fnet", [fnet] { return zoo::fnet::FNetForSequenceClassification(fnet).ptr(); },
+       forward_of<zoo::fnet::FNetForSequenceClassificationImpl>(), zoo::fnet::batch(fnet, kBatch), zoo::fnet::loss},
   };
 }
 
-const strata::strategies::ModuleTypes kBlocks{"TransformerBlock", "BasicBlock", "EncoderBlock", "LSTM", "GRU"};
+const strata::strategies::ModuleTypes kBlocks{"TransformerBlock", "BasicBlock", "EncoderBlock", "LSTM", "GRU",
+                                              "FNetLayer"};
 
 struct Trained {
   std::vector<double> losses;

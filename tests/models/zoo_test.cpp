@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/zoo/dcgan.h"
+#include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"
 #include "support/zoo/mnist.h"
 #include "support/zoo/resnet.h"
@@ -174,6 +175,40 @@ TEST(ZooTest, VitHasClassTokenAndPositionsAndTrains) {
     auto logits = model->forward(images);
     EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{4, 10}));
     auto loss = zoo::vit::loss(logits, classes);
+    loss.backward();
+    optimizer.step();
+    return loss;
+  }));
+}
+
+// FNet's token mixing, Re(F_S X F_H) for the DFT matrices F = C - iS of the
+// sequence and hidden lengths, is C_S X C_H - S_S X S_H: computed here from
+// cosines and sines, independently of torch::fft.
+TEST(ZooTest, FNetMixesTokensByTheRealPartOfTheTwoDimensionalDftAndTrains) {
+  torch::manual_seed(7);
+  const zoo::fnet::FNetConfig c;
+  auto dft = [](int64_t n) {
+    const torch::Tensor k = torch::arange(n, torch::kDouble);
+    const torch::Tensor angle = torch::outer(k, k) * (2 * M_PI / static_cast<double>(n));
+    return std::make_pair(torch::cos(angle), torch::sin(angle));
+  };
+  const torch::Tensor x = torch::randn({2, c.seq_length, c.hidden_size}, torch::kDouble);
+  const auto [cs, ss] = dft(c.seq_length);
+  const auto [ch, sh] = dft(c.hidden_size);
+  const torch::Tensor want = torch::matmul(torch::matmul(cs, x), ch) - torch::matmul(torch::matmul(ss, x), sh);
+  zoo::fnet::FNetBasicFourierTransform mixing;
+  EXPECT_TRUE(torch::allclose(mixing->forward(x), want, 1e-9, 1e-9));
+
+  zoo::fnet::FNetForSequenceClassification model(c);
+  EXPECT_TRUE(has_parameter(*model, "layer.1.fourier.output.LayerNorm.weight"));
+  EXPECT_TRUE(has_parameter(*model, "embeddings.projection.weight"));
+  auto [tokens, labels] = zoo::fnet::batch(c);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  expect_falls(train(3, [&, &tokens = tokens, &labels = labels] {
+    optimizer.zero_grad();
+    auto logits = model->forward(tokens);
+    EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{4, c.num_labels}));
+    auto loss = zoo::fnet::loss(logits, labels);
     loss.backward();
     optimizer.step();
     return loss;

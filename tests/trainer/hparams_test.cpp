@@ -1,70 +1,162 @@
-// Hyperparameters as Lightning writes them: hparams.yaml byte for byte as
-// Lightning 2.6.6's save_hparams_to_yaml (PyYAML 6) writes the same values,
-// Python's repr where Lightning hands TensorBoard str(value), and the
-// flattening Lightning's TensorBoardLogger does.
+// Hyperparameters as Lightning writes them: hparams.yaml read back by
+// Lightning 2.6.6's own reader (load_hparams_from_yaml, through
+// tests/trainer/read_hparams_yaml.py) as the same values with the same
+// Python types, Python's repr where Lightning hands TensorBoard str(value),
+// and the flattening Lightning's TensorBoardLogger does.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "strata/trainer/hparams.h"
+#include "support/tool.h"
 
 namespace strata::trainer {
 namespace {
 
-// Made in the venv with Lightning 2.6.6:
-//   from lightning.pytorch.core.saving import save_hparams_to_yaml
-//   save_hparams_to_yaml("gold.yaml", {"lr": 0.01, "n_layer": 2, ...})
-// with the values of LightningsYamlIsWrittenByteForByte below.
-const char* const kLightningYaml =
-    "betas:\n- 0.9\n- 0.95\nbig: 1.0e+16\nblank: ''\nbool_text: 'True'\ncompile: false\ndash: -x\n"
-    "date: '2024-01-02'\nempty_list: []\nempty_map: {}\nexp16: 1000000000000000.0\ninf: .inf\nlr: 0.01\n"
-    "maps:\n- a: 1\n  b: x\nmodel:\n  bias: true\n  inner:\n    x: -1\n  n_embd: 8\nn_layer: 2\nname: gpt\n"
-    "nan: .nan\nneeds quote: x\nneg: -7\nnested:\n- - 1\n  - 2\n- - 3\nninf: -.inf\nnone: null\n"
-    "note: 'a: b # c'\npath: /usr/share\nquote: it's\nsci: 1e3\nsmall: 1.0e-05\ntab: \"a\\tb\"\ntenth: 0.1\n"
-    "text: '0.003'\nthousand: 1000.0\ntilde: '~'\ntiny: 1.5e-07\nunder_1: '1_000'\nuni: \"h\\xE9llo\"\n"
-    "whole: 3.0\n'yes': 'yes'\n";
+using json = nlohmann::json;
 
-TEST(HparamsTest, LightningsYamlIsWrittenByteForByte) {
+// `value` as read_hparams_yaml.py prints what Python read: every scalar as
+// [Python type, value], non-finite floats as their repr.
+json typed(const json& value) {
+  switch (value.type()) {
+    case json::value_t::object: {
+      json out = json::object();
+      for (auto it = value.begin(); it != value.end(); ++it) out[it.key()] = typed(it.value());
+      return out;
+    }
+    case json::value_t::array: {
+      json out = json::array();
+      for (const json& item : value) out.push_back(typed(item));
+      return out;
+    }
+    case json::value_t::null: return {"NoneType", nullptr};
+    case json::value_t::boolean: return {"bool", value};
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return {"int", value};
+    case json::value_t::number_float: {
+      const double v = value.get<double>();
+      if (std::isnan(v)) return {"float", "nan"};
+      if (std::isinf(v)) return {"float", v > 0 ? "inf" : "-inf"};
+      return {"float", value};
+    }
+    default: return {"str", value};
+  }
+}
+
+// What Lightning's load_hparams_from_yaml reads from hparams_yaml(params),
+// typed; null (after a failure) when it could not.
+json read_with_lightning(const Hyperparams& params) {
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("strata-hparams-" + std::to_string(::getpid()) + ".yaml")).string();
+  std::ofstream(file, std::ios::binary) << hparams_yaml(params);
+  const strata::testing::Outcome o = strata::testing::run_python("tests/trainer/read_hparams_yaml.py", {file});
+  std::filesystem::remove(file);
+  if (o.status != 0) {
+    ADD_FAILURE() << "read_hparams_yaml.py failed (" << o.status << "): " << o.err << "\n" << hparams_yaml(params);
+    return nullptr;
+  }
+  return json::parse(o.out);
+}
+
+#define SKIP_WITHOUT_PYTHON()                                    \
+  if (strata::testing::project_python().empty())                 \
+  GTEST_SKIP() << "STRATA_PYTHON is not set: run the suite through scripts/test.sh"
+
+TEST(HparamsTest, LightningReadsBackEveryValueWithItsType) {
+  SKIP_WITHOUT_PYTHON();
   const double inf = std::numeric_limits<double>::infinity();
   const Hyperparams h = {{"lr", 0.01},
                          {"n_layer", 2},
                          {"name", "gpt"},
                          {"compile", false},
-                         {"model", {{"n_embd", 8}, {"bias", true}, {"inner", {{"x", -1}}}}},
+                         {"model", {{"n_embd", 8}, {"bias", true}, {"inner", {{"x", -1}, {"deeper", {{"y", "z"}}}}}}},
                          {"betas", {0.9, 0.95}},
-                         {"small", 1e-05},
-                         {"big", 1e16},
-                         {"whole", 3.0},
-                         {"none", nullptr},
-                         {"text", "0.003"},
-                         {"yes", "yes"},
-                         {"uni", "h\xc3\xa9llo"},
-                         {"empty_map", nlohmann::json::object()},
-                         {"empty_list", nlohmann::json::array()},
-                         {"nested", {{1, 2}, {3}}},
-                         {"maps", nlohmann::json::array({{{"a", 1}, {"b", "x"}}})},
-                         {"sci", "1e3"},
-                         {"blank", ""},
-                         {"tilde", "~"},
-                         {"date", "2024-01-02"},
-                         {"note", "a: b # c"},
-                         {"dash", "-x"},
-                         {"quote", "it's"},
-                         {"needs quote", "x"},
-                         {"neg", -7},
+                         {"small", 1e-4},
+                         {"smaller", 1e-05},
                          {"tiny", 1.5e-7},
-                         {"tenth", 0.1},
-                         {"thousand", 1000.0},
-                         {"exp16", 1e15},
+                         {"big", 1e16},
+                         {"exp15", 1e15},
+                         {"whole", 3.0},
+                         {"negative_zero", -0.0},
+                         {"third", 1.0 / 3},
                          {"inf", inf},
                          {"ninf", -inf},
                          {"nan", std::numeric_limits<double>::quiet_NaN()},
+                         {"neg", -7},
+                         {"huge_int", std::numeric_limits<std::int64_t>::min()},
+                         {"max_uint", std::numeric_limits<std::uint64_t>::max()},
+                         {"none", nullptr},
+                         {"empty_map", json::object()},
+                         {"empty_list", json::array()},
+                         {"nested", {{1, 2}, {3}, json::array()}},
+                         {"maps", json::array({{{"a", 1}, {"b", "x"}}, {{"c", nullptr}}})},
+                         // Strings a YAML reader would take for something else unquoted.
+                         {"text", "0.003"},
+                         {"sci", "1e-4"},
+                         {"int_text", "42"},
+                         {"hex", "0x1F"},
+                         {"octal", "012"},
+                         {"under", "1_000"},
+                         {"sexagesimal", "1:30"},
+                         {"date", "2024-01-02"},
+                         {"timestamp", "2024-01-02 10:00:00"},
+                         {"bool_text", "True"},
+                         {"yes", "yes"},
+                         {"No", "no"},
+                         {"on", "ON"},
+                         {"y", "n"},
+                         {"null_text", "null"},
+                         {"tilde", "~"},
+                         {"inf_text", ".inf"},
+                         {"nan_text", "NaN"},
+                         {"blank", ""},
+                         {"spaces", " lead and trail "},
+                         // Strings with YAML's indicators and escapes.
+                         {"note", "a: b # c"},
+                         {"dash", "-x"},
+                         {"list_like", "[1, 2]"},
+                         {"map_like", "{a: 1}"},
+                         {"anchor", "&a *b !tag %x @y `z"},
+                         {"quote", "it's \"quoted\" \\ back"},
+                         {"lines", "a\n b \nc\n"},
                          {"tab", "a\tb"},
+                         {"control", std::string("a\x01\x1b\x7f" "b")},
+                         {"document", "--- x"},
                          {"path", "/usr/share"},
-                         {"under_1", "1_000"},
-                         {"bool_text", "True"}};
-  EXPECT_EQ(hparams_yaml(h), kLightningYaml);
-  EXPECT_EQ(hparams_yaml({}), "{}\n");
+                         {"url", "https://example.com/a?b=c#d"},
+                         // Unicode, and bytes that are not UTF-8.
+                         {"unicode", "h\xc3\xa9llo \xe2\x80\xa8 \xf0\x9f\x98\x80 \xe4\xb8\xad"},
+                         {"bad_utf8", "x\xff"},
+                         // Keys that need quoting too.
+                         {"needs quote", "x"},
+                         {"1.5", "float key"},
+                         {"true", "bool key"},
+                         {"", "empty key"},
+                         {"k\xc3\xa9y", "unicode key"},
+                         {std::string(200, 'k'), "long key"},
+                         {"long", std::string(300, 'a') + " " + std::string(100, 'b')}};
+  json want = typed(json(h));
+  want["bad_utf8"] = {"str", "x\xef\xbf\xbd"};  // U+FFFD
+  EXPECT_EQ(read_with_lightning(h), want);
+}
+
+TEST(HparamsTest, EmptyHyperparametersAreAnEmptyMap) { EXPECT_EQ(hparams_yaml({}), "{}\n"); }
+
+// Plain where it is safe, so the file reads as Lightning's does.
+TEST(HparamsTest, SimpleValuesAreWrittenPlainAndSorted) {
+  EXPECT_EQ(hparams_yaml({{"optimizer", "AdamW"},
+                          {"lr", 0.003},
+                          {"small", 1e-5},
+                          {"model", {{"n_layer", 2}, {"bias", true}}},
+                          {"betas", {0.9, 0.95}},
+                          {"none", nullptr},
+                          {"text", "0.003"}}),
+            "betas:\n  - 0.9\n  - 0.95\nlr: 0.003\nmodel:\n  bias: true\n  n_layer: 2\nnone: null\n"
+            "optimizer: AdamW\nsmall: 1.0e-05\ntext: \"0.003\"\n");
 }
 
 // Python's repr, as Lightning's TensorBoardLogger turns lists and None

@@ -10,7 +10,7 @@
 #include <torch/nn/modules/embedding.h>
 
 #include "strata/core/error.h"
-#include "strata/trainer/csv_logger.h"
+#include "strata/loggers/csv_logger.h"
 #include "strata/trainer/model_summary.h"
 #include "trainer_util.h"
 

@@ -21,7 +21,7 @@
 
 #include "strata/checkpoint/directory.h"
 #include "strata/core/error.h"
-#include "strata/trainer/csv_logger.h"
+#include "strata/loggers/csv_logger.h"
 #include "strata/trainer/scheduler.h"
 #include "support/tool.h"
 #include "trainer_util.h"

@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "strata/core/interrupted.h"
-#include "strata/trainer/csv_logger.h"
+#include "strata/loggers/csv_logger.h"
 #include "support/multiprocess.h"
 #include "support/worker.h"
 #include "trainer_util.h"

@@ -110,7 +110,7 @@ TEST(TrainRecordsTest, EveryRecordOfOneRunHoldsTheSameValuesAtTheSameSteps) {
   EXPECT_EQ(logger_val, val);
 
   // TensorBoard, read by its own reader: float32 of the same values.
-  Outcome tb = run_python("tests/trainer/read_tensorboard.py", {version});
+  Outcome tb = run_python("tests/loggers/read_tensorboard.py", {version});
   if (tb.status == 77) GTEST_SKIP() << "tensorboard is not installed: " << tb.err;
   ASSERT_EQ(tb.status, 0) << tb.err;
   const nlohmann::json scalars = nlohmann::json::parse(tb.out)["scalars"];

@@ -68,11 +68,6 @@ class LitGPT : public TrainModule {
                                             .with_interval("step"));
     return config;
   }
-  std::shared_ptr<TrainModule> replica() const override {
-    auto copy = std::make_shared<LitGPT>(lr_);
-    copy->step_lr_ = step_lr_;
-    return copy;
-  }
   models::GPT gpt{nullptr};
   bool step_lr_ = true;
 
@@ -85,8 +80,6 @@ class LitGPT : public TrainModule {
 class LossRecorder : public trainer::Callback {
  public:
   std::string state_key() const override { return "LossRecorder"; }
-  /// Another rank's records stay there; this one's are rank 0's.
-  trainer::CallbackPtr replica() const override { return std::make_shared<LossRecorder>(); }
   void on_train_batch_end(Trainer& trainer, TrainModule&, const at::Tensor& loss, const data::Batch&,
                           int64_t) override {
     losses.push_back(trainer.strategy().all_reduce(loss.detach()).item<double>());

@@ -23,7 +23,7 @@ namespace {
 using namespace strata::testing;
 
 /// Each rank's parameters at the end of fit, on the CPU: the copies of
-/// this callback share one record.
+/// this callback (its implicit copy constructor's) share one record.
 class RankParameters : public strata::trainer::Callback {
  public:
   struct Record {
@@ -32,7 +32,6 @@ class RankParameters : public strata::trainer::Callback {
   };
   explicit RankParameters(std::shared_ptr<Record> record = std::make_shared<Record>()) : record(std::move(record)) {}
   std::string state_key() const override { return "RankParameters"; }
-  strata::trainer::CallbackPtr replica() const override { return std::make_shared<RankParameters>(record); }
   void on_train_end(strata::Trainer& trainer, strata::TrainModule& module) override {
     std::vector<at::Tensor> values;
     for (const at::Tensor& p : module.parameters()) values.push_back(p.detach().cpu());
@@ -68,7 +67,9 @@ FitRun fit(const std::string& accelerator, const std::string& strategy, int devi
                               .with_max_epochs(2)
                               .with_enable_progress_bar(false)
                               .with_enable_checkpointing(false)
-                              .with_callbacks({losses, parameters}));
+                              .with_module_factory([] { return std::make_shared<LitGPT>(); })
+                              .with_callback(losses)
+                              .with_callback(parameters));
   trainer.fit(module, train_data(), val_data());
   FitRun run{losses->losses, losses->epoch_losses, trainer.callback_metrics().at("val_loss"), trainer.global_step(),
           parameters->record->by_rank, folder + "/end"};
@@ -158,7 +159,8 @@ TEST(XlaRanksTest, AShardedForwardBetweenCallsIsRefusedWhereItGathers) {
                               .with_max_steps(1)
                               .with_enable_progress_bar(false)
                               .with_enable_checkpointing(false)
-                              .with_enable_model_summary(false));
+                              .with_enable_model_summary(false)
+                              .with_module_factory([] { return std::make_shared<LitGPT>(); }));
   trainer.fit(module, train_data());
   const std::string message = error_message<strata::ConfigError>([&] {
     torch::NoGradGuard no_grad;
@@ -171,36 +173,41 @@ TEST(XlaRanksTest, AShardedForwardBetweenCallsIsRefusedWhereItGathers) {
       << message;
 }
 
-/// A module that says nothing about how to build another of it.
-class NoReplica : public strata::TrainModule {
+/// A small module.
+class Regression : public strata::TrainModule {
  public:
-  NoReplica() { layer = register_module("layer", torch::nn::Linear(2, 1)); }
+  Regression() { layer = register_module("layer", torch::nn::Linear(2, 1)); }
   at::Tensor training_step(const strata::data::Batch& b, int64_t) override {
     return (layer->forward(b.input) - b.target).pow(2).mean();
   }
   strata::OptimizerConfig configure_optimizers() override {
     return strata::OptimizerConfig(std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1)));
   }
-  std::shared_ptr<strata::TrainModule> replica() const override { return replica_ ? std::make_shared<NoReplica>() : nullptr; }
   torch::nn::Linear layer{nullptr};
-  bool replica_ = false;
 };
 
+/// A callback of a class that cannot be copied.
 class NoCopy : public strata::trainer::Callback {
  public:
+  NoCopy() = default;
+  NoCopy(const NoCopy&) = delete;
   std::string state_key() const override { return "NoCopy"; }
 };
 
-std::string fit_message(std::shared_ptr<NoReplica> module, std::vector<strata::trainer::CallbackPtr> callbacks,
-                        bool as_loader) {
+/// A callback of a copyable class.
+class Copyable : public strata::trainer::Callback {
+ public:
+  std::string state_key() const override { return "Copyable"; }
+};
+
+std::string fit_message(strata::TrainerOptions options, bool as_loader) {
   return error_message([&] {
-    strata::Trainer trainer(strata::TrainerOptions()
-                                .with_accelerator("xla")
+    strata::Trainer trainer(options.with_accelerator("xla")
                                 .with_devices(2)
                                 .with_max_epochs(1)
                                 .with_enable_progress_bar(false)
-                                .with_enable_checkpointing(false)
-                                .with_callbacks(std::move(callbacks)));
+                                .with_enable_checkpointing(false));
+    auto module = std::make_shared<Regression>();
     auto data = std::make_shared<strata::data::TensorDataset>(at::ones({4, 2}), at::ones({4, 1}));
     if (as_loader) {
       trainer.fit(module, strata::DataSource(std::make_shared<strata::data::DataLoader>(data, 2)));
@@ -212,18 +219,30 @@ std::string fit_message(std::shared_ptr<NoReplica> module, std::vector<strata::t
 
 TEST(XlaRanksTest, WhatCannotBeCopiedForTheOtherRanksIsRefusedWithAMessage) {
   if (!start_xla()) GTEST_SKIP() << "no PJRT plugin for the xla device";
-  std::string message = fit_message(std::make_shared<NoReplica>(), {}, false);
+  const auto factory = [] { return std::make_shared<Regression>(); };
+  std::string message = fit_message(strata::TrainerOptions(), false);
   EXPECT_NE(message.find("[trainer] accelerator 'xla' with devices=2 runs the ranks as threads of this process, each "
-                         "with a module of its own, and this module has no replica(): override "
-                         "TrainModule::replica()"),
+                         "with a module of its own, and no module_factory builds them: pass "
+                         "TrainerOptions::with_module_factory"),
             std::string::npos)
       << message;
-  message = fit_message(std::make_shared<NoReplica>(), {std::make_shared<NoCopy>()}, false);
-  EXPECT_NE(message.find("the callback 'NoCopy' has no replica(): override Callback::replica()"), std::string::npos)
+  message = fit_message(strata::TrainerOptions().with_module_factory([] { return std::make_shared<LitGPT>(); }), false);
+  EXPECT_NE(message.find("[trainer] module_factory returned a module of another class"), std::string::npos) << message;
+  // A copyable callback given through the vector of callbacks, with its
+  // class's type gone, cannot be copied; through with_callback it can.
+  const std::vector<strata::trainer::CallbackPtr> erased{std::make_shared<Copyable>()};
+  message = fit_message(strata::TrainerOptions().with_module_factory(factory).with_callbacks(erased), false);
+  EXPECT_NE(message.find("[trainer] accelerator 'xla' with devices=2 runs the ranks as threads of this process, each "
+                         "with its own callbacks, and the callback 'Copyable' cannot be copied for them"),
+            std::string::npos)
       << message;
-  auto copyable = std::make_shared<NoReplica>();
-  copyable->replica_ = true;
-  message = fit_message(copyable, {}, true);
+  message = fit_message(strata::TrainerOptions().with_module_factory(factory).with_callback(std::make_shared<NoCopy>()),
+                        false);
+  EXPECT_NE(message.find("the callback 'NoCopy' cannot be copied for them: give its class a copy constructor"),
+            std::string::npos)
+      << message;
+  message = fit_message(strata::TrainerOptions().with_module_factory(factory).with_callback(std::make_shared<Copyable>()),
+                        true);
   EXPECT_NE(message.find("[trainer] the training data is a loader, but the ranks are threads of this process "
                          "(accelerator 'xla', devices=2) and would share it: pass a dataset"),
             std::string::npos)

@@ -25,6 +25,7 @@ namespace strata::testing {
 namespace {
 
 namespace fs = std::filesystem;
+using xla::stablehlo::FftType;
 using xla::stablehlo::GatherDims;
 using xla::stablehlo::RngAlgorithm;
 using Tensors = std::vector<at::Tensor>;
@@ -76,6 +77,23 @@ std::vector<OpCase> op_cases() {
               at::isfinite(x[0]),
               at::sin(x[0]),
               at::cos(x[0])};
+    });
+  }
+  {
+    // The transforms' complex values leave the program as their parts.
+    const Type m38{ElementType::kF32, {3, 8}};
+    Function f("main", {m38, m38});
+    const Value spectrum = f.fft(f.arg(0), FftType::kRealForward, {8});
+    const Value c = f.complex(f.arg(0), f.arg(1));
+    const Value both = f.fft(c, FftType::kForward, {3, 8}), inverse = f.fft(c, FftType::kInverse, {8});
+    f.returns({f.real(spectrum), f.imag(spectrum), f.real(both), f.imag(both), f.real(inverse), f.imag(inverse),
+               f.fft(spectrum, FftType::kRealInverse, {8})});
+    add("fft", f, {f32({3, 8}, -2, 3), f32({3, 8}, 1, -1)}, [](const Tensors& x) -> Tensors {
+      const at::Tensor spectrum = at::fft_rfft(x[0]), c = at::complex(x[0], x[1]);
+      const at::Tensor both = at::fft_fft2(c), inverse = at::fft_ifft(c);
+      return {at::real(spectrum).contiguous(), at::imag(spectrum).contiguous(), at::real(both).contiguous(),
+              at::imag(both).contiguous(),     at::real(inverse).contiguous(),  at::imag(inverse).contiguous(),
+              at::fft_irfft(spectrum, 8)};
     });
   }
   {
@@ -363,6 +381,21 @@ TEST(StablehloOpsTest, OpsRejectBadOperands) {
   EXPECT_EQ(message([&] { f.bitcast_convert(floats, ElementType::kS64); }),
             "[stablehlo] bitcast_convert: tensor<2x2xf32> to i64 changes the element size; only same-size "
             "non-bool types are supported");
+  EXPECT_EQ(message([&] { f.complex(floats, table); }),
+            "[stablehlo] complex: needs two f32 or two f64 operands of one shape, got tensor<2x2xf32> and "
+            "tensor<5x3xf32>");
+  EXPECT_EQ(message([&] { f.real(floats); }), "[stablehlo] real: needs a complex operand, got tensor<2x2xf32>");
+  EXPECT_EQ(message([&] { f.fft(floats, FftType::kForward, {2}); }),
+            "[stablehlo] fft FFT: needs complex values, got tensor<2x2xf32>");
+  EXPECT_EQ(message([&] { f.fft(table, FftType::kRealForward, {4}); }),
+            "[stablehlo] fft RFFT: dim 1 of tensor<5x3xf32> is 3, the lengths [4] need 4");
+  EXPECT_EQ(message([&] { f.fft(f.complex(floats, floats), FftType::kRealInverse, {4}); }),
+            "[stablehlo] fft IRFFT: dim 1 of tensor<2x2xcomplex<f32>> is 2, the lengths [4] need 3");
+  EXPECT_EQ(message([&] { f.fft(floats, FftType::kRealForward, {1, 1, 2, 2}); }),
+            "[stablehlo] fft: 4 lengths for tensor<2x2xf32>; give 1 to 3, at most its rank");
+  EXPECT_EQ(message([&] { f.constant(Type{ElementType::kC64, {}}, {1.0}); }),
+            "[stablehlo] constant of tensor<complex<f32>>: complex constants are not printed; build them with "
+            "complex(re, im)");
   EXPECT_EQ(message([&] {
               f.iota(Type{ElementType::kS32, {3}}, 1);
             }),

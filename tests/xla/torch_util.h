@@ -42,6 +42,10 @@ inline at::ScalarType scalar_type(ElementType type) {
       return at::kFloat;
     case ElementType::kF64:
       return at::kDouble;
+    case ElementType::kC64:
+      return at::kComplexFloat;
+    case ElementType::kC128:
+      return at::kComplexDouble;
   }
   return at::kFloat;
 }

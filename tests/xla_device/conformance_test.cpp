@@ -110,6 +110,33 @@ std::map<std::string, std::vector<Sample>> samples() {
   binary("aten::pow.Tensor_Tensor", [](auto& a, auto& b) { return at::pow(a, b); }, kTranscendental, positive);
   binary("aten::fmod.Tensor", [](auto& a, auto& b) { return at::fmod(a, b); }, kSum, positive);
   binary("aten::remainder.Tensor", [](auto& a, auto& b) { return at::remainder(a, b); }, kSum, positive);
+  s["aten::atan2.out"] = {Sample{"atan2 into an out tensor", {{3, 5}, {3, 5}}, [](auto& x) {
+                                   at::Tensor o = at::empty_like(x[0]);
+                                   return one(at::atan2_out(o, x[0], x[1]));
+                                 },
+                                 kTranscendental, false}};
+  s["aten::remainder.Tensor"].push_back(Sample{"remainder of signed operands", {{3, 5}, {3, 5}}, [](auto& x) {
+                                                 return one(at::remainder(x[0] * 3, x[1].sign() * (x[1].abs() + 0.5)));
+                                               },
+                                               kSum, false, false});
+  s["aten::div.Tensor_mode"].push_back(Sample{"div floor and trunc of signed operands", {{3, 5}, {3, 5}}, [](auto& x) {
+                                                at::Tensor b = x[1].sign() * (x[1].abs() + 0.5);
+                                                return Tensors{at::div(x[0] * 3, b, "floor"), at::div(x[0] * 3, b, "trunc")};
+                                              },
+                                              kSum, false, false});
+  // The bitwise ops on integers and on bools.
+  auto ints = [](const at::Tensor& t) { return (t * 8).to(at::kInt); };
+  for (const char* op : {"and", "or", "xor"}) {
+    const std::string name = op;
+    auto f = [name](const at::Tensor& a, const at::Tensor& b) {
+      return name == "and" ? a.bitwise_and(b) : name == "or" ? a.bitwise_or(b) : a.bitwise_xor(b);
+    };
+    s["aten::bitwise_" + name + ".Tensor"] = {
+        Sample{"bitwise " + name + " of ints", {{3, 5}, {3, 5}}, [f, ints](auto& x) { return one(f(ints(x[0]), ints(x[1]))); },
+               kExact, false, false, false},
+        Sample{"bitwise " + name + " of bools", {{3, 5}, {3, 5}}, [f](auto& x) { return one(f(x[0] > 0, x[1] > 0)); },
+               kExact, false, false, false}};
+  }
   s["aten::add.Scalar"] = {Sample{"add.Scalar", {{3, 5}}, [](auto& x) { return one(at::add(x[0], 1.25, 2)); }, kExact}};
   s["aten::sub.Scalar"] = {Sample{"sub.Scalar", {{3, 5}}, [](auto& x) { return one(at::sub(x[0], 1.25)); }, kExact}};
   s["aten::mul.Scalar"] = {Sample{"mul.Scalar", {{3, 5}}, [](auto& x) { return one(at::mul(x[0], 3.0)); }, kExact}};
@@ -281,6 +308,57 @@ std::map<std::string, std::vector<Sample>> samples() {
                                          x[0].scatter_add(1, longs(x[0], {0, 0, 1, 2, 3, 3}).view({3, 2}), x[1]));
                                    },
                                    kSum}};
+  s["aten::scatter_reduce.two"] = {Sample{"scatter_reduce sum and prod", {{3, 4}, {3, 2}}, [](auto& x) {
+                                           const at::Tensor i = longs(x[0], {0, 0, 1, 2, 3, 3}).view({3, 2});
+                                           return Tensors{x[0].scatter_reduce(1, i, x[1], "sum"),
+                                                          x[0].scatter_reduce(1, i, x[1], "prod")};
+                                         },
+                                         kSum, false}};
+  s["aten::scatter_reduce.two"].push_back(Sample{"scatter_reduce amax and amin", {{3, 4}, {3, 3}}, [](auto& x) {
+                                                   const at::Tensor i = longs(x[0], {0, 0, 1, 2, 3, 3, 1, 1, 1}).view({3, 3});
+                                                   return Tensors{x[0].scatter_reduce(1, i, x[1], "amax"),
+                                                                  x[0].scatter_reduce(1, i, x[1], "amin")};
+                                                 },
+                                                 kExact, false});
+  // EmbeddingBag's three modes, a padding index, per-sample weights, an
+  // empty bag and include_last_offset (Note [Bags as segment sums] in
+  // src/xla_device/kernels_embedding_bag.cpp); f32 only.
+  auto bag = [](int64_t mode, bool weighted, bool last_offset, int64_t padding_idx) {
+    return [=](const Tensors& x) {
+      const at::Tensor indices = longs(x[0], {1, 2, 4, 5, 4, 3, 2, 6});
+      // include_last_offset: the last offset is the number of indices.
+      const at::Tensor offsets = last_offset ? longs(x[0], {0, 2, 2, 5, 8}) : longs(x[0], {0, 2, 2, 5});
+      auto [out, offset2bag, size, max_indices] =
+          at::_embedding_bag(x[0], indices, offsets, false, mode, false, weighted ? x[1] : at::Tensor(), last_offset,
+                             padding_idx);
+      return mode == 2 ? Tensors{out, size, max_indices} : Tensors{out, size};
+    };
+  };
+  s["aten::_embedding_bag"] = {
+      Sample{"embedding_bag sum", {{7, 3}}, bag(0, false, false, -1), kSum, true, false, false},
+      Sample{"embedding_bag sum, weighted, padding, last offset", {{7, 3}, {8}}, bag(0, true, true, 4), kSum, true,
+             false, false},
+      Sample{"embedding_bag mean with padding", {{7, 3}}, bag(1, false, false, 4), kSum, true, false, false},
+      Sample{"embedding_bag mean, last offset", {{7, 3}}, bag(1, false, true, -1), kSum, true, false, false},
+      Sample{"embedding_bag max with padding", {{7, 3}}, bag(2, false, false, 4), kExact, true, false, false},
+      Sample{"embedding_bag max", {{7, 3}}, bag(2, false, true, -1), kExact, true, false, false}};
+  // grid_sample: bilinear and nearest, zeros and border, with and without
+  // align_corners; the grid reaches past the image's edges.
+  auto sample = [](int64_t interpolation, int64_t padding, bool align_corners) {
+    return [=](const Tensors& x) {
+      return one(at::grid_sampler_2d(x[0], x[1].tanh() * 1.2, interpolation, padding, align_corners));
+    };
+  };
+  s["aten::grid_sampler_2d"] = {
+      Sample{"grid_sample bilinear zeros", {{2, 3, 4, 5}, {2, 3, 4, 2}}, sample(0, 0, false), kSum, true, false, false},
+      Sample{"grid_sample bilinear border, align_corners", {{2, 3, 4, 5}, {2, 3, 4, 2}}, sample(0, 1, true), kSum,
+             true, false, false},
+      Sample{"grid_sample nearest zeros, align_corners", {{1, 2, 5, 4}, {1, 3, 3, 2}}, sample(1, 0, true), kSum, true,
+             false, false},
+      Sample{"grid_sample nearest border", {{1, 2, 5, 4}, {1, 3, 3, 2}}, sample(1, 1, false), kSum, true, false,
+             false}};
+  s["aten::nonzero"] = {Sample{"nonzero", {{3, 5}}, [](auto& x) { return one(at::nonzero(x[0] > 0)); }, kExact, false,
+                               false, false}};
   s["aten::scatter.value"] = {Sample{"scatter value", {{3, 4}}, [](auto& x) {
                                        return one(x[0].scatter(1, longs(x[0], {0, 3, 1, 2, 2, 0}).view({3, 2}), 0.5));
                                      },
@@ -330,6 +408,12 @@ std::map<std::string, std::vector<Sample>> samples() {
                return Tensors{y, mean, invstd, rm, rv};
              },
              kSum, true, false}};
+  s["aten::_native_batch_norm_legit.no_stats"] = {
+      Sample{"batch_norm training, no running statistics", {{4, 3, 2, 2}, {3}, {3}}, [](auto& x) {
+               auto [y, mean, invstd] = at::_native_batch_norm_legit(x[0], x[1], x[2], true, 0.1, 1e-5);
+               return Tensors{y, mean, invstd};
+             },
+             kSum, true, false}};
   s["aten::_native_batch_norm_legit_no_training"] = {
       Sample{"batch_norm eval", {{4, 3, 2, 2}, {3}, {3}}, [](auto& x) {
                auto rm = at::full({3}, 0.1, x[0].options()), rv = at::full({3}, 2.0, x[0].options());
@@ -371,6 +455,53 @@ std::map<std::string, std::vector<Sample>> samples() {
                                   [](auto& x) { return one(at::avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1})); }, kSum}};
   s["aten::_adaptive_avg_pool2d"] = {Sample{"adaptive_avg_pool2d", {{2, 3, 4, 4}},
                                             [](auto& x) { return one(at::adaptive_avg_pool2d(x[0], {1, 1})); }, kSum}};
+  // Folding: sums of the same terms in the same order, so exact; its
+  // gradient is im2col's (nn::Unfold's) lowering.
+  s["aten::col2im"] = {
+      Sample{"fold stride padding", {{2, 12, 15}},
+             [](auto& x) { return one(at::col2im(x[0], {5, 6}, {2, 2}, k11, {1, 0}, {2, 1})); }, kExact},
+      Sample{"fold dilation unbatched", {{12, 12}},
+             [](auto& x) { return one(at::col2im(x[0], {6, 5}, {2, 3}, {2, 1}, {0, 1}, {1, 2})); }, kExact}};
+  // Distances: f32 only (as LibTorch's CPU kernels), NaN left out (Note
+  // [Distances as ATen ops] in src/xla_device/kernels_distance.cpp).
+  auto distances = [](const std::string& what, double p) {
+    return std::vector<Sample>{
+        Sample{"cdist p=" + what, {{2, 4, 3}, {5, 3}}, [p](auto& x) { return one(at::cdist(x[0], x[1], p)); }, kSum,
+               true, false, false},
+        Sample{"pdist p=" + what, {{5, 3}}, [p](auto& x) { return one(at::pdist(x[0], p)); }, kSum, true, false, false,
+               nullptr, false}};
+  };
+  for (const auto& [what, p] : std::vector<std::pair<std::string, double>>{
+           {"0", 0}, {"0.5", 0.5}, {"1", 1}, {"1.5", 1.5}, {"2", 2}, {"3", 3}, {"inf", INFINITY}}) {
+    for (Sample& sample : distances(what, p)) {
+      s[sample.what.rfind("cdist", 0) == 0 ? "aten::_cdist_forward" : "aten::_pdist_forward"].push_back(sample);
+    }
+  }
+  s["aten::_cdist_forward"].push_back(Sample{"cdist p=2 as a matrix product (compute_mode 1)", {{4, 3}, {5, 3}},
+                                             [](auto& x) { return one(at::_cdist_forward(x[0], x[1], 2, 1)); }, kSum,
+                                             true, false, false});
+  s["aten::_cdist_forward"].push_back(Sample{"cdist of no columns", {{4, 0}, {5, 0}},
+                                             [](auto& x) { return one(at::cdist(x[0], x[1], 2)); }, kExact, false,
+                                             false, false});
+  // Fourier transforms: f32 and f64 only (LibTorch's CPU kernels refuse
+  // half precision); an infinity spreads through a transform as each FFT
+  // orders its sums, so no edge values. Complex results compare as their
+  // parts, complex inputs are made of a last dim of 2.
+  auto parts = [](const at::Tensor& z) { return one(at::view_as_real(z)); };
+  auto complex_of = [](const at::Tensor& x) { return at::view_as_complex(x.contiguous()); };
+  s["aten::_fft_r2c"] = {
+      Sample{"rfft", {{3, 8}}, [=](auto& x) { return parts(at::fft_rfft(x[0])); }, kSum, true, false, false},
+      Sample{"rfft2 ortho", {{2, 4, 6}},
+             [=](auto& x) { return parts(at::fft_rfft2(x[0], std::nullopt, {0, 1}, "ortho")); }, kSum, true, false,
+             false},
+      Sample{"fft of reals over dim 0", {{5, 3}}, [=](auto& x) { return parts(at::fft_fft(x[0], std::nullopt, 0)); },
+             kSum, true, false, false}};
+  s["aten::_fft_c2r"] = {
+      Sample{"irfft", {{3, 5, 2}}, [=](auto& x) { return one(at::fft_irfft(complex_of(x[0]), 8)); }, kSum, true, false,
+             false},
+      Sample{"irfft2 forward", {{4, 3, 2}},
+             [=](auto& x) { return one(at::fft_irfft2(complex_of(x[0]), std::vector<int64_t>{4, 5}, {0, 1}, "forward")); },
+             kSum, true, false, false}};
   s["aten::sort"] = {Sample{"sort", {{3, 5}}, [](auto& x) {
                               auto [v, i] = x[0].sort(1);
                               return Tensors{v, i};
@@ -427,26 +558,7 @@ struct Gap {
   const char* variant;  ///< "transposed", "bf16", "empty", "gradients", "offset" or "edge values"
   const char* why;
 };
-const std::vector<Gap> kKnownGaps = {
-    // Empty tensors take the fallback.
-    {"aten::neg", "empty", "empty out"},
-    {"aten::sqrt", "empty", "empty out"},
-    {"aten::gelu", "empty", "empty out"},
-    {"aten::relu", "empty", "empty out"},
-    {"aten::sum.dim_IntList", "empty", "empty input"},
-    {"aten::bitwise_not", "empty", "empty out"},
-    {"aten::elu", "empty", "empty out"},
-    {"aten::exp", "empty", "empty out"},
-    {"aten::hardtanh", "empty", "empty out"},
-    {"aten::isnan", "empty", "empty out"},
-    {"aten::leaky_relu", "empty", "empty out"},
-    {"aten::rsqrt", "empty", "empty out"},
-    {"aten::sigmoid", "empty", "empty out"},
-    {"aten::tanh", "empty", "empty out"},
-    // Backwards that reach ops with no lowering.
-    {"aten::clamp", "gradients", "ge.Scalar_out, le.Scalar_out, logical_and.out, where.self"},
-    {"aten::index_select", "gradients", "index_add.out"},
-};
+const std::vector<Gap> kKnownGaps = {};  // none left
 
 // |xla - cpu| within `tol` of the largest finite |cpu| (at least 1); NaN
 // and infinities at the same places; -0 kept where LibTorch keeps it.

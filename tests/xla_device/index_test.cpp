@@ -25,6 +25,7 @@ class XlaIndexTest : public strata::testing::XlaDeviceFixture {};
   if (a.scalar_type() != cpu.scalar_type() || a.sizes() != cpu.sizes())
     return ::testing::AssertionFailure() << "dtype/shape " << a.scalar_type() << a.sizes() << " vs "
                                          << cpu.scalar_type() << cpu.sizes();
+  if (a.numel() == 0) return ::testing::AssertionSuccess() << "empty";
   at::Tensor x = a.to(torch::kDouble), y = cpu.to(torch::kDouble);
   if (!torch::equal(x.isnan(), y.isnan())) return ::testing::AssertionFailure() << "NaNs differ: " << a << cpu;
   x = x.nan_to_num(0), y = y.nan_to_num(0);
@@ -141,6 +142,75 @@ TEST_F(XlaIndexTest, IndexingByTensorsIndexPutScatterAndFlipMatchTheCpu) {
       {"scatter_ a value", xm.clone().scatter_(0, xdown, -1.5), m.clone().scatter_(0, down, -1.5), 0},
       {"flip", xt.flip({0, 2}), t.flip({0, 2}), 0},
       {"gradients", backwards(xgm, xtwo), backwards(gm, two), 1e-6},
+  };
+  const auto recorded = metrics();
+  for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";
+  strata::xla::mark_step();
+  for (const auto& c : cases) EXPECT_TRUE(close(c.xla, c.cpu, c.tol)) << c.what;
+}
+
+// Indices on dims apart from each other put the broadcast index shape
+// first; a boolean mask indexes by its true elements (read to the host,
+// Note [Indexing by integer tensors]); index tensors on the CPU are
+// uploaded. As the CPU, backwards included, with no fallback.
+TEST_F(XlaIndexTest, IndicesApartBooleanMasksAndCpuIndicesMatchTheCpu) {
+  using at::indexing::Slice;
+  torch::manual_seed(63);
+  const at::Tensor t = torch::randn({3, 4, 5}), v = torch::randn({2, 4});
+  const at::Tensor first = torch::tensor({2, 0}, at::kLong), last = torch::tensor({4, -1}, at::kLong);
+  const at::Tensor mask = t.select(2, 0) > 0.2, row_mask = torch::tensor({true, false, true});
+  const at::Tensor xt = on(t), xv = on(v), xfirst = on(first), xlast = on(last), xmask = on(mask), xrow_mask = on(row_mask);
+  at::Tensor g = t.clone().requires_grad_(true), xg = xt.clone().detach().requires_grad_(true);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  auto accumulate = [](at::Tensor x, const at::Tensor& i, const at::Tensor& val) {
+    return x.index_put_(c10::List<std::optional<at::Tensor>>({i, std::nullopt, i}), val, /*accumulate=*/true);
+  };
+  auto masked_loss = [](const at::Tensor& x, const at::Tensor& m) {
+    (x.index({m}).square().sum() + x.index({Slice(), Slice(), torch::tensor({1, 3})}).sum()).backward();
+    return x.grad();
+  };
+  std::vector<Case> cases = {
+      {"dims 0 and 2", xt.index({xfirst, Slice(), xlast}), t.index({first, Slice(), last}), 0},
+      {"index_put_ on dims 0 and 2", xt.clone().index_put_({xfirst, Slice(), xlast}, xv),
+       t.clone().index_put_({first, Slice(), last}, v), 0},
+      {"accumulate on dims 0 and 2", accumulate(xt.clone(), xfirst, xv), accumulate(t.clone(), first, v), 1e-6},
+      {"a mask over two dims", xt.index({xmask}), t.index({mask}), 0},
+      {"a mask over the rows", xt.index({xrow_mask}), t.index({row_mask}), 0},
+      {"a mask after a slice", xt.index({Slice(), Slice(), xt.select(0, 0).select(0, 0) > 0}),
+       t.index({Slice(), Slice(), t.select(0, 0).select(0, 0) > 0}), 0},
+      {"a mask on the CPU", xt.index({row_mask}), t.index({row_mask}), 0},
+      {"indices on the CPU", xt.index({first, Slice(), last}), t.index({first, Slice(), last}), 0},
+      {"masked fill through index_put_", xt.clone().index_put_({xmask}, at::scalar_tensor(0.0)),
+       t.clone().index_put_({mask}, at::scalar_tensor(0.0)), 0},
+      {"no true element", xt.index({xt.abs() > 100}), t.index({t.abs() > 100}), 0},
+      {"gradients", masked_loss(xg, xmask), masked_loss(g, mask), 1e-6},
+  };
+  const auto recorded = metrics();
+  for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";
+  strata::xla::mark_step();
+  for (const auto& c : cases) EXPECT_TRUE(close(c.xla, c.cpu, c.tol)) << c.what;
+}
+
+// Element-wise ops, reductions and matmuls of tensors with no elements
+// record like any other (Note [Empty tensors] in lowering.h): no fallback,
+// LibTorch's shapes and values (a sum over an empty dim is zeros).
+TEST_F(XlaIndexTest, EmptyTensorsRecordWithoutFallingBack) {
+  const at::Tensor e = torch::randn({0, 4}), w = torch::randn({4, 3});
+  const at::Tensor xe = on(e), xw = on(w);
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  at::Tensor xo = at::empty({0, 4}, xe.options()), o = at::empty({0, 4}, e.options());
+  std::vector<Case> cases = {
+      {"neg", xe.neg(), e.neg(), 0},
+      {"exp then sigmoid", xe.exp().sigmoid(), e.exp().sigmoid(), 0},
+      {"add broadcast", xe + xw.select(1, 0), e + w.select(1, 0), 0},
+      {"sum over the empty dim", xe.sum(0), e.sum(0), 0},
+      {"mean of a row-less tensor over dim 1", xe.mean(1), e.mean(1), 0},
+      {"matmul", xe.matmul(xw), e.matmul(w), 0},
+      {"contraction over an empty dim", xe.t().matmul(xe), e.t().matmul(e), 0},
+      {"relu_ in place", xe.clone().relu_(), e.clone().relu_(), 0},
+      {"tanh into an out tensor", at::tanh_out(xo, xe), at::tanh_out(o, e), 0},
   };
   const auto recorded = metrics();
   for (const auto& [op, n] : recorded.fallbacks) ADD_FAILURE() << op << " fell back " << n << " times";

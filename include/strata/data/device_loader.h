@@ -84,7 +84,8 @@ class DeviceLoader : public Loader {
   /// on a lazy device (xla) taking the next batch ends the step that used
   /// the last one, as torch_xla's MpDeviceLoader does, so `mark` runs that
   /// step (a no-op when the loop marked it already). process_dataloader
-  /// sets it there. Empty (the default): nothing is called.
+  /// sets it to the accelerator's end_step (a no-op on an eager device).
+  /// Empty (the default): nothing is called.
   void mark_steps_with(std::function<void()> mark) { mark_step_ = std::move(mark); }
   bool resumable() const override { return loader_->resumable(); }
   /// The wrapped loader's state as the consumer sees it: batches still in

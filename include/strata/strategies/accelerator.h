@@ -14,6 +14,10 @@
 
 #include "strata/comm/backend.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace strata::strategies {
 
 /// The ranks of one process whose accelerator drives several devices
@@ -33,6 +37,19 @@ struct ThreadRanks {
   std::function<void(std::function<void(int)>)> set_on_wait;
 };
 
+/// Note [No reads inside a lazy step]
+/// On a lazy device (xla) the ops of a step are recorded and run as one
+/// program when the step ends; a value read on the host inside the step
+/// (.item(), a comparison in an if) runs what was recorded so far as a
+/// program of its own, so the step runs as two programs and its middle
+/// is materialised. So the Trainer and the strategies never read inside a
+/// step where the accelerator says !reads_inside_step(): the loss is
+/// checked for NaN, logged values are read, and clip_gradients'
+/// error_if_nonfinite is checked after the step ends (end_step(), which
+/// Strategy::mark_step() and the device loader's next batch call). The
+/// accelerator owns this shape of a step; the generic Strategy and Trainer
+/// ask it through the hooks below and never ask which device it is.
+
 /// A kind of device.
 class Accelerator {
  public:
@@ -49,10 +66,31 @@ class Accelerator {
   /// runtime drives every local device from one process returns `devices`
   /// (resolve_placement then starts one process per host).
   virtual int devices_per_process(int devices) const { return 1; }
-  /// Whether its device records a step and runs it when the step is marked
-  /// (xla: Note [No reads inside a lazy step] in strategy.h); false for
-  /// the eager "cpu" and "cuda".
-  virtual bool lazy() const { return false; }
+
+  // ---- the shape of a step (Note [No reads inside a lazy step]) ----------
+  /// Whether a value a step computes may be read on the host inside the
+  /// step: true on the eager "cpu" and "cuda"; false on "xla", whose device
+  /// records the step and runs it as one program when the step ends.
+  virtual bool reads_inside_step() const { return true; }
+  /// Ends a step: runs what the device recorded and the checks deferred to
+  /// the step's end (check_at_step_end). Nothing on an eager device.
+  /// Throws the first failed deferred check's strata::Error.
+  virtual void end_step() const {}
+  /// Checks `ok`, a one-element bool tensor computed by the step: throws
+  /// strata::Error(`message`) when it is false. Read at once where
+  /// reads_inside_step(), else at the next end_step(), after the step ran.
+  virtual void check_at_step_end(const at::Tensor& ok, const std::string& message) const;
+  /// Whether the device computes in float64; where not (TPUs), reductions
+  /// that would take it (a gradient norm's sum) take float32.
+  virtual bool has_float64() const { return true; }
+  /// The programs this process compiled for the device so far and why the
+  /// last one was: a device that compiles its steps (xla) counts them, an
+  /// eager one compiles none.
+  struct CompiledPrograms {
+    int64_t count = 0;
+    std::string last_reason;  ///< "" when none was compiled
+  };
+  virtual CompiledPrograms compiled_programs() const { return {}; }
   /// For an accelerator whose devices_per_process is above 1: the
   /// collectives of `ranks` ranks run as threads of this process, rank r on
   /// device(r), whose waits end with a TimeoutError after `timeout`. The

@@ -86,12 +86,15 @@ class DDPStrategy : public Strategy {
   /// views] in ddp.cpp).
   std::vector<at::Tensor> bucket_buffers(const torch::nn::Module& module) const;
 
+ protected:
+  /// Whether buffers are broadcast from rank 0 before each forward:
+  /// broadcast_buffers on a job of several ranks (XlaStrategy: never).
+  virtual bool broadcasts_buffers() const;
+
  private:
   struct Reducer;
   struct Replica;
   Replica* replica_of(const torch::nn::Module& module) const;
-  /// broadcast_buffers on a job of several ranks, on an eager device.
-  bool broadcasts_buffers() const;
   DDPOptions options_;
   std::vector<std::unique_ptr<Replica>> replicas_;  ///< one per module set up, in set-up order
   int64_t step_ = 0;

@@ -139,18 +139,9 @@ class Strategy {
   const Accelerator& accelerator() const { return *accelerator_; }
   /// The precision forward and gradients use.
   const Precision& precision() const { return precision_; }
-  /// Note [No reads inside a lazy step]
-  /// On a lazy device (xla) the ops of a step are recorded and run as one
-  /// program when the step is marked; a value read on the host inside the
-  /// step (.item(), a comparison in an if) runs what was recorded so far as
-  /// a program of its own, so the step runs as two programs and its middle
-  /// is materialised. So on such a device the Trainer and the strategies
-  /// read nothing inside a step: the loss is checked for NaN, logged values
-  /// are read, and clip_gradients' error_if_nonfinite is checked after the
-  /// step is marked (mark_step(), or the device loader at the next batch).
-  bool lazy_device() const { return accelerator_ != nullptr && accelerator_->lazy(); }
-  /// Marks the end of a step on a lazy device: runs what it recorded (and
-  /// the checks deferred to the step's end). A no-op on an eager device.
+  /// Ends a step (the accelerator's end_step(): Note [No reads inside a
+  /// lazy step] in accelerator.h): on a lazy device runs what it recorded
+  /// and the checks deferred to the step's end; a no-op on an eager device.
   void mark_step();
   /// Replaces the precision (Fabric applies its own to a strategy object
   /// it is handed, as Lightning does). ConfigError after launch, or when

@@ -31,6 +31,11 @@ class XlaStrategy : public DDPStrategy {
 
   std::string name() const override { return "xla"; }
   std::shared_ptr<Strategy> replica() const override;
+
+ protected:
+  /// False: Lightning's XLAStrategy broadcasts no buffers (Note [Buffers
+  /// from rank 0] in ddp.cpp).
+  bool broadcasts_buffers() const override { return false; }
 };
 
 /// The `xla_fsdp` strategy (Lightning Fabric's XLAFSDPStrategy): FSDP on

@@ -62,12 +62,6 @@ class Callback {
   /// A loop failed with `error` (the Trainer rethrows it afterwards).
   virtual void on_exception(Trainer&, TrainModule&, const std::exception& error) {}
 
-  /// A new callback with this one's settings and state, for another rank
-  /// of a job whose ranks are threads of one process (Note [The Trainer's
-  /// ranks as threads] in trainer/trainer.h). Null, the default: this
-  /// callback cannot be copied, and such a job refuses it.
-  virtual std::shared_ptr<Callback> replica() const { return nullptr; }
-
   /// What a checkpoint keeps of this callback (null: nothing).
   virtual nlohmann::json state_dict() const { return nullptr; }
   /// Restores state_dict()'s value. Throws CheckpointError for malformed state.

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "strata/trainer/callback.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 
 namespace strata::trainer {
 
@@ -65,7 +65,6 @@ class ModelCheckpoint : public Callback {
   /// intervals, or save_top_k > 1 without a monitor.
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
   std::string state_key() const override;
-  CallbackPtr replica() const override { return std::make_shared<ModelCheckpoint>(*this); }
   const ModelCheckpointOptions& options() const { return options_; }
 
   /// Path of the best checkpoint so far ("" none).
@@ -143,7 +142,6 @@ class EarlyStopping : public Callback {
   /// Throws ConfigError for an empty monitor, a bad mode, patience < 0.
   explicit EarlyStopping(EarlyStoppingOptions options);
   std::string state_key() const override;
-  CallbackPtr replica() const override { return std::make_shared<EarlyStopping>(*this); }
   const EarlyStoppingOptions& options() const { return options_; }
   int64_t wait_count() const { return wait_; }
   double best_score() const { return best_; }
@@ -179,7 +177,6 @@ class LearningRateMonitor : public Callback {
   /// Throws ConfigError unless interval is "step" or "epoch".
   explicit LearningRateMonitor(std::string logging_interval = "step");
   std::string state_key() const override { return "LearningRateMonitor"; }
-  CallbackPtr replica() const override { return std::make_shared<LearningRateMonitor>(*this); }
   /// The names and values it would log now.
   static Metrics learning_rates(const Trainer& trainer);
   void on_train_batch_start(Trainer& trainer, TrainModule& module, const data::Batch& batch,
@@ -197,7 +194,6 @@ class Timer : public Callback {
  public:
   explicit Timer(std::chrono::milliseconds duration);
   std::string state_key() const override { return "Timer"; }
-  CallbackPtr replica() const override { return std::make_shared<Timer>(*this); }
   /// Training time so far, seconds.
   double time_elapsed() const;
   void on_train_start(Trainer& trainer, TrainModule& module) override;
@@ -223,7 +219,6 @@ class ProgressBar : public Callback {
   /// `out_is_terminal`: nullopt asks isatty(stdout) or STRATA_LAUNCHER_TTY.
   explicit ProgressBar(std::optional<bool> out_is_terminal = std::nullopt);
   std::string state_key() const override { return "ProgressBar"; }
-  CallbackPtr replica() const override { return std::make_shared<ProgressBar>(*this); }
   /// The text of the progress line for the trainer's current state.
   static std::string line(const Trainer& trainer, double steps_per_s, double eta_s);
   void on_train_start(Trainer& trainer, TrainModule& module) override;

@@ -1,5 +1,5 @@
-// Hyperparameters as Lightning writes them: hparams.yaml in PyYAML's layout
-// (what Lightning's save_hparams_to_yaml writes through yaml.dump), and the
+// Hyperparameters as Lightning writes them: hparams.yaml (what Lightning's
+// save_hparams_to_yaml writes and load_hparams_from_yaml reads), and the
 // flat name -> value list Lightning's TensorBoardLogger hands to
 // TensorBoard's HPARAMS tab.
 #pragma once
@@ -7,22 +7,19 @@
 #include <string>
 #include <vector>
 
-#include "strata/trainer/event_file.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/event_file.h"
+#include "strata/loggers/logger.h"
 
 namespace strata::trainer {
 
-/// `params` as PyYAML's yaml.dump writes them (Lightning's hparams.yaml):
-/// keys sorted, nested maps indented by 2, lists as "- item" lines, ints as
-/// 2, floats as Python's repr made YAML (0.01, 3.0, 1.0e-05, .inf, .nan),
-/// true/false, null, strings plain where YAML 1.1 reads them back as the
-/// same string (AdamW) and single-quoted where it would not ('0.003',
-/// 'yes'), double-quoted with escapes when they hold line breaks, control
-/// or non-ASCII characters ("h\xE9llo"). Differences from PyYAML, all read
-/// back as the same value: strings longer than a line are not folded at 80
-/// columns, strings with line breaks are double-quoted, and strings over
-/// 256 bytes are never plain. Bytes
-/// that are not UTF-8 are written as U+FFFD. "{}\n" when empty.
+/// `params` as hparams.yaml (Lightning's save_hparams_to_yaml layout),
+/// written by yaml-cpp: keys sorted, nested maps indented, lists as
+/// "- item" lines, ints as 2, floats as Python's repr made YAML 1.1 (0.01,
+/// 3.0, 1.0e-05, .inf, .nan), true/false, null, strings plain when they are
+/// simple words (AdamW, fsdp) and double-quoted otherwise ("0.003", "yes",
+/// "h\u00E9llo"). Every value reads back as itself through Lightning's
+/// load_hparams_from_yaml (PyYAML). Bytes that are not UTF-8 are written
+/// as U+FFFD. "{}\n" when empty.
 std::string hparams_yaml(const Hyperparams& params);
 
 /// What Lightning's TensorBoardLogger gives TensorBoard for `params`:

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "strata/data/loader.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 #include "strata/trainer/scheduler.h"
 
 namespace torch::optim {
@@ -129,14 +129,6 @@ class TrainModule : public torch::nn::Module {
   virtual void on_save_checkpoint(nlohmann::json& extra) {}
   /// Receives what on_save_checkpoint added, when a checkpoint is loaded.
   virtual void on_load_checkpoint(const nlohmann::json& extra) {}
-
-  /// A new module built as this one was (the same class and layers), for
-  /// another rank of a job whose ranks are threads of one process (Note
-  /// [The Trainer's ranks as threads] in trainer/trainer.h); the Trainer
-  /// copies this module's weights and hyperparameters into it. Null, the
-  /// default: such a job refuses the module, with a message saying to
-  /// override this.
-  virtual std::shared_ptr<TrainModule> replica() const { return nullptr; }
 
   // ---- inside a step -------------------------------------------------------------
   /// Records a metric (see LogOptions). `value` is a scalar tensor or a

@@ -27,15 +27,21 @@
 // devices=N: Note [Ranks as threads] in strategies/xla.h) runs the job's
 // ranks as threads of the calling process, and every Trainer call runs on
 // all of them, in place. Rank 0 is this Trainer and the module the caller
-// passed; rank r gets a Trainer of its own (the same options, its rank's
-// strategy, a copy of each callback by Callback::replica(), the loggers
-// shared, since only rank 0 writes to them) and a module of its own made
-// by TrainModule::replica() with the first module's weights copied in,
-// built before any rank starts and without drawing from the CPU
-// generator, so the run draws the numbers a one-process run would. The
-// ranks keep their set-up modules and collectives from one call to the
-// next, as worker processes do, until the Trainer is destroyed. After a
-// call, this Trainer and its module hold rank 0's state.
+// passed. Rank r gets what a worker process would get from Lightning's
+// launcher, which pickles the module and the callbacks to each process: a
+// Trainer of its own (the same options, its rank's strategy, the loggers
+// shared, since only rank 0 writes to them), a copy of each callback, and
+// a module built by TrainerOptions::module_factory into which the first
+// module's weights and hyperparameters are copied. A callback is copied by
+// its class's copy constructor: the built-in ones by the Trainer, a user's
+// one when it was given to TrainerOptions::with_callback as a pointer to
+// its class (which records how to copy it); what cannot be copied is
+// refused, naming it. The copies and the modules are made at the first
+// call, before any rank starts and without drawing from the CPU generator,
+// so the run draws the numbers a one-process run would. The ranks keep
+// their set-up modules and collectives from one call to the next, as
+// worker processes do, until the Trainer is destroyed. After a call, this
+// Trainer and its module hold rank 0's state.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -46,9 +52,12 @@
 #include <functional>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include "strata/data/dataset.h"
@@ -58,7 +67,7 @@
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
 #include "strata/trainer/callback.h"
-#include "strata/trainer/logger.h"
+#include "strata/loggers/logger.h"
 #include "strata/trainer/train_module.h"
 
 namespace strata {
@@ -74,6 +83,19 @@ struct BatchLimit {
   /// The number of batches of a loader of `size` batches this limit allows.
   int64_t of(int64_t size) const;
 };
+
+namespace trainer::detail {
+/// A copy of `callback` made by C's copy constructor when `callback` is
+/// of class C itself (a subclass would be sliced) and C is copyable; null
+/// otherwise (Note [The Trainer's ranks as threads]).
+template <class C>
+CallbackPtr copy_as(const Callback& callback) {
+  if constexpr (std::is_copy_constructible_v<C>) {
+    if (typeid(callback) == typeid(C)) return std::make_shared<C>(static_cast<const C&>(callback));
+  }
+  return nullptr;
+}
+}  // namespace trainer::detail
 
 /// How the Trainer builds a loader from a dataset (data/loader.h).
 using DataOptions = data::DataOptions;
@@ -164,6 +186,17 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   bool stop_on_signals = true;
   std::vector<trainer::CallbackPtr> callbacks;
   std::vector<trainer::LoggerPtr> loggers;
+  /// Builds a new module as the one the calls are given was built (its
+  /// class and layers), for each other rank of a job whose ranks are
+  /// threads of this process (xla with devices > 1: Note [The Trainer's
+  /// ranks as threads]); the Trainer copies the given module's weights and
+  /// hyperparameters into it. Unused elsewhere; unset, such a job refuses
+  /// the module with a message saying to set it.
+  std::function<std::shared_ptr<TrainModule>()> module_factory;
+  /// How each callback given to with_callback is copied for the other
+  /// ranks of such a job, by its address (filled by with_callback; the
+  /// built-in callbacks need no entry).
+  std::map<const trainer::Callback*, std::function<trainer::CallbackPtr()>> callback_copiers;
 
   TrainerOptions& with_max_epochs(int64_t e) { max_epochs = e; return *this; }
   TrainerOptions& with_max_steps(int64_t s) { max_steps = s; return *this; }
@@ -187,10 +220,24 @@ struct TrainerOptions : WithPlacement<TrainerOptions> {
   TrainerOptions& with_enable_model_summary(bool e) { enable_model_summary = e; return *this; }
   TrainerOptions& with_sync_batchnorm(bool s) { sync_batchnorm = s; return *this; }
   TrainerOptions& with_stop_on_signals(bool s) { stop_on_signals = s; return *this; }
-  TrainerOptions& with_callback(trainer::CallbackPtr c) { callbacks.push_back(std::move(c)); return *this; }
+  /// Adds a callback; where the ranks are threads of this process, the
+  /// other ranks get copies of it made by C's copy constructor (of the
+  /// callback as it is at the first call), when C is the callback's own
+  /// class and copyable.
+  template <class C>
+  TrainerOptions& with_callback(std::shared_ptr<C> c) {
+    static_assert(std::is_base_of_v<trainer::Callback, C>, "with_callback takes a strata::trainer::Callback");
+    if (c != nullptr) callback_copiers[c.get()] = [c] { return trainer::detail::copy_as<C>(*c); };
+    callbacks.push_back(std::move(c));
+    return *this;
+  }
   TrainerOptions& with_callbacks(std::vector<trainer::CallbackPtr> c) { callbacks = std::move(c); return *this; }
   TrainerOptions& with_logger(trainer::LoggerPtr l) { loggers.push_back(std::move(l)); return *this; }
   TrainerOptions& with_loggers(std::vector<trainer::LoggerPtr> l) { loggers = std::move(l); return *this; }
+  TrainerOptions& with_module_factory(std::function<std::shared_ptr<TrainModule>()> f) {
+    module_factory = std::move(f);
+    return *this;
+  }
 };
 
 /// check_val_every_n_epoch's Lightning None: an integer val_check_interval
@@ -394,19 +441,23 @@ class Trainer {
   bool train_one_epoch(data::Loader& loader, data::Loader* val_loader);
   void training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step);
   void optimizer_step();
-  /// Adds `loss` (detached, f32) to `sum`: on the host, or where the loss
-  /// is on a lazy device.
+  /// Ends the running batch's step (the strategy's mark_step: Note [No
+  /// reads inside a lazy step]) and reads what it computed: the step's loss
+  /// when it `stepped`, the values logged.
+  void end_step(bool stepped);
+  /// Adds `loss` (detached, f32) to `sum`, on the loss's device.
   void accumulate(at::Tensor& sum, const at::Tensor& loss) const;
-  /// Note [NaN loss]: every rank votes on `value`, the loss of the next
-  /// step; strata::Error when any is non-finite.
-  void check_loss(double value, int64_t batch_idx);
+  /// Note [NaN loss]: every rank votes on `loss`, the loss of the next
+  /// step; strata::Error when any is non-finite. On a device that reads
+  /// nothing inside a step, checked by each rank at the step's end.
+  void check_loss(const at::Tensor& loss, int64_t batch_idx);
   // Note [Stopping on a signal]: the ranks vote after an optimizer step.
   void agree_on_stop_signal();
-  /// The error of a non-finite loss on a lazy device, read after its step.
-  std::string lazy_loss_message(int64_t batch_idx) const;
+  /// The error of a non-finite loss read after its step ran.
+  std::string deferred_loss_message(int64_t batch_idx) const;
   /// last_loss_ and last_loss_weighted_ from the finished step's sums.
   void read_step_loss();
-  /// Warns when the xla device compiled a program after the warm-up steps.
+  /// Warns when the device compiled a program after the warm-up steps.
   void warn_about_recompiles();
   void run_validation(data::Loader& loader, int64_t limit, bool sanity = false);
   trainer::Metrics evaluation_loop(data::Loader& loader, int64_t limit, const std::string& stage);
@@ -467,9 +518,9 @@ class Trainer {
   double last_loss_weighted_ = std::numeric_limits<double>::quiet_NaN();
   at::Tensor step_loss_;
   at::Tensor step_loss_weighted_;  // the step's loss, each micro-batch weighted by its share
-  at::Tensor finished_loss_;       // the last step's sums, read into last_loss_ (after the mark when lazy)
+  at::Tensor finished_loss_;       // the last step's sums, read into last_loss_ once the step ended
   at::Tensor finished_loss_weighted_;
-  int64_t compiles_seen_ = 0;      // the xla device's compiles at the last step's end
+  int64_t compiles_seen_ = 0;      // the device's compiled programs at the last step's end
   at::Tensor last_batch_loss_;
   int64_t current_batch_size_ = 0;
   double current_share_ = 1.0;  // the running batch's Batch::share (1 outside steps)

@@ -20,16 +20,14 @@
 #include "strata/xla/element_type.h"
 #include "strata/xla/plugin.h"
 
-namespace strata::xla {
-
-// PJRT's opaque handles (strata's declarations of PJRT are private to
+// PJRT's opaque handles (XLA's header that defines them is private to
 // src/xla/).
-namespace capi {
 struct PJRT_Buffer;
 struct PJRT_Device;
 struct PJRT_Event;
 struct PJRT_LoadedExecutable;
-}  // namespace capi
+
+namespace strata::xla {
 
 namespace detail {
 struct ClientHandle;  // the PJRT_Client and its plugin, shared
@@ -106,7 +104,7 @@ std::string plugin_kind(const std::string& path);
 class Event {
  public:
   Event() = default;
-  Event(std::shared_ptr<const Plugin> plugin, capi::PJRT_Event* event);
+  Event(std::shared_ptr<const Plugin> plugin, PJRT_Event* event);
   Event(Event&& other) noexcept;
   Event& operator=(Event&& other) noexcept;
   ~Event();
@@ -117,12 +115,12 @@ class Event {
  private:
   void reset();
   std::shared_ptr<const Plugin> plugin_;
-  capi::PJRT_Event* event_ = nullptr;
+  PJRT_Event* event_ = nullptr;
 };
 
 /// A device of a client (non-owning: the client owns its devices).
 struct Device {
-  capi::PJRT_Device* handle = nullptr;
+  PJRT_Device* handle = nullptr;
   int id = 0;             ///< global device id (DeviceAssignment's unit)
   int process_index = 0;  ///< the process that can address it
   std::string kind;       ///< "cpu", "NVIDIA H200", ...
@@ -133,12 +131,12 @@ struct Device {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(std::shared_ptr<detail::ClientHandle> client, capi::PJRT_Buffer* buffer);
+  Buffer(std::shared_ptr<detail::ClientHandle> client, PJRT_Buffer* buffer);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
   ~Buffer();
 
-  capi::PJRT_Buffer* handle() const { return buffer_; }
+  PJRT_Buffer* handle() const { return buffer_; }
   ElementType element_type() const;
   std::vector<int64_t> dims() const;
   /// Bytes of the dense, row-major host copy.
@@ -152,14 +150,14 @@ class Buffer {
  private:
   void reset();
   std::shared_ptr<detail::ClientHandle> client_;
-  capi::PJRT_Buffer* buffer_ = nullptr;
+  PJRT_Buffer* buffer_ = nullptr;
 };
 
 /// A compiled program, loaded on the client's devices.
 class LoadedExecutable {
  public:
   LoadedExecutable() = default;
-  LoadedExecutable(std::shared_ptr<detail::ClientHandle> client, capi::PJRT_LoadedExecutable* exe);
+  LoadedExecutable(std::shared_ptr<detail::ClientHandle> client, PJRT_LoadedExecutable* exe);
   LoadedExecutable(LoadedExecutable&& other) noexcept;
   LoadedExecutable& operator=(LoadedExecutable&& other) noexcept;
   ~LoadedExecutable();
@@ -178,7 +176,7 @@ class LoadedExecutable {
  private:
   void reset();
   std::shared_ptr<detail::ClientHandle> client_;
-  capi::PJRT_LoadedExecutable* exe_ = nullptr;
+  PJRT_LoadedExecutable* exe_ = nullptr;
 };
 
 /// A PJRT client: the entry to one plugin's devices.

@@ -78,7 +78,7 @@ void mark_step();
 /// false. So a step can check a value it computes (a gradient norm is
 /// finite) without reading it inside the step, which would run the step
 /// as two programs (Note [No reads inside a lazy step] in
-/// strata/strategies/strategy.h). Checks run in the order registered; the
+/// strata/strategies/accelerator.h). Checks run in the order registered; the
 /// first that fails throws, and the rest are dropped with it.
 void check_after_step(const at::Tensor& ok, std::string message);
 

@@ -18,14 +18,12 @@
 
 #include "strata/xla/error.h"
 
-namespace strata::xla {
-
-// PJRT's structs, opaque here: strata's declarations of them
-// (src/xla/pjrt_c_api.h) are private to the PJRT layer.
-namespace capi {
+// PJRT's structs, opaque here: XLA's header that defines them
+// (third_party/pjrt/) is private to the PJRT layer.
 struct PJRT_Api;
 struct PJRT_Error;
-}  // namespace capi
+
+namespace strata::xla {
 
 /// A plugin attribute or a client-creation option.
 struct NamedValue {
@@ -44,7 +42,7 @@ struct ApiVersion {
   int minor = 0;
 };
 
-/// The version these declarations were written against (capi::kPjrtApi*).
+/// The PJRT C API version of the header strata is built with.
 ApiVersion strata_api_version();
 
 /// Throws XlaError unless a plugin at `plugin` can be used by strata:
@@ -73,31 +71,31 @@ class Plugin {
   /// ...), in the plugin's order; empty for plugins without the call.
   const std::vector<NamedValue>& attributes() const { return attributes_; }
   /// The function table. Prefer call().
-  const capi::PJRT_Api& api() const { return *api_; }
+  const PJRT_Api& api() const { return *api_; }
 
   /// Whether the plugin's table is long enough to hold `slot` and the slot
   /// is set. Defined in src/xla/plugin_call.h, for the PJRT layer's own
   /// sources (a slot names a member of the private PJRT_Api).
   template <class Fn>
-  bool has(Fn capi::PJRT_Api::*slot) const;
+  bool has(Fn PJRT_Api::*slot) const;
 
   /// Calls `slot` with `args`; throws XlaError naming `what` when the slot
   /// is missing or the call returns an error. Defined in
   /// src/xla/plugin_call.h, as has().
   template <class Args>
-  void call(capi::PJRT_Error* (*capi::PJRT_Api::*slot)(Args*), Args& args, std::string_view what) const;
+  void call(PJRT_Error* (*PJRT_Api::*slot)(Args*), Args& args, std::string_view what) const;
 
   /// Throws XlaError("[pjrt] <what> failed: <message>", code) when `error`
   /// is non-null, destroying it first.
-  void check(capi::PJRT_Error* error, std::string_view what) const;
+  void check(PJRT_Error* error, std::string_view what) const;
 
  private:
-  Plugin(std::string path, const capi::PJRT_Api* api);
+  Plugin(std::string path, const PJRT_Api* api);
   bool slot_present(ptrdiff_t offset, size_t size) const;
   [[noreturn]] void throw_missing(std::string_view what) const;
 
   std::string path_;
-  const capi::PJRT_Api* api_;
+  const PJRT_Api* api_;
   ApiVersion version_;
   std::vector<NamedValue> attributes_;
 };

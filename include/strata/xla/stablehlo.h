@@ -67,6 +67,9 @@ struct ScatterDims {
   int64_t index_vector_dim = 0;
 };
 
+/// fft's kind (StableHLO's FFT, IFFT, RFFT, IRFFT).
+enum class FftType { kForward, kInverse, kRealForward, kRealInverse };
+
 /// rng_bit_generator's algorithm; THREE_FRY and PHILOX take a
 /// tensor<2xui64> state (key, counter) and print the same bits everywhere.
 enum class RngAlgorithm { kDefault, kThreeFry, kPhilox };
@@ -119,15 +122,39 @@ class Function {
   Value exponential_minus_one(const Value& a) { return float_unary("exponential_minus_one", a); }
   Value sine(const Value& a) { return float_unary("sine", a); }
   Value cosine(const Value& a) { return float_unary("cosine", a); }
+  Value tan(const Value& a) { return float_unary("tan", a); }
+  Value atan2(const Value& a, const Value& b) { return binary("atan2", a, b); }
   /// The Gauss error function, as `chlo.erf` (CHLO, which XLA's MLIR path
   /// lowers; StableHLO's core opset has no erf). Float types only.
-  Value erf(const Value& a);
+  Value erf(const Value& a) { return chlo_unary("erf", a); }
+  /// The inverse and hyperbolic trigonometric functions, as CHLO's ops
+  /// (Note [chlo.erf]). Float types only.
+  Value acos(const Value& a) { return chlo_unary("acos", a); }
+  Value asin(const Value& a) { return chlo_unary("asin", a); }
+  Value atan(const Value& a) { return chlo_unary("atan", a); }
+  Value acosh(const Value& a) { return chlo_unary("acosh", a); }
+  Value asinh(const Value& a) { return chlo_unary("asinh", a); }
+  Value atanh(const Value& a) { return chlo_unary("atanh", a); }
+  Value cosh(const Value& a) { return chlo_unary("cosh", a); }
+  Value sinh(const Value& a) { return chlo_unary("sinh", a); }
   /// True where `a` is neither infinite nor nan (float types only).
   Value is_finite(const Value& a);
   /// min(max(x, lo), hi); `lo` and `hi` are scalars or of x's type.
   Value clamp(const Value& lo, const Value& x, const Value& hi);
   /// Reinterprets the bits of `x` as `dtype` (same element size).
   Value bitcast_convert(const Value& x, ElementType dtype);
+  /// The complex numbers re + i im (f32 parts give complex<f32>).
+  Value complex(const Value& re, const Value& im);
+  /// The real and imaginary parts of a complex `x`.
+  Value real(const Value& x) { return complex_part_of("real", x); }
+  Value imag(const Value& x) { return complex_part_of("imag", x); }
+  /// The discrete Fourier transform over the innermost `lengths.size()`
+  /// (1 to 3) dims of `x`, XLA's: kForward and kInverse map complex to
+  /// complex, kInverse divided by the points' count; kRealForward maps
+  /// reals to the n / 2 + 1 non-negative frequencies of the last dim;
+  /// kRealInverse maps those back to `lengths.back()` reals, divided by
+  /// the count.
+  Value fft(const Value& x, FftType type, const std::vector<int64_t>& lengths);
 
   /// Batched, contracted product: result dims are the batch dims, then
   /// lhs's free dims, then rhs's free dims.
@@ -269,9 +296,11 @@ class Function {
 
  private:
   Value binary(const char* op, const Value& a, const Value& b);
+  Value chlo_unary(const char* op, const Value& a);
   Value unary(const char* op, const Value& a);
   Value float_unary(const char* op, const Value& a);
   Value bitwise(const char* op, const Value& a, const Value& b);
+  Value complex_part_of(const char* op, const Value& x);
   Value emit(const std::string& op, const std::vector<Value>& operands, const std::string& region,
              const std::string& attributes, const Type& result);
   /// `op` with a dialect prefix ("stablehlo.add", "chlo.erf") and any

@@ -43,7 +43,6 @@ class GPTJob : public TrainModule {
   /// Logs the step's train_loss once the step ended (Note [One train_loss]).
   void on_train_batch_end(const at::Tensor& loss, const data::Batch& batch, int64_t batch_idx) override;
   OptimizerConfig configure_optimizers() override;
-  std::shared_ptr<TrainModule> replica() const override;
   /// Records the model preset; a checkpoint of another preset is refused.
   void on_save_checkpoint(nlohmann::json& extra) override;
   void on_load_checkpoint(const nlohmann::json& extra) override;
@@ -89,9 +88,11 @@ class MetricsFile : public trainer::Callback {
   /// and windows.
   MetricsFile(std::string path, int64_t tokens_per_step, int64_t samples_per_step);
   std::string state_key() const override { return "MetricsFile"; }
-  trainer::CallbackPtr replica() const override {
-    return std::make_shared<MetricsFile>(path_, tokens_per_step_, samples_per_step_);
-  }
+  /// A new MetricsFile with `other`'s settings that has measured and
+  /// written nothing (another rank's: Note [The Trainer's ranks as
+  /// threads] in trainer/trainer.h).
+  MetricsFile(const MetricsFile& other)
+      : MetricsFile(other.path_, other.tokens_per_step_, other.samples_per_step_) {}
   /// Also measures the machine's matmul rate (Note [MFU of strata train]).
   void on_train_start(Trainer& trainer, TrainModule& module) override;
   void on_train_batch_start(Trainer& trainer, TrainModule& module, const data::Batch& batch,
@@ -138,7 +139,6 @@ class FinalSave : public trainer::Callback {
  public:
   FinalSave(std::string dir, int64_t every);
   std::string state_key() const override { return "FinalSave"; }
-  trainer::CallbackPtr replica() const override { return std::make_shared<FinalSave>(*this); }
   void on_train_start(Trainer& trainer, TrainModule& module) override;
   void on_train_end(Trainer& trainer, TrainModule& module) override;
 
@@ -158,7 +158,6 @@ class Sample : public trainer::Callback {
   /// at temperature 0.8, drawn from a generator seeded with `seed`.
   Sample(int64_t tokens, uint64_t seed, at::Tensor prompt, bool bytes);
   std::string state_key() const override { return "Sample"; }
-  trainer::CallbackPtr replica() const override { return std::make_shared<Sample>(tokens_, seed_, prompt_, bytes_); }
   void on_fit_end(Trainer& trainer, TrainModule& module) override;
   /// Replaces the prompt (before fit, so the ranks' copies get it).
   void set_prompt(at::Tensor prompt, bool bytes) {

@@ -2,8 +2,7 @@
 // JSON lines `strata train --metrics-file` and the JSONL logger write) read
 // into series, and drawn as a chart of loss and learning rate against step,
 // one or several runs on one chart, optionally smoothed as TensorBoard
-// smooths and on a log-scale y axis, to SVG (text) or PNG (a small
-// rasteriser and zlib).
+// smooths and on a log-scale y axis, to SVG (text) or PNG (drawn by cairo).
 #pragma once
 
 #include <cstdint>
@@ -102,7 +101,8 @@ ChartSeries choose_series(const MetricsTable& table);
 /// The chart of `runs` (one or more) as an SVG document. Throws ConfigError
 /// when, with log_y, no series keeps a value above 0.
 std::string render_svg(const std::vector<PlotRun>& runs, const PlotOptions& options);
-/// The chart as a PNG file (8-bit RGB).
+/// The chart as a PNG file (8-bit RGB), drawn by cairo with antialiased
+/// lines and text in DejaVu Sans Mono.
 std::string render_png(const std::vector<PlotRun>& runs, const PlotOptions& options);
 
 }  // namespace strata::cli

@@ -1,9 +1,9 @@
 // The drawing surface `strata plot` lays its chart out on. The chart
 // (plot_chart.cpp) is written once against this interface; SvgCanvas turns
-// the calls into SVG elements, RasterCanvas into pixels. Coordinates are in
-// pixels from the top-left corner. Text uses one monospaced font whose
-// glyphs are 6*scale pixels apart and 7*scale pixels tall, so both
-// surfaces agree on how wide a label is.
+// the calls into SVG elements, PngCanvas into pixels drawn by cairo.
+// Coordinates are in pixels from the top-left corner. Text is one
+// monospaced font at 10*scale px (DejaVu Sans Mono), whose glyphs are
+// 6*scale pixels apart, so both surfaces agree on how wide a label is.
 #pragma once
 
 #include <cstdint>
@@ -46,10 +46,6 @@ class Canvas {
 inline double text_width(const std::string& text, int scale) {
   return text.empty() ? 0.0 : (6.0 * static_cast<double>(text.size()) - 1.0) * scale;
 }
-
-/// The 5x7 glyph of printable ASCII character `c` (others: '?'): 7 rows,
-/// top first, bit 4 the leftmost pixel.
-const std::uint8_t* glyph(char c);
 
 /// Lays the chart of `runs` out on `canvas` (plot_chart.cpp).
 struct PlotRun;

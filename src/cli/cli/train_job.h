@@ -115,6 +115,14 @@ struct TrainConfig {
 /// the one that writes logs (the launching process is rank 0).
 TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero);
 
+/// The GPT `config` trains: the --model-size preset with --seq-len,
+/// --attention and a token file's vocabulary.
+models::GPTConfig gpt_config(const TrainConfig& config);
+
+/// A new, freshly initialised GPTJob for `config` (the module every rank
+/// trains; the Trainer's module_factory for ranks run as threads).
+std::shared_ptr<GPTJob> make_gpt_job(const TrainConfig& config);
+
 /// "fsdp (units: Block, sharded checkpoints)": the strategy and its
 /// settings, for the line that starts the run.
 std::string describe_strategy(const TrainConfig& config, const std::string& name);
