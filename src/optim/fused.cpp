@@ -40,22 +40,23 @@ namespace strata::optim {
 // State lives in torch::optim's own objects (AdamWParamState, ...): step is
 // its int64 counter, and the kernels read it through a float scalar tensor
 // made for the call, so a checkpoint of either optimizer is the other's.
-// Parameters that no fused kernel serves (sparse gradients, SGD's on the
-// xla device) take torch::optim's loop for the whole step. On the xla
-// device Adam's and AdamW's fused kernels are lowered, each group's step
-// one graph node (Note [One node per fused step] in
-// src/xla_device/kernels_optim.cpp).
+// Parameters that no fused kernel serves (sparse gradients) take
+// torch::optim's loop for the whole step. On the xla device the three
+// fused kernels are lowered, each group's step one graph node (Note [One
+// node per fused step] in src/xla_device/kernels_optim.cpp).
 namespace {
 
-// `on_xla`: the xla device lowers this optimizer's fused kernel (Adam and
-// AdamW: src/xla_device/kernels_optim.cpp; SGD's is not lowered).
-bool fusable(const std::vector<torch::optim::OptimizerParamGroup>& groups, bool on_xla) {
+// Whether every parameter with a gradient is one a fused kernel serves: a
+// dense float tensor on the CPU or a CUDA GPU, or an f32 one on the xla
+// device (whose lowerings take f32: a bf16 parameter there takes the loop,
+// whose ops are lowered, rather than the kernel's CPU fallback).
+bool fusable(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   for (const auto& group : groups) {
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const auto type = p.device().type();
       const bool served = type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA ||
-                          (on_xla && type == c10::DeviceType::PrivateUse1);
+                          (type == c10::DeviceType::PrivateUse1 && p.scalar_type() == at::kFloat);
       if (!served || p.grad().is_sparse() ||
           !at::isFloatingType(p.scalar_type()) || p.grad().device() != p.device() ||
           p.grad().scalar_type() != p.scalar_type())
@@ -134,7 +135,7 @@ torch::Tensor closure_loss(const torch::optim::Optimizer::LossClosure& closure) 
 
 template <class Base>
 torch::Tensor Fused<Base>::step(LossClosure closure) {
-  if (!fusable(this->param_groups_, !std::is_same_v<Base, torch::optim::SGD>)) {
+  if (!fusable(this->param_groups_)) {
     ++loop_steps_;
     return Base::step(std::move(closure));
   }

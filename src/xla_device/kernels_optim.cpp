@@ -1,7 +1,7 @@
-// The fused Adam and AdamW steps on the xla device: `_fused_adam_` and
-// `_fused_adamw_` (with a double or a tensor learning rate), what
-// strata::optim::Adam and AdamW call once per group of parameters that
-// share a device and a dtype (src/optim/fused.cpp).
+// The fused optimizer steps on the xla device: `_fused_adam_`,
+// `_fused_adamw_` and `_fused_sgd_` (each with a double or a tensor
+// learning rate), what strata::optim::Adam, AdamW and SGD call once per
+// group of parameters that share a device and a dtype (src/optim/fused.cpp).
 //
 // Note [One node per fused step]
 // The per-op path records about ten ops per parameter (mul_, add_,
@@ -19,12 +19,19 @@
 // lerp(m, g, 1 - beta1), the second as v * beta2 + (1 - beta2) * g * g, the
 // parameter as p - step_size * m / (sqrt(v) / sqrt(1 - beta2^step) + eps).
 // XLA may fuse a multiply and an add where LibTorch's vector loop rounds
-// both: equal to a rounding per step.
+// both: equal to a rounding per step. SGD's step is one node the same way,
+// with the formulas of LibTorch's FusedSGDKernel.cpp: the gradient (negated
+// to maximize) plus weight_decay * p; with momentum the buffer, the
+// gradient itself at the first step, else buffer * momentum + gradient *
+// (1 - dampening), and Nesterov's gradient + momentum * buffer or the
+// buffer itself; then p + gradient * -lr, every constant rounded to f32.
 //
-// Lowered: f32 parameters, gradients and moments on the xla device,
-// without grad_scale and found_inf (AMP's GradScaler takes the fallback).
+// Lowered: f32 parameters, gradients, moments and momentum buffers on the
+// xla device, without grad_scale and found_inf (AMP's GradScaler takes the
+// fallback).
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/_fused_sgd.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -84,26 +91,33 @@ std::vector<shlo::Value> adam_update(shlo::Function& f, const AdamHyper& h, cons
   return out;
 }
 
-// Whether the group's step is lowered. Every tensor it writes must be
-// dense (not overlapping), so that no write can refuse after another has
-// bound its value: the fallback would then step those tensors twice.
+// Whether `t` is an f32 xla tensor of `param`'s shape, and, where
+// `written`, dense: every tensor a step writes must be (not overlapping),
+// so that no write can refuse after another has bound its value (the
+// fallback would then step those tensors twice).
+bool like_param(const at::Tensor& t, const at::Tensor& param, bool written) {
+  return t.defined() && t.device().type() == kXla && t.scalar_type() == at::kFloat && t.sizes() == param.sizes() &&
+         (!written || t.is_non_overlapping_and_dense());
+}
+
+// AMP's GradScaler (grad_scale, found_inf) takes the fallback.
+bool unscaled(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  return !(grad_scale.has_value() && grad_scale->defined()) && !(found_inf.has_value() && found_inf->defined());
+}
+
+// Whether an Adam group's step is lowered.
 bool lowerable(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList state_steps, bool amsgrad,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const size_t n = params.size();
-  if (n == 0 || (grad_scale.has_value() && grad_scale->defined()) || (found_inf.has_value() && found_inf->defined()))
-    return false;
+  if (n == 0 || !unscaled(grad_scale, found_inf)) return false;
   if (grads.size() != n || exp_avgs.size() != n || exp_avg_sqs.size() != n || state_steps.size() != n ||
       max_exp_avg_sqs.size() != (amsgrad ? n : 0))
     return false;
   for (size_t i = 0; i < n; ++i) {
-    // An f32 xla tensor of the parameter's shape; `written`: dense too.
-    auto like_param = [&](const at::Tensor& t, bool written) {
-      return t.defined() && t.device().type() == kXla && t.scalar_type() == at::kFloat &&
-             t.sizes() == params[i].sizes() && (!written || t.is_non_overlapping_and_dense());
-    };
-    if (!like_param(params[i], true) || !like_param(grads[i], false) || !like_param(exp_avgs[i], true) ||
-        !like_param(exp_avg_sqs[i], true) || (amsgrad && !like_param(max_exp_avg_sqs[i], true)) ||
+    const at::Tensor& p = params[i];
+    if (!like_param(p, p, true) || !like_param(grads[i], p, false) || !like_param(exp_avgs[i], p, true) ||
+        !like_param(exp_avg_sqs[i], p, true) || (amsgrad && !like_param(max_exp_avg_sqs[i], p, true)) ||
         state_steps[i].numel() != 1)
       return false;
   }
@@ -178,6 +192,92 @@ void fused_adam(at::TensorList self, at::TensorList grads, at::TensorList exp_av
                                                         maximize, grad_scale, found_inf);
 }
 
+struct SgdHyper {
+  double weight_decay, momentum, dampening;
+  bool nesterov, maximize, is_first_step;
+};
+
+// Note [One node per fused step]: parameter i's new value (and momentum
+// buffer), from its values in `in` from `first` on (p, g (, buffer)) and
+// the learning rate (0-dim f64).
+std::vector<shlo::Value> sgd_update(shlo::Function& f, const SgdHyper& h, const shlo::Value& lr,
+                                    const std::vector<shlo::Value>& in, size_t first) {
+  const std::vector<int64_t> dims = in[first].type.dims;
+  const shlo::Type scalar32{ElementType::kF32, {}};
+  auto c32 = [&](double v) {
+    return f.broadcast_in_dim(f.constant(scalar32, {static_cast<double>(static_cast<float>(v))}), dims, {});
+  };
+  shlo::Value p = in[first], g = in[first + 1];
+  if (h.maximize) g = f.negate(g);
+  if (h.weight_decay != 0) g = f.add(g, f.multiply(p, c32(h.weight_decay)));
+  std::vector<shlo::Value> out{p};
+  if (h.momentum != 0) {
+    const shlo::Value buffer =
+        h.is_first_step ? g : f.add(f.multiply(in[first + 2], c32(h.momentum)), f.multiply(g, c32(1 - h.dampening)));
+    out.push_back(buffer);
+    g = h.nesterov ? f.add(g, f.multiply(buffer, c32(h.momentum))) : buffer;
+  }
+  const shlo::Value neg_lr = f.broadcast_in_dim(f.negate(f.convert(lr, ElementType::kF32)), dims, {});
+  out[0] = f.add(p, f.multiply(g, neg_lr));
+  return out;
+}
+
+// `Op`'s kernel (`Lr` a double or a tensor): the group's step as one node
+// where it is lowered (f32 on the device, dense, no AMP scaling), else the
+// CPU fallback.
+template <class Op, class Lr>
+void fused_sgd(at::TensorList self, at::TensorList grads, at::TensorList momentum_buffers, double weight_decay,
+               double momentum, Lr lr, double dampening, bool nesterov, bool maximize, bool is_first_step,
+               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  const bool with_buffers = momentum != 0;
+  const size_t n = self.size();
+  bool lowered = n > 0 && unscaled(grad_scale, found_inf) && grads.size() == n &&
+                 momentum_buffers.size() == (with_buffers ? n : 0);
+  for (size_t i = 0; lowered && i < n; ++i)
+    lowered = like_param(self[i], self[i], true) && like_param(grads[i], self[i], false) &&
+              (!with_buffers || like_param(momentum_buffers[i], self[i], true));
+  if (lowered) {
+    try {
+      Recorder r(Op::name);
+      const SgdHyper h{weight_decay, momentum, dampening, nesterov, maximize, is_first_step};
+      const size_t per = with_buffers ? 3 : 2;
+      std::vector<NodePtr> inputs{lr_node(r, lr)};
+      for (size_t i = 0; i < n; ++i) {
+        inputs.push_back(r.tensor(self[i]));
+        inputs.push_back(r.tensor(grads[i]));
+        if (with_buffers) inputs.push_back(r.tensor(momentum_buffers[i]));
+      }
+      std::vector<at::TensorList> lists{self};
+      if (with_buffers) lists.push_back(momentum_buffers);
+      int64_t total = 0;
+      for (at::TensorList list : lists)
+        for (const at::Tensor& t : list) total += t.numel();
+      NodePtr step = r.op(Op::name, inputs, {ElementType::kF32, {total}},
+                          [h, n, per](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                            std::vector<std::vector<shlo::Value>> updated;
+                            for (size_t i = 0; i < n; ++i) updated.push_back(sgd_update(f, h, in[0], in, 1 + i * per));
+                            std::vector<shlo::Value> flat;
+                            for (size_t kind = 0; kind + 1 < per; ++kind)
+                              for (size_t i = 0; i < n; ++i)
+                                flat.push_back(f.reshape(updated[i][kind], {updated[i][kind].type.numel()}));
+                            return flat.size() == 1 ? flat[0] : f.concatenate(flat, 0);
+                          });
+      int64_t offset = 0;
+      for (at::TensorList list : lists) {
+        for (const at::Tensor& t : list) {
+          r.write(t, r.reshape(r.slice(step, {offset}, {offset + t.numel()}), vec(t.sizes())));
+          offset += t.numel();
+        }
+      }
+      return;
+    } catch (const NotLowered&) {
+    }
+  }
+  at::native::call_fallback_fn<&cpu_fallback, Op>::call(self, grads, momentum_buffers, weight_decay, momentum, lr,
+                                                        dampening, nesterov, maximize, is_first_step, grad_scale,
+                                                        found_inf);
+}
+
 }  // namespace
 
 void register_optim(torch::Library& library) {
@@ -187,6 +287,8 @@ void register_optim(torch::Library& library) {
   library.impl("_fused_adamw_.tensor_lr", TORCH_FN((fused_adam<_fused_adamw__tensor_lr, true, Tensor>)));
   library.impl("_fused_adam_", TORCH_FN((fused_adam<_fused_adam_, false, double>)));
   library.impl("_fused_adam_.tensor_lr", TORCH_FN((fused_adam<_fused_adam__tensor_lr, false, Tensor>)));
+  library.impl("_fused_sgd_", TORCH_FN((fused_sgd<_fused_sgd_, double>)));
+  library.impl("_fused_sgd_.tensor_lr", TORCH_FN((fused_sgd<_fused_sgd__tensor_lr, Tensor>)));
 }
 
 }  // namespace strata::xla::detail::lowering

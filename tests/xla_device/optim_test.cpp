@@ -122,6 +122,52 @@ TEST_F(XlaFusedOptimizerTest, AdamWithL2DecayAndAmsgradIsOneNodePerGroupAndEqual
       "aten::_fused_adam_");
 }
 
+TEST_F(XlaFusedOptimizerTest, SgdWithMomentumAndWeightDecayIsOneNodePerGroupAndEqualsTheCpusFusedKernel) {
+  expect_fused_like_the_cpu(
+      [](std::vector<at::Tensor> p) {
+        return std::make_unique<strata::optim::SGD>(
+            p, torch::optim::SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(0.01));
+      },
+      [](std::vector<at::Tensor> p) {
+        return std::make_unique<torch::optim::SGD>(
+            p, torch::optim::SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(0.01));
+      },
+      "aten::_fused_sgd_");
+}
+
+TEST_F(XlaFusedOptimizerTest, NesterovSgdIsOneNodePerGroupAndEqualsTheCpusFusedKernel) {
+  expect_fused_like_the_cpu(
+      [](std::vector<at::Tensor> p) {
+        return std::make_unique<strata::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+      },
+      [](std::vector<at::Tensor> p) {
+        return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+      },
+      "aten::_fused_sgd_");
+}
+
+// Plain SGD (no momentum buffers) with the double-rate overload, as
+// PyTorch's `fused=True` calls it with a float lr.
+TEST_F(XlaFusedOptimizerTest, PlainSgdWithADoubleLearningRateStepsOnTheDeviceAsOnTheCpu) {
+  torch::manual_seed(5);
+  const at::Tensor p0 = torch::randn({4, 3}), g = torch::randn({4, 3});
+  auto run = [&](c10::Device device) {
+    std::vector<at::Tensor> p{p0.clone().to(device)}, grad{g.to(device)};
+    for (int step = 1; step <= 3; ++step) {
+      at::_fused_sgd_(p, grad, {}, 0.0, 0.0, 0.05, 0.0, false, /*maximize=*/true, false);
+      if (device.type() != c10::kCPU) strata::xla::mark_step();
+    }
+    return p[0].cpu();
+  };
+  const at::Tensor cpu = run(c10::kCPU);
+  strata::xla::reset_metrics();
+  const at::Tensor xla = run(device_);
+  const auto m = strata::xla::metrics();
+  EXPECT_TRUE(m.fallbacks.empty());
+  EXPECT_EQ(m.lowered.count("aten::_fused_sgd_") ? m.lowered.at("aten::_fused_sgd_") : 0, 3);
+  EXPECT_TRUE(at::equal(xla, cpu)) << (xla - cpu).abs().max();
+}
+
 // The overload with a double learning rate (PyTorch's `fused=True` with a
 // float lr) is lowered too: the rate is a host scalar of the program.
 TEST_F(XlaFusedOptimizerTest, ADoubleLearningRateStepsOnTheDeviceAsOnTheCpu) {

@@ -9,10 +9,9 @@
 //    strata's checkpoint files, Lightning's optimizer_states);
 //  - strata's strategies, Fabric and the Trainer take them wherever they
 //    take the torch::optim ones;
-//  - parameters the fused kernels do not serve (sparse gradients, SGD on
-//    the xla device) take the torch::optim step instead, counted in
-//    loop_steps(); on the xla device AdamW's and Adam's step is one graph
-//    node per group.
+//  - parameters the fused kernels do not serve (sparse gradients, integer
+//    parameters) take the torch::optim step instead, counted in
+//    loop_steps(); on the xla device each group's step is one graph node.
 //
 //   auto opt = std::make_shared<strata::optim::AdamW>(
 //       model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
@@ -38,8 +37,8 @@ class Fused : public Base {
   using Base::Base;
   using typename Base::LossClosure;
   /// One step: the fused kernel once per (device, dtype) group when every
-  /// parameter with a gradient is a dense float CPU or CUDA tensor (or, for
-  /// AdamW and Adam, an f32 tensor on the xla device), else
+  /// parameter with a gradient is a dense float CPU or CUDA tensor (or an
+  /// f32 tensor on the xla device), else
   /// `Base::step` (counted in loop_steps()). Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
   /// Steps (of any group) that fell back to torch::optim's loop.
