@@ -13,6 +13,8 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -24,6 +26,7 @@
 #include "strata/runtime/env.h"
 #include "strata/runtime/launcher.h"
 #include "strata/strategies/ddp.h"
+#include "strata/strategies/launchers/subprocess.h"
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
 #include "support/commands.h"
@@ -83,6 +86,39 @@ STRATA_WORKER(worker_fails) {
                                   << (e.outcome() ? e.outcome()->failed_rank : -2) << "\n";
   }
   MarkOnDestruction mark{dir / ("destroyed." + std::to_string(fabric.global_rank()))};
+  return 0;
+}
+
+// Rank 1 (the copy rank 0 started) fails before its launch(), so it never
+// joins the rendezvous rank 0 waits in.
+STRATA_WORKER(worker_dies_before_launch) {
+  const fs::path dir = args.at(0);
+  Fabric fabric(FabricOptions().with_strategy(cpu_ddp()).with_devices(2));
+  if (std::getenv(strata::strategies::kEnvSubprocessWorker) != nullptr) return 3;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    fabric.launch([](Fabric& f) { f.barrier("waits for rank 1"); });
+  } catch (const strata::LaunchError& e) {
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start);
+    std::ofstream(dir / "caught") << e.what() << "\n" << waited.count() << "\n";
+  }
+  return 0;
+}
+
+// Two Fabrics, one after the other, in every rank: the second joins the job
+// the first one's launch made (rank 0's environment names it).
+STRATA_WORKER(two_fabrics) {
+  const fs::path dir = args.at(0);
+  int results[2] = {0, 0};
+  int rank = -1;
+  for (int round = 0; round < 2; ++round) {
+    Fabric fabric(FabricOptions().with_strategy(cpu_ddp()).with_devices(2));
+    results[round] = fabric.launch([round](Fabric& f) {
+      return static_cast<int>(f.all_reduce(at::full({1}, 1.0 + f.global_rank() + round), "sum").item<double>());
+    });
+    rank = fabric.global_rank();
+  }
+  std::ofstream(dir / ("results." + std::to_string(rank))) << results[0] << " " << results[1] << "\n";
   return 0;
 }
 
@@ -148,6 +184,32 @@ TEST(LaunchersTest, AWorkerFailureIsALaunchErrorInRankZeroWhichGoesOn) {
             "[fabric] the workers failed: rank 1 exited with code 1; last error: error: planted failure on rank 1\n"
             "1\n");
   EXPECT_TRUE(fs::exists(dir / "destroyed.0")) << run.output;
+  fs::remove_all(dir);
+}
+
+TEST(LaunchersTest, AWorkerThatDiesBeforeTheRendezvousFailsRankZeroAtOnce) {
+  const fs::path dir = fresh_dir("dies_before_launch");
+  const strata::testing::CommandResult run = run_scenario("worker_dies_before_launch", dir);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  std::istringstream caught(read_file(dir / "caught"));
+  std::string message;
+  int waited = -1;
+  std::getline(caught, message);
+  caught >> waited;
+  EXPECT_EQ(message, "[fabric] the workers failed: rank 1 exited with code 3") << run.output;
+  // Not the rendezvous timeout (300 s): the supervisor's word.
+  EXPECT_GE(waited, 0);
+  EXPECT_LT(waited, 20) << run.output;
+  fs::remove_all(dir);
+}
+
+TEST(LaunchersTest, ASecondFabricInTheProgramJoinsTheSameJob) {
+  const fs::path dir = fresh_dir("two_fabrics");
+  const strata::testing::CommandResult run = run_scenario("two_fabrics", dir);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // (1 + 2) then (2 + 3) on both ranks.
+  EXPECT_EQ(read_file(dir / "results.0"), "3 5\n");
+  EXPECT_EQ(read_file(dir / "results.1"), "3 5\n");
   fs::remove_all(dir);
 }
 

@@ -20,6 +20,7 @@
 #include "strata/runtime/env.h"
 #include "strata/runtime/launcher.h"
 #include "strata/runtime/process.h"
+#include "strata/runtime/store.h"
 #include "strata/strategies/launchers/in_place.h"
 #include "strata/strategies/placement.h"
 #include "strata/strategies/strategy.h"
@@ -82,6 +83,10 @@ class Job {
       result_ = std::move(result);
       failure_ = failure;
       ended_ = true;
+      // Note [A job that failed] (runtime/store_server.cpp): rank 0 may be
+      // waiting in the rendezvous for a worker that never came.
+      if (result_.exit_code != 0 && !stopping_)
+        runtime::abort_hosted_stores("the job failed: " + result_.summary);
       cv_.notify_all();
     });
     std::unique_lock<std::mutex> lock(mutex_);
