@@ -81,7 +81,6 @@ STRATA_WORKER(trainer_spawn) {
   }
   seen["steps"] = module->steps;
   seen["global_step"] = trainer.global_step();
-  seen["spawned_workers"] = trainer.spawned_workers();
   auto loss = trainer.callback_metrics().find("train_loss");
   if (loss != trainer.callback_metrics().end()) seen["train_loss"] = loss->second;
   seen["world"] = trainer.world_size();
@@ -116,7 +115,6 @@ TEST(TrainerSpawnTest, TwoDevicesWithoutALauncherStartTwoWorkersThatTrainAsOnePr
   EXPECT_EQ(launcher["rank"].get<int>(), 0);
   EXPECT_EQ(launcher["world"].get<int>(), 2);
   EXPECT_EQ(launcher["steps"].get<int64_t>(), kSteps);
-  EXPECT_FALSE(launcher["spawned_workers"].get<bool>());
   EXPECT_EQ(launcher["global_step"].get<int64_t>(), kSteps);
 
   nlohmann::json worker = read_json(dir.path + "/worker.json");
