@@ -360,14 +360,10 @@ int run_train(const TrainConfig& config) {
       ckpt_lock = checkpoint::FolderLock::acquire_in_worker(config.ckpt_dir, "--ckpt-dir");
   }
   try {
-    if (trainer.placement().needs_spawn()) {
-      // The launching process: fit starts the workers, which run this whole
-      // job in place (Note [One launch protocol]), and waits for them; it
-      // reads no data and builds no model itself.
-      trainer.fit(nullptr, DataSource(std::shared_ptr<data::Loader>()));
-    } else {
-      train_here(trainer, config);
-    }
+    // Without a launcher, this process becomes rank 0 at fit and starts the
+    // others, which run this whole job from the start as ranks of their own
+    // (Note [The launching process is rank 0] in strategies/launchers/subprocess.h).
+    train_here(trainer, config);
   } catch (const Interrupted& e) {
     // Note [Stopping on a signal]: SLURM's warning; the step is saved, the
     // job goes back to the queue and resumes from it.

@@ -79,6 +79,18 @@ int port_from_environment() {
   return port;
 }
 
+// Tells options.on_started the job's place (its first local rank's, the
+// calling process's when it is rank 0) and the workers' pids.
+void report_started(const LaunchOptions& options, const Environment& base, const std::vector<Worker>& workers) {
+  if (!options.on_started) return;
+  Environment job = base;
+  job.rank = options.node_rank * options.nproc_per_node;
+  job.source = "strata";
+  std::vector<int> pids;
+  for (const Worker& w : workers) pids.push_back(w.pid);
+  options.on_started(job, pids);
+}
+
 }  // namespace
 
 void LaunchOptions::validate() const {
@@ -103,6 +115,8 @@ void LaunchOptions::validate() const {
                "[launcher] stop_timeout (--stop-timeout) must not be negative, got ", stop_timeout.count(), " ms");
   STRATA_CHECK(hang_timeout.count() >= 0, ConfigError,
                "[launcher] hang_timeout (--hang-timeout) must not be negative, got ", hang_timeout.count(), " ms");
+  STRATA_CHECK(first_local_rank >= 0 && first_local_rank < nproc_per_node, ConfigError,
+               "[launcher] first_local_rank must be in 0..", nproc_per_node - 1, ", got ", first_local_rank);
 }
 
 LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOptions& options) {
@@ -127,7 +141,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   STRATA_CHECK_SYSCALL(devnull, LaunchError, "[launcher] cannot open /dev/null");
   SignalScope signals;
-  std::vector<Worker> workers(options.nproc_per_node);
+  std::vector<Worker> workers(options.nproc_per_node - options.first_local_rank);
   ExecArgs exec_argv(argv);
   // Note [Threads per worker] (process.cpp): split the cores, unless the
   // user chose a thread count.
@@ -136,8 +150,8 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
     omp_threads = std::to_string(threads_per_worker(usable_cores(), options.nproc_per_node));
   }
   try {
-    for (int local = 0; local < options.nproc_per_node; ++local) {
-      Worker& w = workers[local];
+    for (int local = options.first_local_rank; local < options.nproc_per_node; ++local) {
+      Worker& w = workers[local - options.first_local_rank];
       w.local_rank = local;
       w.rank = options.node_rank * options.nproc_per_node + local;
       Environment env = base;
@@ -205,6 +219,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
     throw;
   }
   ::close(devnull);
+  report_started(options, base, workers);
   LaunchResult result = supervise(options, workers, signals.read_fd(), terminal);
   for (Worker& w : workers)
     if (w.live.fd >= 0) ::close(w.live.fd);

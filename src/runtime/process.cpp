@@ -1,4 +1,4 @@
-// Process-wide worker settings and the end of a re-executed worker.
+// Process-wide worker settings: the intra-op threads of each worker.
 #include "strata/runtime/process.h"
 
 #include <sched.h>
@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <string>
 #include <thread>
 
@@ -121,14 +119,6 @@ void apply_worker_threads(const Environment& env) {
                                                     std::getenv("TORCHELASTIC_RUN_ID") != nullptr, usable_cores());
   if (choice.threads > 0) at::set_num_threads(choice.threads);
   if (!choice.message.empty()) log::write(log::Level::kInfo, choice.message, /*any_rank=*/env.local_rank == 0);
-}
-
-void end_relaunched_worker(int exit_code, bool graceful) {
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  if (graceful) std::exit(exit_code);
-  std::_Exit(exit_code);
 }
 
 }  // namespace strata::runtime

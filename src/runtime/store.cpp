@@ -264,6 +264,19 @@ class TcpStore final : public Store {
   // once this store had been connected: Note [A store that is gone]).
   void connect(std::chrono::milliseconds timeout, const std::string& what = "") {
     const auto deadline = Clock::now() + timeout;
+    while (!try_connect(deadline, timeout, what)) {
+      if (Clock::now() + std::chrono::milliseconds(100) >= deadline) {
+        throw TimeoutError(detail::cat("[store] the rendezvous store at ", where(), " still served rank 0's "
+                                       "previous round after ", timeout.count(), " ms: rank 0 did not host the "
+                                       "next one; look in rank 0's output for where it stopped"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  // One connection and hello; false when the store on the port serves a
+  // round this process has finished (Note [The next round]).
+  bool try_connect(Clock::time_point deadline, std::chrono::milliseconds timeout, const std::string& what) {
     while (true) {
       try {
         connection_.connect(connect_host_, port_, deadline);
@@ -292,6 +305,7 @@ class TcpStore final : public Store {
                            .i64(options_.rank)
                            .i64(options_.world_size)
                            .str(identity())
+                           .u8(connected_once_ ? 0 : 1)  // Note [The next round] (store_requests.cpp)
                            .frame(),
                        handshake_deadline);
       payload = connection_.receive(handshake_deadline);
@@ -309,11 +323,12 @@ class TcpStore final : public Store {
       Reply kind = static_cast<Reply>(r.u8());
       if (kind == Reply::kOk && r.str() == kMagic) {
         connected_once_ = true;
-        return;
+        return true;
       }
       if (kind == Reply::kError) {
         std::string why = r.str();
         connection_.close();
+        if (why == kRetryNextRound) return false;
         if (why.rfind("refused:", 0) == 0) throw refused();
         throw CommError(detail::cat("[store] rendezvous at ", where(), " failed: ", why));
       }

@@ -26,6 +26,9 @@
 namespace strata::runtime::store_protocol {
 
 inline constexpr const char* kMagic = "strata-rendezvous-store/1";
+/// The error a hello gets from the store of a round its process has
+/// finished (Note [The next round] in store_requests.cpp).
+inline constexpr const char* kRetryNextRound = "retry: this store serves a round the process has finished";
 inline constexpr uint32_t kMaxFrame = 64u << 20;  // 64 MiB
 inline constexpr size_t kMaxKeys = 1 << 16;
 /// The longest frame a client may send before its hello is accepted: the
@@ -101,6 +104,8 @@ class Reader {
     pos_ += static_cast<size_t>(n);
     return s;
   }
+  /// Whether every byte was read.
+  bool done() const { return pos_ == bytes_.size(); }
   std::vector<std::string> strs() {
     int64_t n = i64();
     // Every string takes at least its 8-byte length: a count the frame
@@ -146,6 +151,10 @@ class Server {
   /// a connection, or `deadline` passes (Note [Closing handshake] in
   /// store.cpp). Returns the ranks still connected: empty when all left.
   virtual std::vector<int64_t> wait_for_ranks_to_leave(std::chrono::steady_clock::time_point deadline) = 0;
+  /// Answers every request that waits (the rendezvous, get, wait), now
+  /// and from now on, with the error `why`: the job failed (Note [A job
+  /// that failed] in store_server.cpp). Callable from any thread.
+  virtual void abort(const std::string& why) = 0;
 };
 
 struct ServerOptions {

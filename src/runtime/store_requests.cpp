@@ -98,12 +98,27 @@ void TcpServer::add(Conn& c, Reader& r) {
 // disagree with rank 0 (the host) about the world size. Both are
 // recorded, so every rank waiting at kJoin fails at once with the same
 // message instead of waiting for the rendezvous timeout.
+//
+// Note [The next round]
+// A program may set up one job after another on the same port (two
+// Fabrics, one after the other, in every rank): each ends with rank 0
+// closing its store (Note [Closing handshake] in store.cpp) and begins
+// with rank 0 hosting a new one. A rank that finished a round first makes
+// its next store while rank 0 still hosts the last one, and would join
+// that one, which then waits for it to leave while it waits in there for
+// rank 0: both sides until the timeout. So a hello says whether it is a
+// store's first connection or a reconnection (after a lost connection),
+// and a first connection from a process that already held its rank here
+// belongs to the next round: it is told to retry (kRetryNextRound), and
+// the client retries as while nothing listens, until rank 0's next store
+// answers.
 void TcpServer::hello(Conn& c, Reader& r) {
   std::string magic = r.str();
   std::string token = r.str();
   int64_t rank = r.i64();
   int64_t world_size = r.i64();
   std::string identity = r.str();
+  const bool first_connection = r.done() || r.u8() != 0;  // the port check sends no flag
   c.close_after_write = true;  // unless accepted below
   if (magic != kMagic) {
     refuse(c, "the client speaks another protocol",
@@ -126,6 +141,10 @@ void TcpServer::hello(Conn& c, Reader& r) {
       return;
     }
     auto held = ranks_.find(rank);
+    if (held != ranks_.end() && held->second == identity && first_connection) {
+      reply_error(c, kRetryNextRound);  // not logged: the program's own next round, retrying
+      return;
+    }
     if (held != ranks_.end() && held->second != identity) {
       std::string why = detail::cat("two processes claim rank ", rank, ": ", held->second, " joined first, ",
                                     identity, " was refused; give every worker a distinct RANK");
@@ -168,6 +187,10 @@ std::vector<std::string> TcpServer::missing_ranks() const {
 
 // Answers `w` when it can; false: it still waits.
 bool TcpServer::try_answer(Conn& c, const Waiter& w) {
+  if (!aborted_.empty()) {  // Note [A job that failed] (store_server.cpp)
+    reply_error(c, aborted_);
+    return true;
+  }
   if (w.op == Op::kJoin) {
     if (!failure_.empty()) {
       reply_error(c, failure_);

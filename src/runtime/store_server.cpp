@@ -48,6 +48,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
+#include <set>
 
 #include "strata/core/error.h"
 #include "strata/core/log.h"
@@ -119,6 +121,23 @@ void DropLog::tick(const std::string& where, Clock::time_point now) {
   held_ = 0;
 }
 
+// Note [A job that failed]
+// The store lives in rank 0's process, whose launcher may learn before
+// rank 0 does that another rank failed: the subprocess launcher's
+// supervisor sees its worker exit. A rank that died before it joined the
+// rendezvous never connects, so rank 0 would wait in the rendezvous (or
+// for a key the dead rank was to set) until the store's timeout, 300 s by
+// default. abort_hosted_stores() hands the failure to every store this
+// process hosts: each answers every waiting request, and every later one,
+// with the error, so rank 0 (and any rank still alive) fails at once.
+namespace {
+std::mutex hosted_mu;
+std::set<TcpServer*>& hosted() {
+  static std::set<TcpServer*> servers;
+  return servers;
+}
+}  // namespace
+
 TcpServer::TcpServer(const ServerOptions& options, int listen_fd, int port)
     : options_(options), listen_fd_(listen_fd), port_(port) {
   int fds[2];
@@ -126,9 +145,26 @@ TcpServer::TcpServer(const ServerOptions& options, int listen_fd, int port)
   wake_read_ = fds[0];
   wake_write_ = fds[1];
   thread_ = std::thread([this] { loop(); });
+  std::lock_guard<std::mutex> lock(hosted_mu);
+  hosted().insert(this);
+}
+
+void TcpServer::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!abort_.empty()) return;
+    abort_ = why;
+  }
+  char byte = 1;
+  ssize_t ignored = ::write(wake_write_, &byte, 1);
+  (void)ignored;
 }
 
 TcpServer::~TcpServer() {
+  {
+    std::lock_guard<std::mutex> lock(hosted_mu);
+    hosted().erase(this);
+  }
   stop_ = true;
   char byte = 1;
   ssize_t ignored = ::write(wake_write_, &byte, 1);
@@ -182,6 +218,20 @@ void TcpServer::poll_once() {
   if (!may_accept && oldest >= 0) wake_at(conns_.at(oldest).since + kStrangerGrace);
   int n = ::poll(fds.data(), fds.size(), timeout_ms);
   if (n < 0) return;  // EINTR
+  if (fds[0].revents & POLLIN) {
+    char drain[64];
+    while (::read(wake_read_, drain, sizeof drain) > 0) {
+    }
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      why = abort_;
+    }
+    if (aborted_.empty() && !why.empty()) {
+      aborted_ = why;
+      wake_waiters();
+    }
+  }
   if (fds[1].revents & POLLIN) accept_all();
   for (size_t i = 2; i < fds.size(); ++i) {
     auto it = conns_.find(ids[i]);
@@ -318,3 +368,12 @@ bool TcpServer::flush(Conn& c) {
 }
 
 }  // namespace strata::runtime::store_protocol
+
+namespace strata::runtime {
+
+void abort_hosted_stores(const std::string& why) {
+  std::lock_guard<std::mutex> lock(store_protocol::hosted_mu);
+  for (store_protocol::TcpServer* server : store_protocol::hosted()) server->abort(why);
+}
+
+}  // namespace strata::runtime

@@ -69,6 +69,7 @@ class TcpServer final : public Server {
 
   int port() const override { return port_; }
   std::vector<int64_t> wait_for_ranks_to_leave(Clock::time_point deadline) override;
+  void abort(const std::string& why) override;
 
  private:
   // ---- connections (store_server.cpp) ----
@@ -119,6 +120,10 @@ class TcpServer final : public Server {
   std::mutex ranks_mu_;
   std::condition_variable ranks_cv_;
   std::map<int64_t, int> connected_ranks_;
+  // Set by abort() from any thread; the loop answers the waiters with it.
+  std::mutex abort_mu_;
+  std::string abort_;
+  std::string aborted_;  // owned by the thread: abort_ once taken
 };
 
 }  // namespace strata::runtime::store_protocol

@@ -123,16 +123,11 @@ void Trainer::run_validation(data::Loader& loader, int64_t limit, bool sanity) {
 trainer::Metrics Trainer::run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
                                          const std::string& stage, const std::string& ckpt_path) {
   trainer::Metrics metrics;
-  nlohmann::json remote;
-  const bool here = launch(
-      module,
-      [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
-        trainer::Metrics out = rank.evaluate_here(m, data, stage, ckpt_path);
-        if (&rank == this) metrics = out;
-        return trainer::detail::metrics_json(out);
-      },
-      remote);
-  return here ? metrics : trainer::detail::metrics_from_json(remote);
+  launch(module, [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
+    trainer::Metrics out = rank.evaluate_here(m, data, stage, ckpt_path);
+    if (&rank == this) metrics = out;
+  });
+  return metrics;
 }
 
 trainer::Metrics Trainer::evaluate_here(std::shared_ptr<TrainModule> module, const DataSource& data,
@@ -173,18 +168,13 @@ trainer::Metrics Trainer::test(std::shared_ptr<TrainModule> module, const DataSo
 
 at::Tensor Trainer::predict(std::shared_ptr<TrainModule> module, const DataSource& data,
                             const std::string& ckpt_path) {
-  // The launching process gets no rows: predictions stay in the workers,
-  // as on ranks other than 0.
+  // Each rank's own rows (an undefined tensor for thread ranks other than
+  // this one's: they stay on their threads).
   at::Tensor result;
-  nlohmann::json remote;
-  launch(
-      module,
-      [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
-        at::Tensor out = rank.predict_here(m, data, ckpt_path);
-        if (&rank == this) result = out;
-        return nlohmann::json();
-      },
-      remote);
+  launch(module, [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
+    at::Tensor out = rank.predict_here(m, data, ckpt_path);
+    if (&rank == this) result = out;
+  });
   return result;
 }
 

@@ -37,8 +37,6 @@
 
 namespace strata {
 
-using trainer::detail::metrics_from_json;
-using trainer::detail::metrics_json;
 
 int64_t BatchLimit::of(int64_t size) const {
   if (!fraction) return std::min<int64_t>(size, static_cast<int64_t>(value));
@@ -182,29 +180,7 @@ std::shared_ptr<trainer::ModelCheckpoint> Trainer::checkpoint_callback() const {
 
 void Trainer::fit(std::shared_ptr<TrainModule> module, const DataSource& train, const std::optional<DataSource>& val,
                   const std::string& ckpt_path) {
-  nlohmann::json remote;
-  const bool here = launch(
-      module,
-      [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
-        rank.run_fit(m, train, val, ckpt_path);
-        return nlohmann::json{{"global_step", rank.global_step_},
-                              {"current_epoch", rank.current_epoch()},
-                              {"callback_metrics", metrics_json(rank.callback_metrics_)},
-                              {"logged_metrics", metrics_json(rank.logged_metrics_)},
-                              {"progress_bar_metrics", metrics_json(rank.progress_bar_metrics_)}};
-      },
-      remote);
-  if (here || !remote.is_object()) return;
-  // Rank 0's record, read as untrusted: a field of another type counts as absent.
-  auto count = [&](const char* key) {
-    auto it = remote.find(key);
-    return it != remote.end() && it->is_number_integer() ? it->get<int64_t>() : int64_t{0};
-  };
-  global_step_ = count("global_step");
-  epoch_ = count("current_epoch");
-  callback_metrics_ = metrics_from_json(remote.value("callback_metrics", nlohmann::json()));
-  logged_metrics_ = metrics_from_json(remote.value("logged_metrics", nlohmann::json()));
-  progress_bar_metrics_ = metrics_from_json(remote.value("progress_bar_metrics", nlohmann::json()));
+  launch(module, [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) { rank.run_fit(m, train, val, ckpt_path); });
 }
 
 void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& train,

@@ -104,11 +104,7 @@ void Trainer::save_checkpoint(const std::string& filepath) {
   STRATA_CHECK(module_ != nullptr, ConfigError, "[trainer] save_checkpoint before fit: there is no module to save");
   if (thread_ranks_ && strategies::detail::current_thread_rank() == nullptr) {
     // Called between calls: every rank saves its part, on its thread.
-    nlohmann::json unused;
-    launch(module_, [&](Trainer& rank, const std::shared_ptr<TrainModule>&) {
-      rank.save_checkpoint(filepath);
-      return nlohmann::json();
-    }, unused);
+    launch(module_, [&](Trainer& rank, const std::shared_ptr<TrainModule>&) { rank.save_checkpoint(filepath); });
     return;
   }
   nlohmann::json callbacks = nlohmann::json::object();

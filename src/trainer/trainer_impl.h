@@ -35,22 +35,4 @@ inline void warn(const Trainer& trainer, const std::string& message) {
   if (trainer.is_global_zero()) log::warning_all_ranks("[trainer] ", message);
 }
 
-/// Metrics as a JSON object, for the launching process (Note [One launch
-/// protocol]); a NaN value travels as null.
-inline nlohmann::json metrics_json(const Metrics& metrics) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [name, value] : metrics) out[name] = value;
-  return out;
-}
-
-/// metrics_json read back; null is NaN, and anything but an object is none.
-inline Metrics metrics_from_json(const nlohmann::json& value) {
-  Metrics out;
-  if (!value.is_object()) return out;
-  for (const auto& [name, v] : value.items()) {
-    out[name] = v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
-  }
-  return out;
-}
-
 }  // namespace strata::trainer::detail

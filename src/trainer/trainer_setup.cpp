@@ -122,25 +122,22 @@ void Trainer::forget_module(const TrainModule& module) {
   module_.reset();
 }
 
-bool Trainer::launch(const std::shared_ptr<TrainModule>& module, const RankCall& call, nlohmann::json& remote) {
+void Trainer::launch(const std::shared_ptr<TrainModule>& module, const RankCall& call) {
   if (placement_.thread_ranks() && strategies::detail::current_thread_rank() == nullptr) {
-    remote = run_on_thread_ranks(module, call);
-    return true;
+    run_on_thread_ranks(module, call);
+    return;
   }
   const bool set_up_before = strategy_->launched();
-  bool ran_here = false;
-  remote = strategies::launch(placement_, "trainer", strategies::WorkerExit::kContinue, [&] {
-    ran_here = true;
+  strategies::launch(placement_, "trainer", strategies::WorkerExit::kContinue, [&] {
     // The call that set the environment up tears it down with the Trainer,
     // also when the call fails.
     if (!set_up_before) owns_environment_ = true;
-    return call(*this, module);
+    call(*this, module);
+    return nlohmann::json();
   });
-  spawned_ = !ran_here;
-  return ran_here;
 }
 
-nlohmann::json Trainer::run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call) {
+void Trainer::run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call) {
   STRATA_CHECK(module != nullptr, ConfigError, "[trainer] got a null module");
   STRATA_CHECK(module_ ? module_ == module : !module_set_up_, ConfigError, kOneModule);
   if (!thread_ranks_) {
@@ -172,10 +169,14 @@ nlohmann::json Trainer::run_on_thread_ranks(const std::shared_ptr<TrainModule>& 
     ranks.modules = std::move(modules);
     ranks.module = module;
   }
-  return ranks.job->run([&](int r) {
-    if (r == 0) return call(*this, module);
+  ranks.job->run([&](int r) {
+    if (r == 0) {
+      call(*this, module);
+      return nlohmann::json();
+    }
     const size_t i = static_cast<size_t>(r - 1);
-    return call(*ranks.trainers[i], ranks.modules[i]);
+    call(*ranks.trainers[i], ranks.modules[i]);
+    return nlohmann::json();
   });
 }
 

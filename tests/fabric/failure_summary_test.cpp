@@ -4,8 +4,8 @@
 // the message; a std::runtime_error has none. Fabric::launch throws
 // LaunchError with the summary.
 //
-// Each test runs again in its workers (launch() starts copies of this
-// binary with the same --gtest_filter), so each runs alone.
+// This process is rank 0; launch() starts rank 1 as a copy of this binary
+// with the same --gtest_filter, so each test runs alone.
 #include <gtest/gtest.h>
 
 #include <c10/util/Exception.h>
@@ -26,17 +26,15 @@ namespace {
 using strata::Fabric;
 using strata::FabricOptions;
 
-// Rank 0 waits for the launcher to stop it; rank 1 runs `fail`. Returns
-// what the launching process caught.
+// Rank 0 waits for rank 1 in a barrier, which fails once rank 1 is gone;
+// rank 1 runs `fail`. Returns what rank 0 caught.
 template <class Fail>
 std::string failure_of(Fail fail) {
   auto strategy = std::make_shared<strata::strategies::DDPStrategy>(strata::strategies::cpu_accelerator());
   Fabric fabric(FabricOptions().with_strategy(strategy).with_devices(2));
   try {
     fabric.launch([&](Fabric& f) {
-      if (f.global_rank() != 1) {
-        while (true) ::pause();
-      }
+      if (f.global_rank() != 1) return f.barrier("failure");
       fail();
     });
   } catch (const strata::LaunchError& e) {

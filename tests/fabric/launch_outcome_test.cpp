@@ -4,10 +4,12 @@
 // and through `strata train`, which then exits 130 as `strata launch`
 // does). Note [Launch outcomes] in include/strata/core/error.h.
 //
-// Each Fabric test runs again in its workers (launch() starts copies of
-// this binary with the same --gtest_filter); there launch() runs the
-// function in place and ends the worker. So each test runs alone (one
-// --gtest_filter per test, as ctest runs them).
+// This process becomes rank 0 at launch() and starts rank 1 as a copy of
+// this binary with the same --gtest_filter (Note [The launching process is
+// rank 0] in strategies/launchers/subprocess.h), where launch() runs the
+// function in place. So each test runs alone (one --gtest_filter per test,
+// as ctest runs them). Rank 0 waits for rank 1 in a barrier, which fails
+// at once when rank 1 is gone; launch() then reports rank 1's outcome.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -43,13 +45,18 @@ using strata::LaunchOutcome;
 // Where the workers of the interrupt test say they are running.
 constexpr const char* kReadyDirVar = "STRATA_TEST_READY_DIR";
 
-// Waits until the launcher stops this worker (SIGTERM from the launcher
-// after another rank failed, or the launcher's forwarded SIGINT).
-[[noreturn]] void wait_to_be_stopped() {
+// Waits until the launcher stops this worker (the launcher's forwarded
+// SIGINT); on rank 0, waits for rank 1 in a barrier that fails when rank 1
+// is gone.
+void wait_to_be_stopped(Fabric& f) {
+  if (f.global_rank() == 0) {
+    f.barrier("outcome");
+    return;
+  }
   while (true) ::pause();
 }
 
-// Runs `fn` on two workers (ddp on the CPU); returns the LaunchError the launching process
+// Runs `fn` on two ranks (ddp on the CPU); returns the LaunchError rank 0
 // got (what() and outcome), or nullopt when launch() returned.
 struct Caught {
   std::string what;
@@ -94,7 +101,7 @@ TEST(LaunchOutcomeTest, ACleanLaunchReturnsAndItsOutcomeIsAllZero) {
 
 TEST(LaunchOutcomeTest, ARankThatExitsWithACodeIsNamedWithItsCode) {
   std::optional<Caught> caught = launch_two([](Fabric& f) {
-    if (f.global_rank() != 1) wait_to_be_stopped();
+    if (f.global_rank() != 1) return wait_to_be_stopped(f);
     std::cerr << "planted failure" << std::endl;
     std::_Exit(3);
   });
@@ -110,7 +117,7 @@ TEST(LaunchOutcomeTest, ARankThatExitsWithACodeIsNamedWithItsCode) {
 
 TEST(LaunchOutcomeTest, ARankKilledByASignalIsNamedWithTheSignal) {
   std::optional<Caught> caught = launch_two([](Fabric& f) {
-    if (f.global_rank() != 1) wait_to_be_stopped();
+    if (f.global_rank() != 1) return wait_to_be_stopped(f);
     ::raise(SIGKILL);
   });
   ASSERT_TRUE(caught) << "launch() returned";
@@ -140,13 +147,13 @@ TEST(LaunchOutcomeTest, SigintToTheLauncherIsAnInterruptedOutcomeWithExitCode130
   std::optional<Caught> caught = launch_two([](Fabric& f) {
     const char* ready = std::getenv(kReadyDirVar);
     if (ready != nullptr) std::ofstream(fs::path(ready) / ("ready." + std::to_string(f.global_rank()))) << "\n";
-    wait_to_be_stopped();
+    wait_to_be_stopped(f);
   });
   if (interrupter.joinable()) interrupter.join();
   ::unsetenv(kReadyDirVar);
   fs::remove_all(dir);
   ASSERT_TRUE(caught) << "launch() returned";
-  EXPECT_EQ(caught->what, "[fabric] the workers failed: the launcher received SIGINT; stopped all 2 workers");
+  EXPECT_EQ(caught->what, "[fabric] the workers failed: the launcher received SIGINT; stopped all 1 workers");
   ASSERT_TRUE(caught->outcome) << caught->what;
   EXPECT_TRUE(caught->outcome->interrupted());
   EXPECT_EQ(caught->outcome->interrupted_by, SIGINT);
@@ -172,10 +179,10 @@ TEST(LaunchOutcomeTest, SigintToStrataTrainExitsWith130) {
   fs::remove_all(templ);
   ASSERT_TRUE(started) << "no step within 120 s:\n" << o.out << o.err;
   EXPECT_EQ(o.status, 130) << o.err;
-  // strata train is a Trainer user: the Trainer launched the workers.
-  EXPECT_NE(o.err.find("strata: [trainer] the workers failed: the launcher received SIGINT; stopped all 2 workers\n"),
-            std::string::npos)
-      << o.err;
+  // strata train is a Trainer user, and its process is rank 0: the
+  // Trainer's own stop (Note [Stopping on a signal]), agreed by both ranks.
+  EXPECT_NE(o.err.find("strata: [trainer] stopped by SIGINT after step "), std::string::npos) << o.err;
+  EXPECT_EQ(o.err.find("the workers failed"), std::string::npos) << o.err;
 }
 
 }  // namespace

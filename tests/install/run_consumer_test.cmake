@@ -188,6 +188,21 @@ if(STRATA_TEST_PYTHON)
   endif()
 endif()
 
+# The same program under `strata launch` (the in-place launcher in each of
+# its 2 workers): rank 0's line, prefixed, with the same loss.
+file(MAKE_DIRECTORY ${work}/strata-launch)
+execute_process(COMMAND ${clean_env} OMP_NUM_THREADS=1 STRATA_LIBTORCH=${STRATA_TORCH_PREFIX}
+                        ${moved}/bin/strata launch -n 2 -- ${work}/build/my_trainer
+                WORKING_DIRECTORY ${work}/strata-launch RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\\[rank 0\\] final loss ([0-9.e+-]+)")
+  message(FATAL_ERROR "the README's program under strata launch failed (${rc}):\n${out}\n${err}")
+endif()
+if(NOT CMAKE_MATCH_1 STREQUAL own_launch_loss)
+  message(FATAL_ERROR "the README's program under strata launch ended with final loss ${CMAKE_MATCH_1}, under its "
+                      "own launch with ${own_launch_loss}:\n${out}")
+endif()
+message(STATUS "the README's program under strata launch: ${out}")
+
 # ---- the installed tool --------------------------------------------------------
 run_failing_step(${clean_env} STRATA_PYTHON=${work}/no-such-python ${moved}/bin/strata --version)
 expect_output("the tool with no LibTorch" "STRATA_PYTHON='${work}/no-such-python' has no torch package")

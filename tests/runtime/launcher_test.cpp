@@ -386,6 +386,38 @@ TEST(LauncherTest, ProgramOnPathIsFoundAndOutputIsNotPrefixedWhenAsked) {
   EXPECT_TRUE(out == "r0\nr1\n" || out == "r1\nr0\n") << out;
 }
 
+TEST(LauncherTest, TheCallerIsTheFirstLocalRanksAndHearsWhereTheJobRuns) {
+  // The subprocess launcher's rank 0: the launcher starts local ranks 1 and
+  // 2 of 3 and tells the caller its own place and the workers' pids.
+  std::string out;
+  strata::runtime::Environment job;
+  std::vector<int> started;
+  LaunchOptions options = LaunchOptions().with_nproc_per_node(3).with_first_local_rank(1).with_on_output(
+      [&out](int, strata::runtime::OutputStream, const std::string& line) { out += line; });
+  options.on_started = [&](const strata::runtime::Environment& env, const std::vector<int>& pids) {
+    job = env;
+    started = pids;
+  };
+  auto result = strata::runtime::launch_workers(
+      {"sh", "-c", "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_PORT $STRATA_JOB_TOKEN\""},
+      options);
+  ASSERT_EQ(result.exit_code, 0) << result.summary;
+  EXPECT_EQ(job.rank, 0);
+  EXPECT_EQ(job.local_rank, 0);
+  EXPECT_EQ(job.world_size, 3);
+  EXPECT_EQ(job.local_world_size, 3);
+  EXPECT_GT(job.master_port, 0);
+  EXPECT_FALSE(job.job_token.empty());
+  EXPECT_EQ(started, result.pids);
+  ASSERT_EQ(started.size(), 2u);
+  const std::string tail = " 3 3 " + std::to_string(job.master_port) + " " + job.job_token + "\n";
+  const std::string one = "[rank 1] 1 1" + tail, two = "[rank 2] 2 2" + tail;
+  EXPECT_TRUE(out == one + two || out == two + one) << out;
+  // Rank 0 is no worker of this launcher.
+  EXPECT_THROW(strata::runtime::launch_workers({"true"}, LaunchOptions().with_first_local_rank(1)),
+               strata::ConfigError);
+}
+
 TEST(LauncherTest, MissingProgramIsALaunchErrorNamingIt) {
   try {
     strata::runtime::launch_workers({"strata-no-such-program-xyz"}, LaunchOptions());

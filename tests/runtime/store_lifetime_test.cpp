@@ -2,7 +2,9 @@
 // close its connection before it stops serving (Note [Closing handshake]
 // in store.cpp), and a client whose host has exited fails at once, naming
 // the address, instead of reconnecting until the timeout (Note [A store
-// that is gone]); a client that starts before its host is up still waits.
+// that is gone]); a client that starts before its host is up still waits,
+// and so does one whose process starts its next round first (Note [The
+// next round]).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -72,6 +74,31 @@ TEST(StoreLifetimeTest, TheHostKeepsServingUntilEveryRankHasClosedItsConnection)
   closer.join();
   EXPECT_TRUE(closed);
   EXPECT_LT(seconds_since(start), 10.0) << "the host kept waiting after rank 1 left";
+}
+
+// Note [The next round] (src/runtime/store_requests.cpp): rank 1 finishes a
+// round first and makes its next store while rank 0 still hosts the last
+// one; it must not join that one (whose host would then wait for it to
+// leave) but wait for rank 0's next store on the same port.
+TEST(StoreLifetimeTest, ARankThatStartsTheNextRoundFirstWaitsForRankZerosNextStore) {
+  const int port = strata::runtime::find_free_port();
+  std::shared_ptr<Store> host = make_tcp_store(rank_of_two(0, port, 5s));
+  std::shared_ptr<Store> client = make_tcp_store(rank_of_two(1, port, 5s));
+  client->set("round 1", "done");
+  client.reset();  // rank 1 is done with round 1
+  std::shared_ptr<Store> next_client;
+  std::thread rank1([&] { next_client = make_tcp_store(rank_of_two(1, port, 10s)); });
+  std::this_thread::sleep_for(300ms);  // its hellos reach round 1's store
+  const auto start = Clock::now();
+  host.reset();  // round 1 ends: rank 1 has left it
+  EXPECT_LT(seconds_since(start), 3.0) << "round 1's host waited for rank 1's next store";
+  std::shared_ptr<Store> next_host = make_tcp_store(rank_of_two(0, port, 5s));
+  rank1.join();
+  ASSERT_NE(next_client, nullptr);
+  next_host->set("round", "2");
+  EXPECT_EQ(next_client->get("round"), "2");
+  EXPECT_FALSE(next_client->check({"round 1"})) << "rank 1 joined round 1's store";
+  next_client.reset();  // rank 1 leaves first, as the closing handshake wants
 }
 
 TEST(StoreLifetimeTest, TheHostStopsWaitingAtItsTimeoutAndTheRankLeftFailsAtOnce) {

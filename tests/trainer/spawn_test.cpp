@@ -1,13 +1,13 @@
 // The Trainer starts its own workers: a program that no launcher started,
-// asking for two devices, re-runs itself as two workers from its first
-// Trainer call, and the training they do equals single-process training.
-// The launching process runs nothing itself but takes rank 0's record of
-// the fit (its steps and metrics), and a worker's failure reaches it as a
+// asking for two devices, becomes rank 0 at its first Trainer call and
+// re-runs itself as rank 1 (Note [The launching process is rank 0] in
+// strategies/launchers/subprocess.h); the training the two do equals
+// single-process training, and a worker's failure reaches rank 0 as a
 // LaunchError.
 //
 // The program under test is this test binary started as a plain process
 // (`--strata-worker=trainer_spawn DIR MODE`), so its re-run by the Trainer
-// runs the same scenario, in place, in each worker.
+// runs the same scenario, in place, as rank 1.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -59,8 +59,9 @@ strata::DataSource data() {
   return strata::DataSource(gpt_dataset(), strata::DataOptions().with_batch_size(kBatch).with_shuffle(true));
 }
 
-// args: DIR MODE ("train", "fail" or "fail_c10"). Rank 0 of the workers writes the
-// trained parameters; the launching process writes what it saw.
+// args: DIR MODE ("train", "fail" or "fail_c10"). Rank 0, the launching
+// process, writes the trained parameters and launcher.json; rank 1
+// worker.json.
 STRATA_WORKER(trainer_spawn) {
   const std::string dir = args.at(0);
   const std::string mode = args.at(1);
@@ -79,24 +80,18 @@ STRATA_WORKER(trainer_spawn) {
     }
   }
   seen["steps"] = module->steps;
-  if (launched) {
-    seen["global_step"] = trainer.global_step();
-    auto loss = trainer.callback_metrics().find("train_loss");
-    if (loss != trainer.callback_metrics().end()) seen["train_loss"] = loss->second;
-    seen["world"] = trainer.world_size();
-    const auto params = full_state(*module, trainer.strategy(), "model.");
-    if (trainer.is_global_zero()) {
-      strata::checkpoint::write_safetensors(dir + "/params.safetensors", params);
-      write_json(dir + "/worker.json", seen);
-    }
-  } else {
-    // Rank 0's record of the fit (Note [One launch protocol]).
-    seen["global_step"] = trainer.global_step();
-    seen["spawned_workers"] = trainer.spawned_workers();
-    auto loss = trainer.callback_metrics().find("train_loss");
-    if (loss != trainer.callback_metrics().end()) seen["train_loss"] = loss->second;
+  seen["global_step"] = trainer.global_step();
+  auto loss = trainer.callback_metrics().find("train_loss");
+  if (loss != trainer.callback_metrics().end()) seen["train_loss"] = loss->second;
+  seen["world"] = trainer.world_size();
+  seen["rank"] = trainer.global_rank();
+  if (seen.contains("launch_error")) {
     write_json(dir + "/launcher.json", seen);
+    return 0;
   }
+  const auto params = full_state(*module, trainer.strategy(), "model.");
+  if (trainer.is_global_zero()) strata::checkpoint::write_safetensors(dir + "/params.safetensors", params);
+  write_json(dir + (launched ? "/worker.json" : "/launcher.json"), seen);
   return 0;
 }
 
@@ -113,22 +108,24 @@ TEST(TrainerSpawnTest, TwoDevicesWithoutALauncherStartTwoWorkersThatTrainAsOnePr
   Outcome outcome = run_scenario(dir.path, "train");
   ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
 
+  // The launching process trained as rank 0 of 2; the copy it started as rank 1.
   nlohmann::json launcher = read_json(dir.path + "/launcher.json");
   EXPECT_FALSE(launcher["launched"].get<bool>());
-  EXPECT_EQ(launcher["steps"].get<int64_t>(), 0) << "the launching process trained itself";
   EXPECT_FALSE(launcher.contains("launch_error")) << launcher.dump();
-  // It ran nothing, but it follows the workers: rank 0's step count and metrics.
-  EXPECT_TRUE(launcher["spawned_workers"].get<bool>());
+  EXPECT_EQ(launcher["rank"].get<int>(), 0);
+  EXPECT_EQ(launcher["world"].get<int>(), 2);
+  EXPECT_EQ(launcher["steps"].get<int64_t>(), kSteps);
   EXPECT_EQ(launcher["global_step"].get<int64_t>(), kSteps);
 
   nlohmann::json worker = read_json(dir.path + "/worker.json");
   EXPECT_TRUE(worker["launched"].get<bool>());
+  EXPECT_EQ(worker["rank"].get<int>(), 1);
   EXPECT_EQ(worker["world"].get<int>(), 2);
   EXPECT_EQ(worker["global_step"].get<int64_t>(), kSteps);
   EXPECT_EQ(worker["steps"].get<int64_t>(), kSteps);
+  // Each rank logs the loss of its own batch.
   ASSERT_TRUE(worker.contains("train_loss")) << worker.dump();
   ASSERT_TRUE(launcher.contains("train_loss")) << launcher.dump();
-  EXPECT_EQ(launcher["train_loss"].get<double>(), worker["train_loss"].get<double>());
 
   // The same fit in this process alone.
   strata::Trainer single(options(1));
@@ -159,7 +156,7 @@ TEST(TrainerSpawnTest, TwoDevicesWithoutALauncherStartTwoWorkersThatTrainAsOnePr
   EXPECT_GT(moved, 1e-3);
 }
 
-TEST(TrainerSpawnTest, AWorkerFailureReachesTheLaunchingProcessAsALaunchError) {
+TEST(TrainerSpawnTest, AWorkerFailureReachesRankZeroAsALaunchError) {
   TempDir dir("spawn-fail");
   Outcome outcome = run_scenario(dir.path, "fail");
   ASSERT_EQ(outcome.status, 0) << outcome.out << outcome.err;
@@ -172,8 +169,8 @@ TEST(TrainerSpawnTest, AWorkerFailureReachesTheLaunchingProcessAsALaunchError) {
   ASSERT_TRUE(launcher.contains("failed_rank")) << launcher.dump();
   EXPECT_EQ(launcher["failed_rank"].get<int>(), 1);
   EXPECT_NE(launcher["exit_code"].get<int>(), 0);
-  EXPECT_EQ(launcher["steps"].get<int64_t>(), 0);
-  EXPECT_FALSE(std::filesystem::exists(dir.path + "/worker.json")) << "the surviving rank finished the fit";
+  EXPECT_LT(launcher["steps"].get<int64_t>(), kSteps) << "rank 0 finished the fit without rank 1";
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/worker.json")) << "the failed rank finished the fit";
   // The worker's own error text reaches the output for the user.
   EXPECT_NE((outcome.out + outcome.err).find("planted failure at step 3"), std::string::npos)
       << outcome.out << outcome.err;

@@ -8,14 +8,14 @@
 //   double loss = fabric.launch([](strata::Fabric& f) { ...; return loss; });
 //
 // Process model (Note [One launch protocol], strategies/placement.h): with
-// several devices and no launcher, launch() re-executes the current
-// program as the workers. So the code before launch() runs in every worker
-// process too (a start-up line prints once per worker, and once in the
-// launching process); in the workers launch() runs fn and then ends the
-// worker process; the launching process waits and returns rank 0's
-// result, and runs the code after launch() alone. A program started by an
-// outside launcher (strata launch, torchrun-style variables, MPI, SLURM)
-// joins instead: launch() runs fn in place and returns its result.
+// several devices and no launcher, the first launch() makes this process
+// rank 0 and re-executes the program as the other ranks (Note [The
+// launching process is rank 0], strategies/launchers/subprocess.h). Every
+// rank runs the whole program: the code before launch() (a start-up line
+// prints once per rank), fn, and the code after launch(), where each rank
+// has its own result; every rank leaves through main(). A program started
+// by an outside launcher (strata launch, torchrun-style variables, MPI,
+// SLURM) is one of the ranks already: launch() runs fn in place.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -68,8 +68,9 @@ class Fabric {
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
 
-  /// Runs `fn(*this)` on every worker and returns rank 0's result (see the
-  /// process model above). The result type must be void or convertible to
+  /// Runs `fn(*this)` on every rank and returns this rank's result (rank
+  /// 0's where the ranks are threads of this process; see the process model
+  /// above). The result type must be void or convertible to
   /// and from nlohmann::json. A worker's failure stops the others and
   /// throws LaunchError naming the rank, how it failed and its last error.
   /// Throws ConfigError when called twice on one Fabric.
@@ -82,10 +83,8 @@ class Fabric {
         return nullptr;
       });
     } else {
-      // A worker returns fn's own value (also one an outside launcher such
-      // as torchrun or srun started, which runs in place); the launching
-      // process rank 0's, through JSON (Note [One launch protocol]).
-      // Ranks run as threads (Note [Ranks as threads]) keep rank 0's.
+      // Every rank process returns fn's own value; ranks run as threads
+      // (Note [Ranks as threads]) keep rank 0's.
       std::optional<Result> value;
       nlohmann::json result = run_launch([&]() -> nlohmann::json {
         Result mine = fn(*this);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/runtime/env.h"
 
 namespace strata::runtime {
 
@@ -80,6 +81,16 @@ struct LaunchOptions {
   /// where every worker was last seen, and the job is stopped (exit code
   /// 124). Well under the 30-minute collective timeout; 0 turns it off.
   std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);
+  /// The local ranks below this one are not started: the calling process
+  /// is them (the subprocess launcher's rank 0, Note [The launching
+  /// process is rank 0] in strategies/launchers/subprocess.cpp). Every
+  /// worker still counts nproc_per_node local ranks.
+  int first_local_rank = 0;
+  /// Called once the workers run, before they are supervised, on the
+  /// thread that runs launch_workers: the place every worker shares
+  /// (world, master address and port, job token; rank 0's own) and the
+  /// workers' process ids.
+  std::function<void(const Environment& job, const std::vector<int>& pids)> on_started;
 
   LaunchOptions& with_nproc_per_node(int n) { nproc_per_node = n; return *this; }
   LaunchOptions& with_nnodes(int n) { nnodes = n; return *this; }
@@ -95,6 +106,7 @@ struct LaunchOptions {
   LaunchOptions& with_on_output(OutputSink sink) { on_output = std::move(sink); return *this; }
   LaunchOptions& with_max_time(std::chrono::milliseconds t) { max_time = t; return *this; }
   LaunchOptions& with_hang_timeout(std::chrono::milliseconds t) { hang_timeout = t; return *this; }
+  LaunchOptions& with_first_local_rank(int r) { first_local_rank = r; return *this; }
 
   /// Throws ConfigError naming the first invalid field.
   void validate() const;

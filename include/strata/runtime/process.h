@@ -1,7 +1,7 @@
-// Process-wide settings a training worker wants, and the end of a worker
-// that a launcher re-executed. These touch the whole process (allocator,
-// exit; the launcher chooses each worker's threads), so they live here,
-// apart from the strategies, which only ask for them.
+// Process-wide settings a training worker wants. These touch the whole
+// process (allocator, threads; the launcher chooses each worker's
+// threads), so they live here, apart from the strategies, which only ask
+// for them.
 #pragma once
 
 #include <cstddef>
@@ -83,13 +83,5 @@ bool tensor_pool_installed();
 /// in the same sizes, such as FSDP's set-up, which frees the unsharded
 /// model. Costs a walk over the heap's free blocks (and the tensor pool's).
 void release_free_memory();
-
-/// Ends a worker process that strata's launcher started by re-executing
-/// the program (Fabric::launch's workers), once its work is done: flushes
-/// the standard streams and leaves with `exit_code`, without running the
-/// rest of the program's main() (the launching process does that).
-/// `graceful`: run static destructors (std::exit); false skips them
-/// (std::_Exit), for a worker that failed and may hold broken state.
-[[noreturn]] void end_relaunched_worker(int exit_code, bool graceful);
 
 }  // namespace strata::runtime

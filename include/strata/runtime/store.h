@@ -77,6 +77,13 @@ std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options);
 /// Throws ConfigError when env.master_port is 0 on a multi-process job.
 std::shared_ptr<Store> make_store(const Environment& env, std::chrono::milliseconds timeout);
 
+/// Makes every store this process hosts answer each request that waits
+/// (the rendezvous, get, wait), now and from now on, with the error `why`:
+/// the job failed, and no rank should wait out the store's timeout for a
+/// rank that is gone (Note [A job that failed] in store_server.cpp). The
+/// subprocess launcher calls it when a worker it started fails.
+void abort_hosted_stores(const std::string& why);
+
 /// A view of `store` whose keys are prefixed with `prefix` + "/".
 std::shared_ptr<Store> prefix_store(std::shared_ptr<Store> store, const std::string& prefix);
 

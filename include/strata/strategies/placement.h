@@ -8,22 +8,16 @@
 //   every worker, starting the workers when no launcher did.
 //
 // Note [One launch protocol]
-// A process no launcher started, whose job has more than one worker, is
-// the launching process. Its first launch() re-executes the program
-// through strata's launcher as the job's workers, with
-// STRATA_LAUNCH_RESULTS naming a file in a private folder, and waits for
-// them. In a worker every launch() runs its call in place, and global rank
-// 0 appends the call's result (JSON) to that file, so the file holds one
-// result per call, in the program's order. Back in the launching process,
-// Fabric's workers end after their first call (WorkerExit::kAfterCall):
-// code after Fabric::launch runs in the launching process only, which
-// returns rank 0's result, and each Fabric::launch there starts the workers
-// afresh. The Trainer's workers go on (kContinue), so the program's later
-// Trainer calls run in them too: the launching process starts them once,
-// its first launch() returns the first result and each later one the next,
-// without running anything; it follows the workers call by call. A
-// worker's failure stops the others and throws LaunchError, with the
-// launch outcome as data, from the launch() that started them.
+// resolve_placement gives the strategy its launcher
+// (strategies/launchers/launcher.h), and every launch() goes through it:
+// in place when a launcher started this process or the job has one rank;
+// the subprocess launcher when nothing started it and its host runs
+// several worker processes (this process becomes rank 0 and re-executes
+// the program as the others: Note [The launching process is rank 0] in
+// launchers/subprocess.h); thread ranks when the accelerator drives its
+// host's devices from one process. Every rank returns from every launch()
+// with its own result and goes on with the program; a worker's failure
+// stops the others and reaches rank 0 as LaunchError with the outcome.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -38,6 +32,7 @@
 
 #include "strata/runtime/env.h"
 #include "strata/strategies/accelerator.h"
+#include "strata/strategies/launchers/launcher.h"
 
 namespace strata {
 namespace strategies {
@@ -102,8 +97,9 @@ struct ResolvedPlacement {
   std::optional<uint64_t> seed;
   std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
 
-  /// True in the launching process of a job of several worker processes
-  /// (Note [One launch protocol]): its first launch() starts them.
+  /// True in a process no launcher started whose job has several worker
+  /// processes: its first launch() makes it rank 0 and starts the others
+  /// (Note [The launching process is rank 0] in launchers/subprocess.h).
   bool needs_spawn() const { return !launched && processes_per_node * num_nodes > 1; }
   /// True when this process runs several ranks as threads (Note [Ranks as
   /// threads] in strategies/xla.h).
@@ -118,69 +114,22 @@ struct ResolvedPlacement {
 /// ("fabric", "trainer") starts the messages.
 ResolvedPlacement resolve_placement(const Placement& placement, const std::string& who);
 
-/// What a worker does after its call (Note [One launch protocol]).
+/// How long a call's ranks live. Worker processes always go on with the
+/// program after a call; thread ranks differ.
 enum class WorkerExit {
-  kAfterCall,  ///< a worker started by launch() ends when the call returns (Fabric)
-  kContinue,   ///< it goes on with the program (the Trainer)
+  kAfterCall,  ///< thread ranks are made for the call and torn down after it (Fabric)
+  kContinue,   ///< the caller keeps its thread ranks in a ThreadRankJob (the Trainer)
 };
 
-/// Runs `call` on every worker (Note [One launch protocol]) and returns
-/// its result on global rank 0 of the workers. In a worker or a
-/// one-process job: sets the strategy's environment up (once per strategy,
-/// seeding LibTorch then when a seed is given) and runs `call` here. In the
-/// launching process: starts the workers at the first launch() and returns
-/// the result of the matching call of global rank 0 (null when the
-/// workers recorded none). Throws LaunchError (with the outcome) when a
-/// worker fails.
+/// Runs `call` through the strategy's launcher (Note [One launch
+/// protocol]) and returns this rank's result (rank 0's for thread ranks).
+/// In place on a rank's thread and for a strategy without a launcher (a
+/// thread rank's replica). Sets the strategy's environment up first (once
+/// per strategy, seeding LibTorch then when a seed is given). Throws
+/// LaunchError (with the outcome) when a worker process fails, ConfigError
+/// for thread ranks with kContinue.
 nlohmann::json launch(const ResolvedPlacement& placement, const std::string& who, WorkerExit exit,
                       const std::function<nlohmann::json()>& call);
-
-/// The ranks of a job whose accelerator drives its devices from one process
-/// (Note [Ranks as threads] in strategies/xla.h), as threads of this one:
-/// rank 0 on the placement's strategy, rank r on a replica of it. Each
-/// run() starts the ranks' threads, one at a time (Note [Ranks start one
-/// at a time] in placement.cpp), calls `call(r)` on rank r's thread and
-/// returns rank 0's result; a rank that fails stops the others, its error
-/// is run()'s, and the job is over. The ranks keep their environments
-/// (collectives, set-up modules) from one run to the next until teardown()
-/// or the destructor: launch() makes one for a call (Fabric), the Trainer
-/// one for all its calls (WorkerExit::kContinue).
-class ThreadRankJob {
- public:
-  /// Logs which devices the ranks drive; seeds when the placement has a
-  /// seed. Starts no thread.
-  ThreadRankJob(const ResolvedPlacement& placement, std::string who);
-  ~ThreadRankJob();
-  ThreadRankJob(const ThreadRankJob&) = delete;
-  ThreadRankJob& operator=(const ThreadRankJob&) = delete;
-
-  int size() const;
-  /// Rank r's strategy (rank 0: the placement's own).
-  const std::shared_ptr<Strategy>& strategy(int rank) const;
-  nlohmann::json run(const std::function<nlohmann::json(int rank)>& call);
-  /// Tears every rank's strategy down, on its thread; then runs nothing.
-  void teardown();
-
- private:
-  struct State;
-  std::unique_ptr<State> state_;
-};
-
-/// The strategy a call on this thread goes through: the rank's own when
-/// launch() started this thread as one of the ranks of `primary`'s job
-/// (Note [Ranks as threads] in strategies/xla.h), else `primary`.
-Strategy& strategy_of_thread(Strategy& primary);
-
-namespace detail {
-/// What launch() gives a thread it starts as a rank: its environment
-/// (rank r of the process's ranks) and its collectives.
-struct ThreadRank {
-  runtime::Environment env;
-  std::shared_ptr<comm::Backend> backend;
-};
-/// The calling thread's, or nullptr on a thread launch() did not start.
-const ThreadRank* current_thread_rank();
-}  // namespace detail
 
 /// Seeds LibTorch's default generator and the C library's rand() in this
 /// process (Lightning's seed_everything, without Python's and NumPy's).
@@ -188,3 +137,6 @@ void seed_everything(uint64_t seed);
 
 }  // namespace strategies
 }  // namespace strata
+
+// ThreadRankJob, strategy_of_thread (the Trainer keeps its thread ranks).
+#include "strata/strategies/launchers/thread_ranks.h"

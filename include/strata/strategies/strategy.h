@@ -35,6 +35,7 @@ class Trainer;
 
 namespace strata::strategies {
 struct SavePlan;
+class Launcher;
 }
 
 namespace strata::strategies {
@@ -113,6 +114,11 @@ class Strategy {
   virtual void setup_environment();
   /// True after setup_environment().
   bool launched() const { return launched_; }
+  /// How this strategy's ranks start (Lightning's `strategy.launcher`):
+  /// set by resolve_placement (Fabric, Trainer); nullptr for a strategy
+  /// used on its own or a thread rank's replica.
+  const std::shared_ptr<Launcher>& launcher() const { return launcher_; }
+  void set_launcher(std::shared_ptr<Launcher> launcher) { launcher_ = std::move(launcher); }
   /// This process's rank in the job (0 before launch).
   int global_rank() const { return env_.rank; }
   /// Its rank among the workers of this host (0 before launch).
@@ -349,6 +355,7 @@ class Strategy {
   runtime::Environment env_;
   comm::Group group_;
   bool launched_ = false;
+  std::shared_ptr<Launcher> launcher_;
   std::chrono::milliseconds collective_timeout_ = std::chrono::minutes(30);
   std::vector<ModulePtr> modules_;  ///< modules set up, for teardown
   std::vector<std::weak_ptr<data::Loader>> loaders_;  ///< device loaders to close at teardown

@@ -7,7 +7,8 @@
 // Note [Ranks as threads]
 // A PJRT plugin that drives every local device from one process (the CPU
 // plugin's devices, a TPU host's chips) runs one rank per device on a
-// thread of that process: launch() starts the threads, each with a
+// thread of that process: the thread-ranks launcher
+// (strategies/launchers/thread_ranks.h) starts the threads, each with a
 // strategy of its own (Strategy::replica()) whose environment is rank r of
 // the devices, and Fabric's calls on a rank's thread go to that rank's
 // strategy. Build the model, the optimizer and the data inside the launched

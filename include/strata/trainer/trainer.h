@@ -13,14 +13,14 @@
 // Process model (Note [One launch protocol], strategies/placement.h): in a
 // program started by a launcher (strata launch, torchrun-style variables,
 // MPI, SLURM) or with one device, every call runs in place. With several
-// devices and no launcher, the first call re-runs this program as
-// `devices` workers and waits for them: the whole program, so code before
-// that call runs in every worker too, and every Trainer call then runs in
-// the workers, in place. In the launching process that call and every
-// later one run nothing and take global rank 0's result of the same call
-// (fit: global_step, current_epoch and the metrics; validate and test: the
-// metrics they return; predict: an undefined tensor, as on other ranks).
-// A worker's failure stops the others and throws LaunchError there.
+// devices and no launcher, the first call makes this process rank 0 and
+// re-runs the program as the other ranks (Note [The launching process is
+// rank 0] in strategies/launchers/subprocess.h): the whole program, so
+// code before that call runs in every rank too, and every Trainer call runs
+// on every rank, in place, with that rank's own results (fit's
+// global_step and metrics, the metrics validate and test return, predict's
+// rows). A worker's failure stops the others and throws LaunchError in
+// rank 0.
 //
 // Note [The Trainer's ranks as threads]
 // An accelerator that drives its devices from one process (xla with
@@ -391,9 +391,6 @@ class Trainer {
   /// The checkpoint the last call restored (Lightning's ckpt_path); "" when
   /// none.
   const std::string& ckpt_path() const { return resume_path_; }
-  /// True in the launching process once its first call started the
-  /// workers: the calls ran there, and run nothing here.
-  bool spawned_workers() const { return spawned_; }
 
   // ---- used by TrainModule::log and by strategies::Strategy::setup ----------
   /// Records a logged value (TrainModule::log calls this).
@@ -407,19 +404,18 @@ class Trainer {
 
  private:
   /// A call of one rank: its Trainer and its module.
-  using RankCall = std::function<nlohmann::json(Trainer&, const std::shared_ptr<TrainModule>&)>;
+  using RankCall = std::function<void(Trainer&, const std::shared_ptr<TrainModule>&)>;
   struct ThreadRanks;
 
   /// A Trainer for another rank of a job whose ranks are threads (Note
   /// [The Trainer's ranks as threads]): `primary`'s options and copies of
   /// its callbacks, on `strategy`.
   Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> strategy);
-  /// Runs `call` with `module` here when this process is a worker (or the
-  /// only one) and returns true; in the launching process, starts the
-  /// workers at the first call and returns false with `remote` holding rank
-  /// 0's result of the same call (Note [One launch protocol]). With ranks
-  /// as threads, runs it on every rank and returns true.
-  bool launch(const std::shared_ptr<TrainModule>& module, const RankCall& call, nlohmann::json& remote);
+  /// Runs `call` with `module` on this process's rank through the
+  /// strategy's launcher (Note [One launch protocol]): the subprocess
+  /// launcher's first call makes this process rank 0 and starts the
+  /// others. With ranks as threads, runs it on every rank.
+  void launch(const std::shared_ptr<TrainModule>& module, const RankCall& call);
   /// strategies::module_pointer(module), refused where the strategy cannot borrow it.
   std::shared_ptr<TrainModule> borrow(TrainModule& module);
   /// Called by a module this Trainer uses as it is destroyed (a module held
@@ -428,7 +424,7 @@ class Trainer {
   friend class TrainModule;
   /// launch() for ranks as threads: rank r's Trainer and module made at
   /// the first call.
-  nlohmann::json run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call);
+  void run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call);
   void run_fit(std::shared_ptr<TrainModule> module, const DataSource& train, const std::optional<DataSource>& val,
                const std::string& ckpt_path);
   trainer::Metrics evaluate_here(std::shared_ptr<TrainModule> module, const DataSource& data,
@@ -488,7 +484,6 @@ class Trainer {
   std::vector<trainer::CallbackPtr> callbacks_;
   std::shared_ptr<TrainModule> module_;
   bool module_set_up_ = false;
-  bool spawned_ = false;        // the launching process: the workers ran the calls
   bool owns_environment_ = false;
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<trainer::SchedulerConfig> schedulers_;

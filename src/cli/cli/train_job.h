@@ -112,8 +112,7 @@ struct TrainConfig {
 /// The Trainer's options for `config` (Note [strata train is a Trainer
 /// user]): a function of its arguments alone, apart from the logger
 /// picking its version folder. `rank_zero`: this process is global rank 0,
-/// the one that writes logs (the launching process counts as one: it
-/// writes nothing).
+/// the one that writes logs (the launching process is rank 0).
 TrainerOptions trainer_options(const TrainConfig& config, bool rank_zero);
 
 /// The GPT `config` trains: the --model-size preset with --seq-len,
