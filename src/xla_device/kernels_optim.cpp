@@ -35,6 +35,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -124,6 +125,39 @@ bool lowerable(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   return true;
 }
 
+// One param's updated tensors, in the order of `lists` (parameter first),
+// from the node's inputs `in`.
+using UpdateFn = std::function<std::vector<shlo::Value>(shlo::Function&, const std::vector<shlo::Value>&, size_t)>;
+
+// Note [One node per fused step]: the group's update as one node named
+// `name` of `inputs`, whose emitter runs `update` for each of the n
+// parameters and returns every updated tensor flattened and joined, list
+// by list; each tensor of `lists` is then bound to its slice.
+void record_fused(Recorder& r, const char* name, std::vector<NodePtr> inputs, const std::vector<at::TensorList>& lists,
+                  UpdateFn update) {
+  const size_t n = lists.front().size(), kinds = lists.size();
+  int64_t total = 0;
+  for (at::TensorList list : lists)
+    for (const at::Tensor& t : list) total += t.numel();
+  NodePtr step = r.op(name, std::move(inputs), {ElementType::kF32, {total}},
+                      [n, kinds, update](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                        std::vector<std::vector<shlo::Value>> updated;
+                        for (size_t i = 0; i < n; ++i) updated.push_back(update(f, in, i));
+                        std::vector<shlo::Value> flat;
+                        for (size_t kind = 0; kind < kinds; ++kind)
+                          for (size_t i = 0; i < n; ++i)
+                            flat.push_back(f.reshape(updated[i][kind], {updated[i][kind].type.numel()}));
+                        return flat.size() == 1 ? flat[0] : f.concatenate(flat, 0);
+                      });
+  int64_t offset = 0;
+  for (at::TensorList list : lists) {
+    for (const at::Tensor& t : list) {
+      r.write(t, r.reshape(r.slice(step, {offset}, {offset + t.numel()}), vec(t.sizes())));
+      offset += t.numel();
+    }
+  }
+}
+
 // Records the group's step into `r` (Note [One node per fused step]);
 // `lr` is the learning rate's node.
 void record_adam(Recorder& r, const char* name, at::TensorList params, at::TensorList grads,
@@ -141,26 +175,10 @@ void record_adam(Recorder& r, const char* name, at::TensorList params, at::Tenso
   // moment, every second moment (and every maximum).
   std::vector<at::TensorList> lists{params, exp_avgs, exp_avg_sqs};
   if (h.amsgrad) lists.push_back(max_exp_avg_sqs);
-  int64_t total = 0;
-  for (at::TensorList list : lists)
-    for (const at::Tensor& t : list) total += t.numel();
-  NodePtr step = r.op(name, inputs, {ElementType::kF32, {total}},
-                      [h, n, per](shlo::Function& f, const std::vector<shlo::Value>& in) {
-                        std::vector<std::vector<shlo::Value>> updated;
-                        for (size_t i = 0; i < n; ++i) updated.push_back(adam_update(f, h, in[0], in[1 + i], in, 1 + n + i * per));
-                        std::vector<shlo::Value> flat;
-                        for (size_t kind = 0; kind + 1 < per; ++kind)
-                          for (size_t i = 0; i < n; ++i)
-                            flat.push_back(f.reshape(updated[i][kind], {updated[i][kind].type.numel()}));
-                        return flat.size() == 1 ? flat[0] : f.concatenate(flat, 0);
-                      });
-  int64_t offset = 0;
-  for (at::TensorList list : lists) {
-    for (const at::Tensor& t : list) {
-      r.write(t, r.reshape(r.slice(step, {offset}, {offset + t.numel()}), vec(t.sizes())));
-      offset += t.numel();
-    }
-  }
+  record_fused(r, name, std::move(inputs), lists,
+               [h, n, per](shlo::Function& f, const std::vector<shlo::Value>& in, size_t i) {
+                 return adam_update(f, h, in[0], in[1 + i], in, 1 + n + i * per);
+               });
 }
 
 // The learning rate's node: a tensor's value (on the device or a 0-dim
@@ -249,26 +267,10 @@ void fused_sgd(at::TensorList self, at::TensorList grads, at::TensorList momentu
       }
       std::vector<at::TensorList> lists{self};
       if (with_buffers) lists.push_back(momentum_buffers);
-      int64_t total = 0;
-      for (at::TensorList list : lists)
-        for (const at::Tensor& t : list) total += t.numel();
-      NodePtr step = r.op(Op::name, inputs, {ElementType::kF32, {total}},
-                          [h, n, per](shlo::Function& f, const std::vector<shlo::Value>& in) {
-                            std::vector<std::vector<shlo::Value>> updated;
-                            for (size_t i = 0; i < n; ++i) updated.push_back(sgd_update(f, h, in[0], in, 1 + i * per));
-                            std::vector<shlo::Value> flat;
-                            for (size_t kind = 0; kind + 1 < per; ++kind)
-                              for (size_t i = 0; i < n; ++i)
-                                flat.push_back(f.reshape(updated[i][kind], {updated[i][kind].type.numel()}));
-                            return flat.size() == 1 ? flat[0] : f.concatenate(flat, 0);
-                          });
-      int64_t offset = 0;
-      for (at::TensorList list : lists) {
-        for (const at::Tensor& t : list) {
-          r.write(t, r.reshape(r.slice(step, {offset}, {offset + t.numel()}), vec(t.sizes())));
-          offset += t.numel();
-        }
-      }
+      record_fused(r, Op::name, std::move(inputs), lists,
+                   [h, per](shlo::Function& f, const std::vector<shlo::Value>& in, size_t i) {
+                     return sgd_update(f, h, in[0], in, 1 + i * per);
+                   });
       return;
     } catch (const NotLowered&) {
     }
