@@ -146,50 +146,58 @@ TEST_F(XlaFusedOptimizerTest, NesterovSgdIsOneNodePerGroupAndEqualsTheCpusFusedK
       "aten::_fused_sgd_");
 }
 
-// Plain SGD (no momentum buffers) with the double-rate overload, as
-// PyTorch's `fused=True` calls it with a float lr.
-TEST_F(XlaFusedOptimizerTest, PlainSgdWithADoubleLearningRateStepsOnTheDeviceAsOnTheCpu) {
+// The overloads with a double learning rate (PyTorch's `fused=True` with
+// a float lr) are lowered too: the rate is a host scalar of the program.
+// `step(p, grad, t)` runs the kernel's step t on one parameter; three steps
+// run on the CPU and on xla, and the parameter of each comes back with the
+// calls `op` counted as lowered on xla.
+struct ThreeSteps {
+  at::Tensor cpu, xla;
+  int64_t lowered = 0;
+  bool fell_back = false;
+};
+ThreeSteps three_steps(c10::Device xla, const std::string& op,
+                       const std::function<void(std::vector<at::Tensor>&, std::vector<at::Tensor>&, int)>& step) {
   torch::manual_seed(5);
   const at::Tensor p0 = torch::randn({4, 3}), g = torch::randn({4, 3});
   auto run = [&](c10::Device device) {
     std::vector<at::Tensor> p{p0.clone().to(device)}, grad{g.to(device)};
-    for (int step = 1; step <= 3; ++step) {
-      at::_fused_sgd_(p, grad, {}, 0.0, 0.0, 0.05, 0.0, false, /*maximize=*/true, false);
+    for (int t = 1; t <= 3; ++t) {
+      step(p, grad, t);
       if (device.type() != c10::kCPU) strata::xla::mark_step();
     }
     return p[0].cpu();
   };
-  const at::Tensor cpu = run(c10::kCPU);
+  ThreeSteps out;
+  out.cpu = run(c10::kCPU);
   strata::xla::reset_metrics();
-  const at::Tensor xla = run(device_);
+  out.xla = run(xla);
   const auto m = strata::xla::metrics();
-  EXPECT_TRUE(m.fallbacks.empty());
-  EXPECT_EQ(m.lowered.count("aten::_fused_sgd_") ? m.lowered.at("aten::_fused_sgd_") : 0, 3);
-  EXPECT_TRUE(at::equal(xla, cpu)) << (xla - cpu).abs().max();
+  out.fell_back = !m.fallbacks.empty();
+  out.lowered = m.lowered.count(op) ? m.lowered.at(op) : 0;
+  return out;
 }
 
-// The overload with a double learning rate (PyTorch's `fused=True` with a
-// float lr) is lowered too: the rate is a host scalar of the program.
+// Plain SGD (no momentum buffers), maximizing: bit for bit.
+TEST_F(XlaFusedOptimizerTest, PlainSgdWithADoubleLearningRateStepsOnTheDeviceAsOnTheCpu) {
+  const ThreeSteps r = three_steps(device_, "aten::_fused_sgd_", [](auto& p, auto& grad, int) {
+    at::_fused_sgd_(p, grad, {}, 0.0, 0.0, 0.05, 0.0, false, /*maximize=*/true, false);
+  });
+  EXPECT_FALSE(r.fell_back);
+  EXPECT_EQ(r.lowered, 3);
+  EXPECT_TRUE(at::equal(r.xla, r.cpu)) << (r.xla - r.cpu).abs().max();
+}
+
 TEST_F(XlaFusedOptimizerTest, ADoubleLearningRateStepsOnTheDeviceAsOnTheCpu) {
-  torch::manual_seed(5);
-  const at::Tensor p0 = torch::randn({4, 3}), g = torch::randn({4, 3});
-  auto run = [&](c10::Device device) {
-    std::vector<at::Tensor> p{p0.clone().to(device)}, grad{g.to(device)}, m{torch::zeros({4, 3}).to(device)},
-        v{torch::zeros({4, 3}).to(device)};
-    for (int step = 1; step <= 3; ++step) {
-      std::vector<at::Tensor> steps{torch::scalar_tensor(step, torch::kFloat).to(device)};
-      at::_fused_adamw_(p, grad, m, v, {}, steps, 0.05, 0.9, 0.999, 0.1, 1e-8, false, false);
-      if (device.type() != c10::kCPU) strata::xla::mark_step();
-    }
-    return p[0].cpu();
-  };
-  const at::Tensor cpu = run(c10::kCPU);
-  strata::xla::reset_metrics();
-  const at::Tensor xla = run(device_);
-  const auto m = strata::xla::metrics();
-  EXPECT_TRUE(m.fallbacks.empty());
-  EXPECT_EQ(m.lowered.count("aten::_fused_adamw_") ? m.lowered.at("aten::_fused_adamw_") : 0, 3);
-  EXPECT_LT((xla - cpu).abs().max().item<double>(), 1e-5 * std::max(1.0, cpu.abs().max().item<double>()));
+  std::vector<at::Tensor> m, v;
+  const ThreeSteps r = three_steps(device_, "aten::_fused_adamw_", [&](auto& p, auto& grad, int t) {
+    if (t == 1) m = {at::zeros_like(p[0])}, v = {at::zeros_like(p[0])};
+    std::vector<at::Tensor> steps{torch::scalar_tensor(t, torch::kFloat).to(p[0].device())};
+    at::_fused_adamw_(p, grad, m, v, {}, steps, 0.05, 0.9, 0.999, 0.1, 1e-8, false, false);
+  });
+  EXPECT_FALSE(r.fell_back);
+  EXPECT_EQ(r.lowered, 3);
+  EXPECT_LT((r.xla - r.cpu).abs().max().item<double>(), 1e-5 * std::max(1.0, r.cpu.abs().max().item<double>()));
 }
 
 }  // namespace
