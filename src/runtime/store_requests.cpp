@@ -108,8 +108,8 @@ void TcpServer::add(Conn& c, Reader& r) {
 // that one, which then waits for it to leave while it waits in there for
 // rank 0: both sides until the timeout. So a hello says whether it is a
 // store's first connection or a reconnection (after a lost connection),
-// and a first connection from a process that already held its rank here
-// belongs to the next round: it is told to retry (kRetryNextRound), and
+// and a first connection from a process that held its rank here and has
+// since closed every connection of it belongs to the next round: it is told to retry (kRetryNextRound), and
 // the client retries as while nothing listens, until rank 0's next store
 // answers.
 void TcpServer::hello(Conn& c, Reader& r) {
@@ -141,7 +141,12 @@ void TcpServer::hello(Conn& c, Reader& r) {
       return;
     }
     auto held = ranks_.find(rank);
-    if (held != ranks_.end() && held->second == identity && first_connection) {
+    bool connected = false;  // a connection of this rank is still open (not a next round)
+    {
+      std::lock_guard<std::mutex> lock(ranks_mu_);
+      connected = connected_ranks_.count(rank) > 0;
+    }
+    if (held != ranks_.end() && held->second == identity && first_connection && !connected) {
       reply_error(c, kRetryNextRound);  // not logged: the program's own next round, retrying
       return;
     }
