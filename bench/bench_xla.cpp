@@ -54,7 +54,7 @@
 #include "strata/core/error.h"
 #include "strata/models/gpt.h"
 #include "strata/optim/fused.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "support/zoo/dcgan.h"
 #include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"

@@ -50,4 +50,4 @@
 #include "strata/trainer/model_summary.h"
 #include "strata/trainer/scheduler.h"
 #include "strata/trainer/trainer.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"

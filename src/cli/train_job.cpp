@@ -49,14 +49,14 @@
 #include "strata/data/token_file.h"
 #include "strata/loggers/logger.h"
 #include "strata/models/gpt.h"
-#include "strata/runtime/progress.h"
+#include "strata/runtime/heartbeat.h"
 #include "strata/runtime/env.h"
 #include "strata/runtime/slurm.h"
 #include "strata/runtime/torchelastic.h"
 #include "strata/strategies/placement.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 
 namespace strata::cli {
 namespace {

@@ -15,7 +15,7 @@
 #include "debug.h"
 #include "strata/comm/group.h"
 #include "strata/core/error.h"
-#include "strata/runtime/progress.h"
+#include "strata/runtime/heartbeat.h"
 #include "task.h"
 
 namespace strata::comm {

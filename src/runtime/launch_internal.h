@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "strata/runtime/launcher.h"
-#include "strata/runtime/progress.h"
+#include "strata/runtime/heartbeat.h"
 
 namespace strata::runtime::launch {
 

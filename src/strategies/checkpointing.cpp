@@ -228,4 +228,11 @@ nlohmann::json Strategy::load_checkpoint(const std::string& path, State& state, 
   return remainder;
 }
 
+const char* StateValue::kind() const {
+  if (is_module()) return "module";
+  if (is_optimizer()) return "optimizer";
+  if (is_tensor()) return "tensor";
+  return "value";
+}
+
 }  // namespace strata::strategies

@@ -28,7 +28,7 @@
 #include "strata/core/interrupted.h"
 #include "strata/core/log.h"
 #include "strata/core/module_hooks.h"
-#include "strata/runtime/progress.h"
+#include "strata/runtime/heartbeat.h"
 #include "strata/runtime/stop_signal.h"
 #include "strata/strategies/make_strategy.h"
 #include "strata/strategies/precision.h"

@@ -1,6 +1,6 @@
 // A multi-process PJRT client's key-value store on the rendezvous store
-// (include/strata/xla/rendezvous.h).
-#include "strata/xla/rendezvous.h"
+// (include/strata/xla_device/rendezvous.h).
+#include "strata/xla_device/rendezvous.h"
 
 #include "strata/core/error.h"
 

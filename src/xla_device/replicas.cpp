@@ -1,4 +1,4 @@
-// ReplicaGroup and its collectives backend (strata/xla/replicas.h).
+// ReplicaGroup and its collectives backend (strata/xla_device/replicas.h).
 //
 // Note [Collectives of the replicas]
 // On an xla tensor of the replica's device, a collective records a node of
@@ -19,7 +19,7 @@
 // tensor, every one computes its result from all of them in rank order (so
 // every replica gets the same bits), and a second meeting keeps each input
 // alive until all have read it. A barrier is a meeting.
-#include "strata/xla/replicas.h"
+#include "strata/xla_device/replicas.h"
 
 #include <functional>
 #include <mutex>

@@ -29,7 +29,7 @@
 
 #include "strata/core/error.h"
 #include "strata/core/log.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "strata/xla/error.h"
 #include "lazy_buffer.h"
 #include "runtime.h"

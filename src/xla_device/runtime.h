@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "strata/xla/client.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 
 namespace torch {
 class Library;

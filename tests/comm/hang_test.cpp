@@ -12,7 +12,7 @@
 
 #include "strata/comm/group.h"
 #include "strata/runtime/env.h"
-#include "strata/runtime/progress.h"
+#include "strata/runtime/heartbeat.h"
 #include "support/multiprocess.h"
 #include "support/processes.h"
 #include "support/worker.h"

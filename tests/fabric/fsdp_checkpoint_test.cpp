@@ -16,7 +16,7 @@
 #include "strata/strategies/ddp.h"
 #include "strata/strategies/fsdp.h"
 #include "strata/strategies/xla.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "support/checks.h"
 #include "support/errors.h"
 #include "support/multiprocess.h"

@@ -76,8 +76,8 @@ STRATA_WORKER(strategy_collectives) {
     c.expect(f.all_reduce(v, strata::comm::ReduceOp::kMax).eq(world).all().item<bool>(), "all_reduce max");
     c.expect(f.all_reduce(v, "min").eq(1).all().item<bool>(), "all_reduce min");
     at::Tensor iv = at::full({2}, static_cast<int64_t>(r + 1), at::kLong);
-    at::Tensor im = f.strategy().reduce(iv, "sum");
-    c.expect(im.scalar_type() == at::kLong && im.eq(static_cast<int64_t>(sum)).all().item<bool>(), "reduce keeps int64");
+    at::Tensor im = f.strategy().all_reduce(iv, "sum");
+    c.expect(im.scalar_type() == at::kLong && im.eq(static_cast<int64_t>(sum)).all().item<bool>(), "all_reduce keeps int64");
     c.expect(v.eq(r + 1).all().item<bool>(), "all_reduce leaves its input unchanged");
     c.expect(contains(strata::testing::error_message([&] { f.all_reduce(v, "median"); }), "median"), "unknown op names itself");
 

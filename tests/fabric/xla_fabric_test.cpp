@@ -25,7 +25,7 @@
 #include "strata/data/loader.h"
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/xla.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "support/errors.h"
 
 namespace {
@@ -411,7 +411,8 @@ TEST(XlaFabricTest, EverySeedMethodWorksOnBothXlaStrategies) {
       const at::Tensor v = at::full({3}, r + 1.0).to(f.device());
       at::Tensor gathered = f.all_gather(v);
       at::Tensor sum = f.all_reduce(v, "sum");
-      at::Tensor mean = s.reduce(v);
+      // XLAStrategy's seed names it reduce; xla_fsdp's (Fabric's) all_reduce.
+      at::Tensor mean = spec == "xla" ? dynamic_cast<strata::strategies::XlaStrategy&>(s).reduce(v) : s.all_reduce(v);
       at::Tensor max = f.all_reduce(v, strata::comm::ReduceOp::kMax);
       at::Tensor from_one = f.broadcast(at::full({2, 2}, 10.0 * r).to(f.device()), 1);
       // sync_grads: d(sum over ranks of sum_k w_k x_k)/dx_r = world * w_r.

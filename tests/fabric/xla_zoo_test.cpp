@@ -33,7 +33,7 @@
 #include "strata/fabric/fabric.h"
 #include "strata/strategies/fsdp.h"
 #include "strata/strategies/xla.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "support/zoo/dcgan.h"
 #include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"

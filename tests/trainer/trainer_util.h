@@ -24,7 +24,7 @@
 #include "strata/strategies/single_device.h"
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 
 namespace strata::testing {
 

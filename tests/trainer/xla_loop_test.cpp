@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "strata/fabric/fabric.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "support/errors.h"
 #include "trainer_util.h"
 

@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "support/errors.h"
 #include "trainer_util.h"
 

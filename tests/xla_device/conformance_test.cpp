@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "xla_device/core_ops.h"
 #include "xla_device/jax_replay.h"
 #include "xla_device/xla_device_test.h"

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "strata/core/error.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "xla_device/xla_device_test.h"
 #include "strata/xla/error.h"
 #include "support/errors.h"

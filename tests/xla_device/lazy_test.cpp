@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "strata/core/error.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "xla_device/xla_device_test.h"
 
 namespace {

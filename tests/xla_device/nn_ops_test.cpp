@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "strata/core/error.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 
 namespace {
 

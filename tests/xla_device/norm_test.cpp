@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "xla_device/xla_device_test.h"
 
 namespace {

@@ -13,7 +13,7 @@
 
 #include "strata/core/error.h"
 #include "strata/models/gpt.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "xla_device/xla_device_test.h"
 
 namespace {

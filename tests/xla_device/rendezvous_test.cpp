@@ -1,5 +1,5 @@
 // A multi-process PJRT client's key-value store on the job's rendezvous
-// store (strata/xla/rendezvous.h): what one process sets another reads,
+// store (strata/xla_device/rendezvous.h): what one process sets another reads,
 // under "pjrt/", a get waits for a key set later, and a key never set is
 // nullopt after the timeout (the plugin then names it).
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "strata/runtime/store.h"
-#include "strata/xla/rendezvous.h"
+#include "strata/xla_device/rendezvous.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Replicas of one step in one process (strata/xla/replicas.h): each of N
+// Replicas of one step in one process (strata/xla_device/replicas.h): each of N
 // threads records on its own CPU-plugin device, the collectives go into the
 // step, and the N graphs run as one replicated program. Checked against
 // values computed by hand and against one-process CPU training on the whole
@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "strata/comm/group.h"
-#include "strata/xla/replicas.h"
+#include "strata/xla_device/replicas.h"
 #include "xla_device_test.h"
 
 namespace {

@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "strata/xla/error.h"
 #include "xla_device/xla_device_test.h"
 

@@ -14,7 +14,7 @@
 #include <cstdio>
 
 #include "strata/core/error.h"
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 
 namespace strata::testing {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/xla/device.h"
+#include "strata/xla_device/device.h"
 #include "support/zoo/dcgan.h"
 #include "support/zoo/fnet.h"
 #include "support/zoo/llama.h"

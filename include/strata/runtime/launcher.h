@@ -77,7 +77,7 @@ struct LaunchOptions {
   std::chrono::milliseconds max_time{0};
   /// Stuck-rank detection (Note [Stuck ranks]): a worker that reports
   /// progress (strata's collectives and training loop do, through
-  /// runtime/progress.h) and has made none for this long is named, with
+  /// runtime/heartbeat.h) and has made none for this long is named, with
   /// where every worker was last seen, and the job is stopped (exit code
   /// 124). Well under the 30-minute collective timeout; 0 turns it off.
   std::chrono::milliseconds hang_timeout = std::chrono::minutes(5);

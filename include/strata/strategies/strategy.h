@@ -88,6 +88,15 @@ ModulePtr module_pointer(torch::nn::Module& module);
 /// True when `module` is a borrowed pointer made by module_pointer.
 bool borrowed(const ModulePtr& module);
 
+/// Note [One name for each operation]
+/// Lightning names some operations twice: Fabric's strategies say
+/// all_reduce and module_to_device(module), the Trainer's reduce and
+/// model_to_device(). One Strategy class serves both here, with Fabric's
+/// names, since Fabric is where users call a strategy's collectives
+/// directly. model_to_device() stays in the Trainer's part: it moves the
+/// connected module, a different call. reduce exists only on XlaStrategy,
+/// whose seed (Lightning's XLAStrategy) lists it.
+
 /// Base of every strategy. Holds the accelerator, the precision, this
 /// process's environment and the process group.
 class Strategy {
@@ -180,8 +189,6 @@ class Strategy {
                                                 const std::vector<torch::optim::Optimizer*>& optimizers);
   /// Moves `module` to root_device().
   virtual void module_to_device(torch::nn::Module& module);
-  /// The Trainer's name for module_to_device.
-  void model_to_device(torch::nn::Module& module) { module_to_device(module); }
   /// Scope for creating the model. `empty_init`: true skips initialising
   /// parameters (they will be loaded); nullopt lets the strategy decide.
   virtual Scope module_init_context(std::optional<bool> empty_init = std::nullopt);
@@ -222,11 +229,6 @@ class Strategy {
   at::Tensor all_reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean);
   /// all_reduce with the op given by name ("sum", "mean"/"avg", "max", "min").
   at::Tensor all_reduce(const at::Tensor& tensor, const std::string& op);
-  /// The Trainer's name for all_reduce.
-  at::Tensor reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean) {
-    return all_reduce(tensor, op);
-  }
-  at::Tensor reduce(const at::Tensor& tensor, const std::string& op) { return all_reduce(tensor, op); }
   /// Broadcasts a tensor from `src` (a new tensor on every rank).
   at::Tensor broadcast(const at::Tensor& tensor, int src = 0);
   /// Broadcasts any JSON-convertible value from `src`.

@@ -1,7 +1,7 @@
 // The `xla` strategy (Lightning's XLAStrategy): data-parallel training on
 // xla devices. Every replica holds the whole model; gradients are reduced
 // inside the compiled step by DDP's buckets, whose all-reduces the
-// replicas' comm backend records into the step (strata/xla/replicas.h), so
+// replicas' comm backend records into the step (strata/xla_device/replicas.h), so
 // the reduction runs where XLA schedules it, beside the backward.
 //
 // Note [Ranks as threads]
@@ -31,6 +31,15 @@ class XlaStrategy : public DDPStrategy {
 
   std::string name() const override { return "xla"; }
   std::shared_ptr<Strategy> replica() const override;
+
+  /// Lightning's XLAStrategy.reduce (seed 002): all_reduce under the name
+  /// Lightning's Trainer strategies give it. Every other strategy has only
+  /// all_reduce, Fabric's name (Note [One name for each operation] in
+  /// strategies/strategy.h).
+  at::Tensor reduce(const at::Tensor& tensor, comm::ReduceOp op = comm::ReduceOp::kMean) {
+    return all_reduce(tensor, op);
+  }
+  at::Tensor reduce(const at::Tensor& tensor, const std::string& op) { return all_reduce(tensor, op); }
 
  protected:
   /// False: Lightning's XLAStrategy broadcasts no buffers (Note [Buffers

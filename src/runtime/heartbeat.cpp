@@ -9,7 +9,7 @@
 // never blocks a worker. The launcher tells "stopped or frozen" (no
 // heartbeat) from "alive but not moving" (heartbeats, no new events) and
 // from "waiting in a collective" (in_collective).
-#include "strata/runtime/progress.h"
+#include "strata/runtime/heartbeat.h"
 
 #include <fcntl.h>
 #include <unistd.h>
