@@ -40,6 +40,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -109,6 +110,12 @@ std::string load_average() {
   return one + " " + five + " " + fifteen;
 }
 
+int64_t minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
 /// What strata::xla::metrics() counted during one step (Note [Where an xla
 /// step's time is counted]).
 struct XlaStep {
@@ -118,6 +125,7 @@ struct XlaStep {
   int64_t executions = 0, compiles = 0, cache_hits = 0, fallbacks = 0;
   int64_t nodes_recorded = 0, nodes_executed = 0;
   double first_execute_ms = 0;  ///< of execute_ms, the program clipping's .item() ran
+  int64_t minor_faults = 0;     ///< the process's minor page faults during the step (getrusage)
 
   double rest_ms() const { return ms - trace_ms - compile_ms - execute_ms - transfer_ms; }
 };
@@ -248,9 +256,11 @@ nlohmann::json run(const BenchConfig& c) {
         continue;
       }
       const strata::xla::Metrics before = strata::xla::metrics();
+      const int64_t faults_before = minor_faults();
       train_step(side, x, y, c.clip);
       const strata::xla::Metrics after = strata::xla::metrics();
       xla_steps.push_back(difference(after, before, side.step_ms.back()));
+      xla_steps.back().minor_faults = minor_faults() - faults_before;
       xla_steps.back().first_execute_ms = side.to_clip_execute_ms.back() - 1e3 * before.execute_seconds;
       if (step < 2) compile_reasons = after.compile_reasons;
     }
@@ -312,7 +322,8 @@ nlohmann::json run(const BenchConfig& c) {
         {"device_to_host_count", mean_of(t, [](const XlaStep& s) { return s.d2h_count; })},
         {"executions", mean_of(t, [](const XlaStep& s) { return s.executions; })},
         {"nodes_recorded", mean_of(t, [](const XlaStep& s) { return s.nodes_recorded; })},
-        {"nodes_executed", mean_of(t, [](const XlaStep& s) { return s.nodes_executed; })}};
+        {"nodes_executed", mean_of(t, [](const XlaStep& s) { return s.nodes_executed; })},
+        {"minor_page_faults", mean_of(t, [](const XlaStep& s) { return s.minor_faults; })}};
     nlohmann::json rows = nlohmann::json::array();
     for (const XlaStep& s : xla_steps) {
       rows.push_back({{"ms", s.ms}, {"trace_ms", s.trace_ms}, {"compile_ms", s.compile_ms},
@@ -384,6 +395,7 @@ void print_table(const nlohmann::json& r) {
   part("transfer", "transfer_ms");
   part("rest (dispatch, autograd, loops, cache lookup)", "rest_ms");
   part("step", "step_ms");
+  std::printf("\nminor page faults per step (mean): %.0f\n", m["minor_page_faults"].get<double>());
   std::printf("\n| phase (median of steps 2..%lld) | eager ms | xla ms | xla execute ms (mean) |\n"
               "| --- | --- | --- | --- |\n",
               static_cast<long long>(r["steps"].get<int64_t>() - 1));

@@ -339,6 +339,7 @@ def run_rank(args, rank, world, wrap, make_optimizer, backward, autocast=context
             "precision": args.precision,
             "optimizer": "adamw-fused" if args.fused else "adamw",
             "attention": args.attention,
+            "compiled": args.compile,
             "model": label(args),
             "params": params,
             "world": world,
@@ -398,7 +399,30 @@ def pytorch_worker(rank, args, port):
         wrap = lambda m: DistributedDataParallel(m, bucket_cap_mb=args.bucket_cap_mb)  # noqa: E731
     else:
         wrap = shard_fsdp2
+    if args.compile:
+        wrap = compiled(args, wrap)
     run_rank(args, rank, args.devices, wrap, adamw(args), lambda loss: loss.backward(), torch_autocast(args))
+
+
+def compiled(args, wrap):
+    """--compile: the peer with torch.compile (inductor), as its docs advise.
+    DDP: the DDP-wrapped model compiled whole (dynamo's DDPOptimizer splits
+    the graph at the buckets, so the all-reduces still overlap backward).
+    FSDP2: each GPT Block compiled before it is sharded (FSDP2's hooks stay
+    outside the compiled blocks, as torchtitan does), the MLP whole. The
+    compiles happen in the warm-up steps."""
+    if args.peer == "pytorch-ddp":
+        return lambda m: torch.compile(wrap(m))
+
+    def compile_blocks_then_shard(m):
+        blocks = getattr(m, "blocks", [])
+        for block in blocks:
+            block.compile()
+        if not blocks:
+            m.compile()
+        return wrap(m)
+
+    return compile_blocks_then_shard
 
 
 def error_line(args, **errors):
@@ -493,6 +517,8 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--fused", action="store_true", help="AdamW(fused=True): the peer at its best")
+    p.add_argument("--compile", action="store_true",
+                   help="pytorch-ddp and pytorch-fsdp2 under torch.compile (inductor); compiled in the warm-up steps")
     p.add_argument("--attention", choices=["explicit", "sdpa"], default="explicit",
                    help="sdpa: F.scaled_dot_product_attention(is_causal=True), as strata's --attention sdpa")
     p.add_argument("--bucket-cap-mb", type=int, default=25, help="pytorch-ddp")
@@ -505,8 +531,10 @@ def main():
     if args.table:
         tables.speed_table(tables.load(args.table))
         return
+    if args.compile and args.peer.startswith("fabric-"):
+        p.error("--compile is for the PyTorch peers (pytorch-ddp, pytorch-fsdp2)")
     if args.impl_label is None:
-        args.impl_label = PEERS[args.peer][0]
+        args.impl_label = PEERS[args.peer][0] + (" + compile" if args.compile else "")
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     if args.peer.startswith("fabric-"):
         run_fabric(args)
