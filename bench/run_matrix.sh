@@ -21,8 +21,10 @@
 # Filters: --models "gpt-small gpt-medium mlp", --strategies "ddp fsdp",
 # --precisions "32-true bf16-mixed", --impls "strata pytorch fabric" (the
 # default), and the same at their best: strata-best (strata::optim's fused
-# AdamW, SDPA), pytorch-best and fabric-best (AdamW(fused=True), SDPA);
-# the table's "x fastest peer" is against the fastest peer row.
+# AdamW, SDPA), pytorch-best and fabric-best (AdamW(fused=True), SDPA),
+# and pytorch-compile (pytorch-best under torch.compile, inductor: its
+# compiles fall in the warm-up steps); the table's "x fastest peer" is
+# against the fastest peer row.
 # -o DIR keeps the JSON lines. Expects ./build (BUILD_DIR=...) with
 # bench_ddp: cmake --build build --target bench_ddp
 # Usage: bench/run_matrix.sh [--short] [-r REPEATS] [-n RANKS] [-t THREADS] [--models ..] [--strategies ..]
@@ -117,10 +119,15 @@ run_row() {  # impl strategy precision model
     fabric-best:ddp) label="fabric ddp fused+sdpa"; cmd=("$python" bench/ddp_peer.py --peer fabric-ddp --fused) ;;
     fabric-best:fsdp) label="fabric model-parallel fused+sdpa"
       cmd=("$python" bench/ddp_peer.py --peer fabric-model-parallel --fused) ;;
-    *) echo "[bench] unknown impl '$impl' (strata, pytorch, fabric, and each with -best)" >&2; exit 2 ;;
+    # PyTorch at its very best on a CPU: the -best row under torch.compile (inductor).
+    pytorch-compile:ddp) label="pytorch ddp fused+sdpa+compile"
+      cmd=("$python" bench/ddp_peer.py --peer pytorch-ddp --fused --compile) ;;
+    pytorch-compile:fsdp) label="pytorch fsdp2 fused+sdpa+compile"
+      cmd=("$python" bench/ddp_peer.py --peer pytorch-fsdp2 --fused --compile) ;;
+    *) echo "[bench] unknown impl '$impl' (strata, pytorch, fabric, each with -best, and pytorch-compile)" >&2; exit 2 ;;
   esac
   # SDPA is a GPT's; the MLP has no attention.
-  if [[ "$impl" == *-best ]] && [ "$model" != mlp ]; then cmd+=(--attention sdpa); fi
+  if [[ "$impl" == *-best || "$impl" == pytorch-compile ]] && [ "$model" != mlp ]; then cmd+=(--attention sdpa); fi
   echo "[bench] $model $strategy $precision: $label ..." >&2
   rc=0
   # shellcheck disable=SC2046
