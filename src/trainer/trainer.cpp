@@ -1,37 +1,24 @@
-// The Trainer: options and the fit loop (epochs, accumulated batches,
-// optimizer steps, schedulers, validation checks). The launch and set-up
-// are in trainer_setup.cpp, evaluation loops in evaluation.cpp,
-// checkpoints in trainer_checkpoint.cpp, the logged metrics'
-// way to the loggers in trainer_logging.cpp.
-//
-// Note [Steps through the root's forward]
-// Lightning runs training_step through the wrapped module's forward, so
-// that a strategy's forward hooks (FSDP's gather of the root unit's
-// parameters) surround it. strata does the same: every step runs as the
-// body of hooked_forward on the TrainModule, so under FSDP the TrainModule
-// is the root unit, gathered around each step, and the units inside it
-// (e.g. the GPT's blocks) are gathered around their own forwards.
+// The Trainer: options, the state it shows callbacks and modules, and
+// the calls (fit, validate, test, predict) around its loops, which are in
+// loops/ (fit_loop.cpp, training_epoch_loop.cpp, evaluation_loop.cpp,
+// predict_loop.cpp). The launch and set-up are in trainer_setup.cpp,
+// checkpoints in trainer_checkpoint.cpp, the logged metrics' way to the
+// loggers in trainer_logging.cpp.
 #include "strata/trainer/trainer.h"
 
 #include <ATen/ATen.h>
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
-#include <csignal>
 #include <cmath>
-#include <limits>
-#include <iostream>
 #include <optional>
 
-#include "results.h"
+#include "loops/evaluation_loop.h"
+#include "loops/fit_loop.h"
+#include "loops/predict_loop.h"
 #include "strata/core/error.h"
 #include "strata/core/interrupted.h"
 #include "strata/core/log.h"
-#include "strata/core/module_hooks.h"
-#include "strata/runtime/heartbeat.h"
 #include "strata/runtime/stop_signal.h"
 #include "strata/strategies/make_strategy.h"
-#include "strata/strategies/precision.h"
 #include "strata/trainer/callbacks.h"
 #include "trainer_impl.h"
 
@@ -55,10 +42,8 @@ void check_limit(const BatchLimit& l, const char* field) {
   }
 }
 
-}  // namespace
-
-Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
-  TrainerOptions& o = options_;
+// ConfigError naming the first field of `o` out of its range.
+void check_options(const TrainerOptions& o) {
   STRATA_CHECK(o.max_steps >= -1, ConfigError, "[trainer] max_steps must be >= -1 (-1: no limit), got ", o.max_steps);
   STRATA_CHECK(!o.max_epochs || *o.max_epochs >= -1, ConfigError,
                "[trainer] max_epochs must be >= -1 (-1: no limit), got ", *o.max_epochs);
@@ -93,13 +78,15 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
                o.val_check_interval.value);
   for (const auto& c : o.callbacks) STRATA_CHECK(c != nullptr, ConfigError, "[trainer] callbacks holds a null callback");
   for (const auto& l : o.loggers) STRATA_CHECK(l != nullptr, ConfigError, "[trainer] loggers holds a null logger");
+}
 
-  // Note [Debug runs]
-  // As Lightning's Trainer: fast_dev_run=n runs n batches of every loop, one
-  // epoch and n steps at most, with no sanity validation, validation after
-  // the epoch, and no logging or checkpointing; overfit_batches replaces
-  // the training and validation limits (and, in make_loader, turns the
-  // shuffle off), also under fast_dev_run.
+// Note [Debug runs]
+// As Lightning's Trainer: fast_dev_run=n runs n batches of every loop, one
+// epoch and n steps at most, with no sanity validation, validation after
+// the epoch, and no logging or checkpointing; overfit_batches replaces
+// the training and validation limits (and, in make_loader, turns the
+// shuffle off), also under fast_dev_run.
+void apply_debug_runs(TrainerOptions& o) {
   const bool overfit = o.overfit_batches.value > 0;
   if (o.fast_dev_run > 0) {
     const int64_t n = o.fast_dev_run;
@@ -119,10 +106,15 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
     o.limit_train_batches = o.overfit_batches;
     o.limit_val_batches = o.overfit_batches;
   }
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+  TrainerOptions& o = options_;
+  check_options(o);
+  apply_debug_runs(o);  // Note [Debug runs]
   if (o.fast_dev_run == 0) loggers_ = o.loggers;
-  // Lightning's defaults: 1000 epochs unless a step limit is given.
-  if (o.max_epochs) max_epochs_ = *o.max_epochs;
-  else max_epochs_ = o.max_steps == -1 ? 1000 : -1;
 
   placement_ = strategies::resolve_placement(options_, "trainer");
   options_.devices = placement_.devices;
@@ -147,7 +139,7 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   if (o.max_time && !has(static_cast<trainer::Timer*>(nullptr))) {
     callbacks_.push_back(std::make_shared<trainer::Timer>(*o.max_time));
   }
-  results_ = std::make_unique<trainer::detail::Results>();
+  make_loops();
 }
 
 Trainer::~Trainer() {
@@ -188,350 +180,142 @@ void Trainer::run_fit(std::shared_ptr<TrainModule> module, const DataSource& tra
   attach(std::move(module), "fit");
   // Note [Stopping on a signal] (runtime/stop_signal.cpp).
   std::optional<runtime::StopSignalScope> signals;
-  stop_signal_ = 0;
   if (options_.stop_on_signals) {
     runtime::clear_stop_signal();
     signals.emplace();
   }
   try {
-    run_training(train, val, ckpt_path);
+    fit_loop_->run(train, val, ckpt_path);
   } catch (const std::exception& e) {
     each_callback([&](trainer::Callback& c) { c.on_exception(*this, *module_, e); });
     detach("fit", "failed");
     throw;
   }
-  if (stop_signal_ != 0) {
+  if (const int signal = fit_loop_->stop_signal(); signal != 0) {
     detach("fit", "interrupted");
-    throw Interrupted(detail::cat("[trainer] stopped by ", runtime::stop_signal_name(stop_signal_), " after step ",
-                                  global_step_, " (epoch ", epoch_, "); the callbacks saved what they save at the "
-                                  "end of training (ModelCheckpoint: this step)"),
-                      stop_signal_);
+    throw Interrupted(detail::cat("[trainer] stopped by ", runtime::stop_signal_name(signal), " after step ",
+                                  global_step(), " (epoch ", fit_loop_->epoch(), "); the callbacks saved what they "
+                                  "save at the end of training (ModelCheckpoint: this step)"),
+                      signal);
   }
   detach("fit", "success");
 }
 
-void Trainer::agree_on_stop_signal() {
-  // Every rank votes after the same step, so all stop after it together,
-  // and with the same signal: one sent to every task (srun, a pod's
-  // SIGTERM) may reach a rank only after the vote, and a rank that
-  // guessed would exit with another code and skip SIGUSR1's requeue.
-  // A stop outranks SIGUSR1's save-and-requeue: SIGTERM, SIGINT, SIGUSR1.
-  const int mine = runtime::pending_stop_signal();
-  const int vote = mine == 0 ? 0 : mine == SIGUSR1 ? 1 : mine == SIGINT ? 2 : 3;
-  const at::Tensor votes = at::scalar_tensor(static_cast<double>(vote), at::kFloat);
-  const int agreed = static_cast<int>(strategy_->all_reduce(votes, comm::ReduceOp::kMax).item<float>() + 0.5f);
-  if (agreed <= 0) return;
-  stop_signal_ = agreed == 1 ? SIGUSR1 : agreed == 2 ? SIGINT : SIGTERM;
-  should_stop = true;
-  if (is_global_zero()) {
-    log::warning("[trainer] ", runtime::stop_signal_name(stop_signal_), ": stopping after step ", global_step_,
-                 " and saving; a second SIGINT or SIGTERM stops at once without saving");
-  }
+// ---- validate, test, predict ----------------------------------------------------
+
+trainer::Metrics Trainer::validate(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                   const std::string& ckpt_path) {
+  return run_evaluation(std::move(module), data, "validate", ckpt_path);
 }
 
-bool Trainer::step_limit_reached() const { return options_.max_steps >= 0 && global_step_ >= options_.max_steps; }
-
-bool Trainer::validates_this_epoch() const {
-  const std::optional<int64_t>& every = options_.check_val_every_n_epoch;
-  return num_val_batches_ > 0 && (!every || (epoch_ + 1) % *every == 0);
+trainer::Metrics Trainer::test(std::shared_ptr<TrainModule> module, const DataSource& data,
+                               const std::string& ckpt_path) {
+  return run_evaluation(std::move(module), data, "test", ckpt_path);
 }
 
-void Trainer::run_training(const DataSource& train, const std::optional<DataSource>& val,
-                           const std::string& ckpt_path) {
-  std::shared_ptr<data::Loader> train_loader = make_loader(train, true, "training");
-  std::shared_ptr<data::Loader> val_loader = val ? make_loader(*val, false, "validation") : nullptr;
-  train_is_dataset_ = train.dataset() != nullptr;
-  epoch_ = 0;
-  global_step_ = 0;
-  resume_position_ = 0;
-  resume_path_.clear();
-  stopped_inside_epoch_ = false;
-  validations_run_ = 0;
-  batch_stepped_ = false;
-  num_val_batches_ = val_loader ? options_.limit_val_batches.of(static_cast<int64_t>(val_loader->size())) : 0;
-  if (!ckpt_path.empty()) {
-    std::string path = resolve_ckpt_path(ckpt_path);
-    if (!path.empty()) restore(path, /*training=*/true);
-  }
-  if (is_global_zero()) {
-    for (const auto& logger : loggers_) logger->log_hyperparams(module_->hparams());
-  }
-  each_callback([&](trainer::Callback& c) { c.on_fit_start(*this, *module_); });
-  module_->on_fit_start();
-  const int64_t sanity_batches =
-      options_.num_sanity_val_steps == -1 ? num_val_batches_ : std::min(options_.num_sanity_val_steps, num_val_batches_);
-  if (sanity_batches > 0) run_validation(*val_loader, sanity_batches, /*sanity=*/true);
-  // limit_train_batches=0 turns training off (Lightning skips the fit loop
-  // and its hooks); data that yields no batch is an error (train_one_epoch).
-  if (options_.limit_train_batches.value != 0) {
-    each_callback([&](trainer::Callback& c) { c.on_train_start(*this, *module_); });
-    module_->on_train_start();
-    module_->train();
-    while (!should_stop) {
-      if (max_epochs_ >= 0 && epoch_ >= max_epochs_) break;
-      if (step_limit_reached()) break;
-      const bool finished = train_one_epoch(*train_loader, val_loader.get());
-      if (!finished) {
-        // Note [Epochs stopped inside]: Lightning ends a stopped epoch as
-        // any other and counts it, so current_epoch() says the next one;
-        // epoch_ keeps the loop position, which a checkpoint saved from
-        // here on (on_train_end) resumes from.
-        stopped_inside_epoch_ = true;
-        break;
-      }
-      // The next epoch has not begun: a checkpoint from here on (on_train_end)
-      // resumes at its first batch.
-      ++epoch_;
-      batch_in_epoch_ = 0;
-      epoch_done_ = false;
+trainer::Metrics Trainer::run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                         const std::string& stage, const std::string& ckpt_path) {
+  trainer::Metrics metrics;
+  launch(module, [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
+    trainer::Metrics out = rank.evaluate_here(m, data, stage, ckpt_path);
+    if (&rank == this) metrics = out;
+  });
+  return metrics;
+}
+
+trainer::Metrics Trainer::evaluate_here(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                        const std::string& stage, const std::string& ckpt_path) {
+  attach(std::move(module), stage);
+  trainer::Metrics metrics;
+  try {
+    if (!ckpt_path.empty()) {
+      std::string path = resolve_ckpt_path(ckpt_path);
+      if (!path.empty()) restore(path, /*training=*/false);
     }
-    module_->on_train_end();
-    each_callback([&](trainer::Callback& c) { c.on_train_end(*this, *module_); });
+    metrics = evaluation_loop_->run(data, stage);
+  } catch (const std::exception& e) {
+    each_callback([&](trainer::Callback& c) { c.on_exception(*this, *module_, e); });
+    detach(stage, "failed");
+    throw;
   }
-  module_->on_fit_end();
-  each_callback([&](trainer::Callback& c) { c.on_fit_end(*this, *module_); });
+  detach(stage, "success");
+  return metrics;
 }
 
-bool Trainer::train_one_epoch(data::Loader& loader, data::Loader* val_loader) {
-  const int64_t n = options_.limit_train_batches.of(static_cast<int64_t>(loader.size()));
-  STRATA_CHECK(n > 0, ConfigError, "[trainer] the training data yields no batch on rank ", global_rank(), " (",
-               loader.size(), " batches, limit_train_batches ", options_.limit_train_batches.value,
-               "); give more data or a smaller batch_size");
-  num_training_batches_ = n;
-  // Note [When validation runs]
-  // As Lightning's _should_check_val_fx: after every val_every-th batch of
-  // the epoch (of the run with check_val_every_n_epoch=None), and only
-  // then: the epoch's last batch validates only when the interval divides
-  // it (a fraction f validates after each floor(f * n) batches, so 1/3 of
-  // 64 runs after batches 21, 42 and 63). And after the batch in whose
-  // hooks something set should_stop (a Timer, a callback), so a run that
-  // stops has a validation of its last state.
-  const BatchLimit& vci = options_.val_check_interval;
-  int64_t val_every = vci.fraction ? std::max<int64_t>(1, static_cast<int64_t>(std::floor(vci.value * n)))
-                                   : static_cast<int64_t>(vci.value);
-  const bool across_epochs = !options_.check_val_every_n_epoch;
-  STRATA_CHECK(across_epochs || vci.fraction || val_every <= n || !val_loader, ConfigError,
-               "[trainer] val_check_interval (", val_every, ") is more than the training batches per epoch (", n,
-               "); lower it, pass a fraction of the epoch, or set check_val_every_n_epoch to std::nullopt "
-               "(Lightning's None) to count batches across epochs");
-  const bool validate_this_epoch = val_loader && validates_this_epoch();
+at::Tensor Trainer::predict(std::shared_ptr<TrainModule> module, const DataSource& data,
+                            const std::string& ckpt_path) {
+  // Each rank's own rows (an undefined tensor for thread ranks other than
+  // this one's: they stay on their threads).
+  at::Tensor result;
+  launch(module, [&](Trainer& rank, const std::shared_ptr<TrainModule>& m) {
+    at::Tensor out = rank.predict_here(m, data, ckpt_path);
+    if (&rank == this) result = out;
+  });
+  return result;
+}
 
-  // Position: a resumed epoch continues after the batches it had done.
-  const int64_t position = checked_resume_position(n);
-  loader.set_epoch(static_cast<uint64_t>(epoch_));
-  if (position > 0 && loader.resumable()) loader.load_state({static_cast<uint64_t>(epoch_), static_cast<uint64_t>(position)});
-  loader.reset();
-  if (position > 0 && !loader.resumable()) {
-    for (int64_t i = 0; i < position; ++i) loader.next();
-  }
-  batch_in_epoch_ = position;
-  epoch_done_ = false;
-  results_->reset();
-  if (position > 0 && !resume_results_.is_null()) {
-    results_->load_epoch_state(resume_results_, global_rank(), "the restored checkpoint");
-  }
-  resume_results_ = nlohmann::json();
-  step_loss_ = at::zeros({}, at::kFloat);
-  step_loss_weighted_ = at::zeros({}, at::kFloat);
-
-  each_callback([&](trainer::Callback& c) { c.on_train_epoch_start(*this, *module_); });
-  module_->on_train_epoch_start();
-  bool stopped = false;
-  while (batch_in_epoch_ < n) {
-    std::optional<data::Batch> batch = loader.next();
-    if (!batch) break;
-    const int64_t idx = batch_in_epoch_;
-    const bool last_of_step = (idx + 1) % options_.accumulate_grad_batches == 0 || idx + 1 == n;
-    runtime::report_step(global_step_ + 1);
-    each_callback([&](trainer::Callback& c) { c.on_train_batch_start(*this, *module_, *batch, idx); });
-    module_->on_train_batch_start(*batch, idx);
-    training_batch(*batch, idx, last_of_step);
-    batch_in_epoch_ = idx + 1;
-    batch_stepped_ = last_of_step;
-    // Note [Values logged in on_train_batch_end]: what the module logs in
-    // its on_train_batch_end belongs to this batch, as in Lightning: the
-    // callbacks after it see it in callback_metrics, and it reaches the
-    // loggers in this step's row.
-    collect_step_metrics();
-    module_->on_train_batch_end(last_batch_loss_, *batch, idx);
-    collect_step_metrics();
-    each_callback([&](trainer::Callback& c) { c.on_train_batch_end(*this, *module_, last_batch_loss_, *batch, idx); });
-    collect_step_metrics();
-    log_step_metrics(last_of_step);
-    if (last_of_step && options_.stop_on_signals && stop_signal_ == 0) agree_on_stop_signal();
-    // Note [When validation runs]; a run stopping on a signal saves
-    // without validating first (its time may be short).
-    const int64_t batches_counted = across_epochs ? epoch_ * n + batch_in_epoch_ : batch_in_epoch_;
-    if (validate_this_epoch && stop_signal_ == 0 && (should_stop || batches_counted % val_every == 0)) {
-      run_validation(*val_loader, num_val_batches_);
+at::Tensor Trainer::predict_here(std::shared_ptr<TrainModule> module, const DataSource& data,
+                                 const std::string& ckpt_path) {
+  // Note [Prediction order] in loops/predict_loop.cpp.
+  STRATA_CHECK(data.dataset() != nullptr || world_size() == 1, ConfigError,
+               "[trainer] predict on ", world_size(), " ranks needs a DataSource built from a dataset, so the "
+               "Trainer knows which example each rank's rows are (see Note [Prediction order])");
+  attach(std::move(module), "predict");
+  at::Tensor result;
+  try {
+    if (!ckpt_path.empty()) {
+      std::string path = resolve_ckpt_path(ckpt_path);
+      if (!path.empty()) restore(path, /*training=*/false);
     }
-    batch_stepped_ = false;
-    if (should_stop || step_limit_reached()) {
-      stopped = batch_in_epoch_ < n;
-      break;
-    }
+    result = predict_loop_->run(data);
+  } catch (const std::exception& e) {
+    each_callback([&](trainer::Callback& c) { c.on_exception(*this, *module_, e); });
+    detach("predict", "failed");
+    throw;
   }
-  // Epoch end (also when stopped inside it, as Lightning does).
-  trainer::Metrics log, bar, all;
-  results_->reduce_epoch(*strategy_, log, bar, all);
-  for (const auto& [k, v] : all) callback_metrics_[k] = v;
-  for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
-  if (!log.empty()) log_to_loggers(log, std::max<int64_t>(global_step_ - 1, 0));
-  epoch_done_ = batch_in_epoch_ >= n;
-  // Note [Epoch schedulers before the epoch-end hooks]
-  // Epoch-interval schedulers step before on_train_epoch_end, so a
-  // checkpoint saved there holds the rates of the next epoch and a run
-  // resumed from it sets the same rates as one that went on.
-  if (epoch_done_) {
-    for (auto& s : schedulers_) {
-      if (s.interval == "epoch" && (epoch_ + 1) % s.frequency == 0) s.scheduler->step();
-    }
-  }
-  each_callback([&](trainer::Callback& c) { c.on_train_epoch_end(*this, *module_); });
-  module_->on_train_epoch_end();
-  if (is_global_zero()) {
-    for (const auto& logger : loggers_) logger->save();
-  }
-  return !stopped;
+  detach("predict", "success");
+  return result;
 }
 
-void Trainer::training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step) {
-  current_batch_size_ = batch.examples();
-  current_share_ = batch.share(world_size());
-  struct ShareReset {
-    double& share;
-    ~ShareReset() { share = 1.0; }
-  } share_reset{current_share_};
-  in_training_step_ = true;
-  at::Tensor loss;
-  {
-    strategies::Scope no_sync = strategy_->no_backward_sync(*module_, !last_of_step);
-    {
-      strategies::Precision::ForwardContext autocast(strategy_->precision());
-      // Note [Steps through the root's forward].
-      hooked_forward(*module_, batch.input, [&](const at::Tensor&) {
-        loss = module_->training_step(batch, batch_idx);
-        return loss.defined() ? loss : at::zeros({});
-      });
-    }
-    in_training_step_ = false;
-    STRATA_CHECK(loss.defined(), ConfigError, "[trainer] training_step returned no loss (an undefined tensor) at epoch ",
-                 epoch_, ", batch ", batch_idx, "; return the loss tensor to backpropagate");
-    STRATA_CHECK(loss.numel() == 1, ConfigError, "[trainer] training_step must return a scalar loss, got shape ",
-                 loss.sizes(), " at epoch ", epoch_, ", batch ", batch_idx, "; reduce it first, e.g. loss.mean()");
-    STRATA_CHECK(loss.requires_grad(), ConfigError,
-                 "[trainer] the loss training_step returned does not require grad (epoch ", epoch_, ", batch ",
-                 batch_idx, "): it is not computed from the module's trainable parameters, or was detached");
-    check_loss(loss, batch_idx);
-    at::Tensor scaled = loss.to(at::kFloat) / static_cast<double>(options_.accumulate_grad_batches);
-    // Note [Unequal shares]: a rank holding n_r of an uneven global batch
-    // of m examples weights its mean loss by n_r * N / m (0 for a filler
-    // batch), so the mean over ranks that DDP and FSDP take of the
-    // gradients is the gradient of the global batch's mean loss.
-    at::Tensor weighted = current_share_ == 1.0 ? scaled : scaled * current_share_;
-    strategy_->backward(weighted);
-    accumulate(step_loss_, scaled);
-    accumulate(step_loss_weighted_, weighted);
-  }
-  last_batch_loss_ = loss.detach();
-  if (last_of_step) optimizer_step();
-  end_step(last_of_step);
+// ---- state, for callbacks and modules -----------------------------------------------
+
+void Trainer::make_loops() {
+  fit_loop_ = std::make_unique<trainer::detail::FitLoop>(*this);
+  evaluation_loop_ = std::make_unique<trainer::detail::EvaluationLoop>(*this);
+  predict_loop_ = std::make_unique<trainer::detail::PredictLoop>(*this);
 }
 
-void Trainer::end_step(bool stepped) {
-  // Note [No reads inside a lazy step] (strategies/accelerator.h): the
-  // step ends here (on a lazy device it runs, and throws
-  // deferred_loss_message for a non-finite loss), then the values it
-  // computed are read.
-  strategy_->mark_step();
-  if (stepped) read_step_loss();
-  results_->settle(*strategy_);
-  warn_about_recompiles();
+int64_t Trainer::current_epoch() const { return fit_loop_->current_epoch(); }
+
+int64_t Trainer::global_step() const { return fit_loop_->epoch_loop().global_step(); }
+
+int64_t Trainer::log_step() const {
+  return std::max<int64_t>(global_step() - (fit_loop_->epoch_loop().batch_stepped() ? 1 : 0), 0);
 }
 
-void Trainer::accumulate(at::Tensor& sum, const at::Tensor& loss) const {
-  // The sum stays on the loss's device, read once the step ended.
-  const at::Tensor value = loss.detach().to(at::kFloat);
-  sum = sum.device() == value.device() ? sum + value : value + sum.to(value.device());
+bool Trainer::should_update_logs() const {
+  return (log_step() + 1) % options_.log_every_n_steps == 0 || should_stop;
 }
 
-void Trainer::check_loss(const at::Tensor& loss, int64_t batch_idx) {
-  // Note [NaN loss]
-  // Every rank votes; one non-finite loss stops all of them before the
-  // backward, so no step is taken with it and nothing is saved after the
-  // last good step: the checkpoints on disk stay as they were. On a device
-  // that reads nothing inside a step the check is deferred to the step's
-  // end, registered before any check of the step's gradients, so that it
-  // is the one reported.
-  const strategies::Accelerator& accelerator = strategy_->accelerator();
-  if (!accelerator.reads_inside_step()) {
-    accelerator.check_at_step_end(loss.detach().isfinite(), deferred_loss_message(batch_idx));
-    return;
-  }
-  const double value = loss.detach().to(at::kDouble).item<double>();
-  const bool bad = !std::isfinite(value);
-  if (!strategy_->reduce_boolean_decision(bad, /*all=*/false)) return;
-  throw Error(detail::cat("[trainer] the loss is ", bad ? (std::isnan(value) ? "NaN" : "infinite") : "non-finite",
-                          bad ? "" : " on another rank", " at step ", global_step_ + 1, " (epoch ", epoch_, ", batch ",
-                          batch_idx, "); training stopped before that step, so the last checkpoint saved stays "
-                          "untouched. Lower the learning rate or clip gradients (gradient_clip_val)"));
+int Trainer::stop_signal() const { return fit_loop_->stop_signal(); }
+
+bool Trainer::validation_has_run() const { return fit_loop_->validation_has_run(); }
+
+int64_t Trainer::num_val_batches() const { return fit_loop_->num_val_batches(); }
+
+bool Trainer::is_last_batch() const {
+  const int64_t batches = num_training_batches();
+  return batch_idx() >= batches && batches > 0;
 }
 
-std::string Trainer::deferred_loss_message(int64_t batch_idx) const {
-  return detail::cat("[trainer] the loss is NaN or infinite at step ", global_step_ + 1, " (epoch ", epoch_,
-                     ", batch ", batch_idx, "); on the ", strategy_->accelerator().name(),
-                     " device the loss is read after the step ran (Note [No reads inside a lazy step]), so the model "
-                     "in memory took that step, but training stopped before anything was saved after it: the last "
-                     "checkpoint saved stays untouched. Lower the learning rate or clip gradients "
-                     "(gradient_clip_val)");
-}
+bool Trainer::validates_this_epoch() const { return fit_loop_->validates_this_epoch(); }
 
-void Trainer::read_step_loss() {
-  // A download (on a lazy device the step has run); a convert there would
-  // be a program of its own.
-  last_loss_ = finished_loss_.cpu().item<double>();
-  last_loss_weighted_ = finished_loss_weighted_.cpu().item<double>();
-}
+int64_t Trainer::num_training_batches() const { return fit_loop_->epoch_loop().num_training_batches(); }
 
-void Trainer::warn_about_recompiles() {
-  // Note [Recompiles after the warm-up]: a steady loop compiles its
-  // programs in its first two steps; a compile later means the step
-  // changed (a shape, an op, a constant) and each such step pays a compile.
-  // An eager device compiles none.
-  const strategies::Accelerator::CompiledPrograms programs = strategy_->accelerator().compiled_programs();
-  // With ranks as threads the counts are the process's: rank 0 speaks.
-  if (global_step_ > 2 && programs.count > compiles_seen_ && !programs.last_reason.empty() && is_global_zero()) {
-    log::warning("[trainer] the ", strategy_->accelerator().name(), " device compiled a new program at step ",
-                 global_step_, ", after the warm-up steps (", programs.count - compiles_seen_, " new; ",
-                 programs.count, " in all): ", programs.last_reason,
-                 ". A step whose shapes or ops change compiles each time; keep batch shapes fixed (drop_last) "
-                 "and read values only after the step");
-  }
-  compiles_seen_ = programs.count;
-}
+int64_t Trainer::batch_idx() const { return fit_loop_->epoch_loop().batch_idx(); }
 
-void Trainer::optimizer_step() {
-  for (const auto& optimizer : optimizers_) {
-    each_callback([&](trainer::Callback& c) { c.on_before_optimizer_step(*this, *module_, *optimizer); });
-    module_->on_before_optimizer_step(*optimizer);
-  }
-  if (options_.gradient_clip_val && *options_.gradient_clip_val > 0) {
-    if (options_.gradient_clip_algorithm == "norm") {
-      strategy_->clip_gradients_norm(*module_, *optimizers_.front(), *options_.gradient_clip_val);
-    } else {
-      strategy_->clip_gradients_value(*module_, *optimizers_.front(), *options_.gradient_clip_val);
-    }
-  }
-  for (const auto& optimizer : optimizers_) strategy_->optimizer_step(*optimizer);
-  for (const auto& optimizer : optimizers_) optimizer->zero_grad();
-  ++global_step_;
-  finished_loss_ = step_loss_;
-  finished_loss_weighted_ = step_loss_weighted_;
-  step_loss_ = at::zeros({}, at::kFloat);
-  step_loss_weighted_ = at::zeros({}, at::kFloat);
-  for (auto& s : schedulers_) {
-    if (s.interval == "step" && global_step_ % s.frequency == 0) s.scheduler->step();
-  }
-}
+double Trainer::last_loss() const { return fit_loop_->epoch_loop().last_loss(); }
+
+double Trainer::last_loss_weighted() const { return fit_loop_->epoch_loop().last_loss_weighted(); }
 
 }  // namespace strata

@@ -29,9 +29,9 @@
 // changed; then the checks that need this run: the scheduler count, each
 // part's own load (its type, its param groups, the ModelCheckpoint folder),
 // and, when the first epoch starts and its batch count is known,
-// batches_done against it (checked_resume_position): a position past the
-// epoch's end is an error, never clamped, since it means the checkpoint is
-// of other data or damaged.
+// batches_done against it (FitLoop::checked_resume_position in
+// loops/fit_loop.cpp): a position past the epoch's end is an error, never
+// clamped, since it means the checkpoint is of other data or damaged.
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
@@ -44,6 +44,7 @@
 #include "strata/trainer/callbacks.h"
 #include "strata/trainer/trainer.h"
 #include "strata/trainer/trainer_state.h"
+#include "loops/fit_loop.h"
 #include "results.h"
 #include "trainer_impl.h"
 
@@ -116,16 +117,17 @@ void Trainer::save_checkpoint(const std::string& filepath) {
   for (const auto& s : schedulers_) schedulers.push_back(s.scheduler->state_dict());
   nlohmann::json extra = nlohmann::json::object();
   module_->on_save_checkpoint(extra);
-  nlohmann::json results = results_->epoch_state(*strategy_);  // a collective
+  trainer::detail::TrainingEpochLoop& epoch_loop = fit_loop_->epoch_loop();
+  nlohmann::json results = epoch_loop.results().epoch_state(*strategy_);  // a collective
   nlohmann::json value = {
       {"format", kFormat},
       {"version", kVersion},
-      {"epoch", epoch_},
-      {"global_step", global_step_},
+      {"epoch", fit_loop_->epoch()},
+      {"global_step", epoch_loop.global_step()},
       {"loops",
        {{"fit",
-         {{"batches_done", batch_in_epoch_},
-          {"epoch_done", epoch_done_},
+         {{"batches_done", epoch_loop.batch_idx()},
+          {"epoch_done", epoch_loop.epoch_done()},
           {"world_size", world_size()},
           {"results", results}}}}},
       {"lr_schedulers", schedulers},
@@ -238,7 +240,8 @@ void Trainer::restore(const std::string& path, bool training) {
   const int64_t done = fit["batches_done"].get<int64_t>();
   const bool epoch_done = fit["epoch_done"].get<bool>();
   const int64_t saved_world = fit["world_size"].get<int64_t>();
-  STRATA_CHECK(epoch_done || done == 0 || train_is_dataset_ || saved_world == world_size(), ConfigError,
+  STRATA_CHECK(epoch_done || done == 0 || fit_loop_->train_is_dataset() || saved_world == world_size(),
+               ConfigError,
                "[trainer] ", path, " stopped inside an epoch on ", saved_world, " ranks; continuing it on ",
                world_size(), " needs training data given as a dataset (DataSource(dataset, options)), whose "
                "batches mean the same examples at any world size");
@@ -263,30 +266,16 @@ void Trainer::restore(const std::string& path, bool training) {
   if (auto it = state.find(device_rng_key(device)); !device.is_cpu() && it != state.end()) {
     checkpoint::set_device_rng_state(device, it->second.tensor(), path + " entry '" + it->first + "'");
   }
-  epoch_ = epoch_done ? epoch + 1 : epoch;
-  resume_position_ = epoch_done ? 0 : done;
   resume_path_ = path;
   // Checkpoints from before "results" existed resume with the epoch's
   // values restarted.
-  resume_results_ = epoch_done || !fit.contains("results") ? nlohmann::json() : fit["results"];
-  global_step_ = step;
+  fit_loop_->restore(epoch_done ? epoch + 1 : epoch, step, epoch_done ? 0 : done,
+                     epoch_done || !fit.contains("results") ? nlohmann::json() : fit["results"]);
   if (is_global_zero()) {
     log::info("[trainer] restored ", path, ": epoch ", epoch, ", global step ", step,
               epoch_done ? " (epoch complete)" : ", batch " + std::to_string(done) + " of the epoch");
   }
   (void)remainder;
-}
-
-int64_t Trainer::checked_resume_position(int64_t batches) {
-  const int64_t position = resume_position_;
-  resume_position_ = 0;
-  // Every rank counts the same batches (a global count), so every rank
-  // throws together.
-  STRATA_CHECK(position <= batches, CheckpointError, "[trainer] ", resume_path_,
-               ": trainer state loops.fit.batches_done is ", position, "; expected an integer from 0 to ", batches,
-               ", the batches of an epoch of this training data (after limit_train_batches): the checkpoint was "
-               "written for other data, or is damaged; resume from a checkpoint of this run");
-  return position;
 }
 
 }  // namespace strata

@@ -4,6 +4,8 @@
 // TrainModule::log's way into the results.
 #include <ATen/ATen.h>
 
+#include "loops/evaluation_loop.h"
+#include "loops/fit_loop.h"
 #include "results.h"
 #include "strata/core/error.h"
 #include "strata/trainer/trainer.h"
@@ -13,7 +15,7 @@ namespace strata {
 
 void Trainer::collect_step_metrics() {
   trainer::Metrics log, bar, all;
-  results_->take_step(*strategy_, log, bar, all);
+  fit_loop_->epoch_loop().results().take_step(*strategy_, log, bar, all);
   for (const auto& [k, v] : all) callback_metrics_[k] = v;
   for (const auto& [k, v] : bar) progress_bar_metrics_[k] = v;
   // logged_metrics has every batch's values, whether or not this step's
@@ -36,7 +38,7 @@ void Trainer::log_to_loggers(const trainer::Metrics& metrics, int64_t step) {
   // to logged_metrics).
   for (const auto& [k, v] : metrics) logged_metrics_[k] = v;
   trainer::Metrics row = metrics;
-  row["epoch"] = static_cast<double>(epoch_);
+  row["epoch"] = static_cast<double>(fit_loop_->epoch());
   if (!is_global_zero()) return;
   for (const auto& logger : loggers_) {
     logger->log_metrics(row, step);
@@ -47,7 +49,8 @@ void Trainer::log_to_loggers(const trainer::Metrics& metrics, int64_t step) {
 void Trainer::record_log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
   STRATA_CHECK(!stage_.empty(), ConfigError, "[trainer] log('", name,
                "') was called outside fit/validate/test/predict; log inside a step or hook");
-  trainer::detail::Results& results = active_results_ ? *active_results_ : *results_;
+  trainer::detail::Results* evaluating = evaluation_loop_->results();
+  trainer::detail::Results& results = evaluating ? *evaluating : fit_loop_->epoch_loop().results();
   int64_t batch_size = options.batch_size.value_or(current_batch_size_);
   results.log(*strategy_, name, value, options, /*in_training=*/!validating_ && stage_ == "fit", batch_size,
               current_share_);

@@ -11,7 +11,9 @@
 #include <mutex>
 #include <typeinfo>
 
-#include "results.h"
+#include "loops/evaluation_loop.h"
+#include "loops/fit_loop.h"
+#include "loops/predict_loop.h"
 #include "strata/core/error.h"
 #include "strata/core/log.h"
 #include "strata/data/distributed_sampler.h"
@@ -104,10 +106,9 @@ trainer::CallbackPtr callback_for_rank(const trainer::CallbackPtr& c, const Trai
 Trainer::Trainer(const Trainer& primary, std::shared_ptr<strategies::Strategy> strategy)
     : options_(primary.options_), placement_(primary.placement_), strategy_(std::move(strategy)) {
   placement_.strategy = strategy_;
-  max_epochs_ = primary.max_epochs_;
   loggers_ = primary.loggers_;  // written by rank 0 only
   for (const auto& c : primary.callbacks_) callbacks_.push_back(callback_for_rank(c, options_, placement_));
-  results_ = std::make_unique<trainer::detail::Results>();
+  make_loops();  // the options are the primary's: the same max_epochs
 }
 
 std::shared_ptr<TrainModule> Trainer::borrow(TrainModule& module) {

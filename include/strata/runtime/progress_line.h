@@ -2,7 +2,7 @@
 // consolidate`, `reshard`, `export`): items and bytes done of a total, the
 // rate and an ETA. On a terminal one line redrawn in place; otherwise (a
 // log file, a pipe) a plain line every few seconds, none for quick work.
-// The Trainer's own progress bar (trainer/callbacks.h, ProgressBar) follows
+// The Trainer's own progress bar (trainer/callbacks/progress_bar.h) follows
 // the same two rules for training steps.
 #pragma once
 

@@ -247,8 +247,11 @@ inline constexpr std::nullopt_t kValidateAcrossEpochs = std::nullopt;
 namespace trainer {
 class ModelCheckpoint;
 namespace detail {
-class Results;
-}
+class FitLoop;
+class TrainingEpochLoop;
+class EvaluationLoop;
+class PredictLoop;
+}  // namespace detail
 }  // namespace trainer
 
 /// The loops. One Trainer trains one module at a time, from one thread.
@@ -306,26 +309,26 @@ class Trainer {
   /// The epoch running, or after fit the epochs begun: as Lightning, an
   /// epoch that was stopped inside (max_steps, should_stop) counts as ended,
   /// so a run stopped in its third epoch reports 3.
-  int64_t current_epoch() const { return epoch_ + (stopped_inside_epoch_ ? 1 : 0); }
+  int64_t current_epoch() const;
   /// Optimizer steps taken.
-  int64_t global_step() const { return global_step_; }
+  int64_t global_step() const;
   /// The step a value handed to the loggers now is filed under
   /// (Lightning's _batches_that_stepped): the optimizer steps taken before
   /// the running batch's, so global_step - 1 after a batch that stepped
   /// (its on_train_batch_end hooks) and global_step before it
   /// (on_train_batch_start) or inside an accumulation window.
-  int64_t log_step() const { return std::max<int64_t>(global_step_ - (batch_stepped_ ? 1 : 0), 0); }
+  int64_t log_step() const;
   /// Whether values logged now reach the loggers (Lightning's
   /// should_update_logs): the step being trained, log_step() + 1, is a
   /// multiple of log_every_n_steps, or should_stop is set.
-  bool should_update_logs() const { return (log_step() + 1) % options_.log_every_n_steps == 0 || should_stop; }
+  bool should_update_logs() const;
   /// Set to stop fit after the current batch (every rank must set it).
   bool should_stop = false;
   /// The signal that stopped fit (Note [Stopping on a signal]: SIGINT,
   /// SIGTERM or SIGUSR1, on every rank once they agreed), 0 when none did.
   /// Set from the step the ranks agreed to stop after, so on_train_end
   /// hooks see it.
-  int stop_signal() const { return stop_signal_; }
+  int stop_signal() const;
   /// "fit", "validate", "test", "predict" while running; "" otherwise.
   const std::string& state_fn() const { return stage_; }
   /// True inside the validation loop of fit (or validate()).
@@ -334,14 +337,14 @@ class Trainer {
   /// (num_sanity_val_steps); validating() is true then too.
   bool sanity_checking() const { return sanity_checking_; }
   /// Whether a validation (not a sanity one) has run in this fit.
-  bool validation_has_run() const { return validations_run_ > 0; }
+  bool validation_has_run() const;
   /// Validation batches each validation of fit runs (after limits; 0:
   /// no validation data, or limited to none).
-  int64_t num_val_batches() const { return num_val_batches_; }
+  int64_t num_val_batches() const;
   /// The batches fast_dev_run runs (0: off).
   int64_t fast_dev_run() const { return options_.fast_dev_run; }
   /// Whether the current training batch is the epoch's last.
-  bool is_last_batch() const { return batch_in_epoch_ >= num_training_batches_ && num_training_batches_ > 0; }
+  bool is_last_batch() const;
   /// Whether this epoch validates at all (validation data, and the epoch
   /// is a check_val_every_n_epoch-th one).
   bool validates_this_epoch() const;
@@ -352,16 +355,16 @@ class Trainer {
   /// Values marked prog_bar.
   const trainer::Metrics& progress_bar_metrics() const { return progress_bar_metrics_; }
   /// Batches of the training loader per epoch (after limits), on this rank.
-  int64_t num_training_batches() const { return num_training_batches_; }
+  int64_t num_training_batches() const;
   /// Training batches done in the current epoch.
-  int64_t batch_idx() const { return batch_in_epoch_; }
+  int64_t batch_idx() const;
   /// The loss of the last optimizer step on this rank (NaN before one).
-  double last_loss() const { return last_loss_; }
+  double last_loss() const;
   /// last_loss() weighted by this rank's share of the step's global
   /// batches (Note [Unequal shares] in data/distributed_sampler.h): its
   /// mean over the ranks is the loss of the global batch, also when ranks
   /// held unequal shares of it. Equal to last_loss() with equal shares.
-  double last_loss_weighted() const { return last_loss_weighted_; }
+  double last_loss_weighted() const;
 
   strategies::Strategy& strategy() { return *strategy_; }
   const TrainerOptions& options() const { return options_; }
@@ -422,9 +425,17 @@ class Trainer {
   /// by value): the Trainer lets go of it without touching it.
   void forget_module(const TrainModule& module);
   friend class TrainModule;
+  // The loops (src/trainer/loops/) run the module through the Trainer's
+  // strategy, callbacks and metrics.
+  friend class trainer::detail::FitLoop;
+  friend class trainer::detail::TrainingEpochLoop;
+  friend class trainer::detail::EvaluationLoop;
+  friend class trainer::detail::PredictLoop;
   /// launch() for ranks as threads: rank r's Trainer and module made at
   /// the first call.
   void run_on_thread_ranks(const std::shared_ptr<TrainModule>& module, const RankCall& call);
+  /// Makes this Trainer's fit, evaluation and predict loops.
+  void make_loops();
   void run_fit(std::shared_ptr<TrainModule> module, const DataSource& train, const std::optional<DataSource>& val,
                const std::string& ckpt_path);
   trainer::Metrics evaluate_here(std::shared_ptr<TrainModule> module, const DataSource& data,
@@ -433,30 +444,6 @@ class Trainer {
   void attach(std::shared_ptr<TrainModule> module, const std::string& stage);
   void detach(const std::string& stage, const std::string& status);
   std::shared_ptr<data::Loader> make_loader(const DataSource& source, bool train, const std::string& what);
-  void run_training(const DataSource& train, const std::optional<DataSource>& val, const std::string& ckpt_path);
-  bool train_one_epoch(data::Loader& loader, data::Loader* val_loader);
-  void training_batch(const data::Batch& batch, int64_t batch_idx, bool last_of_step);
-  void optimizer_step();
-  /// Ends the running batch's step (the strategy's mark_step: Note [No
-  /// reads inside a lazy step]) and reads what it computed: the step's loss
-  /// when it `stepped`, the values logged.
-  void end_step(bool stepped);
-  /// Adds `loss` (detached, f32) to `sum`, on the loss's device.
-  void accumulate(at::Tensor& sum, const at::Tensor& loss) const;
-  /// Note [NaN loss]: every rank votes on `loss`, the loss of the next
-  /// step; strata::Error when any is non-finite. On a device that reads
-  /// nothing inside a step, checked by each rank at the step's end.
-  void check_loss(const at::Tensor& loss, int64_t batch_idx);
-  // Note [Stopping on a signal]: the ranks vote after an optimizer step.
-  void agree_on_stop_signal();
-  /// The error of a non-finite loss read after its step ran.
-  std::string deferred_loss_message(int64_t batch_idx) const;
-  /// last_loss_ and last_loss_weighted_ from the finished step's sums.
-  void read_step_loss();
-  /// Warns when the device compiled a program after the warm-up steps.
-  void warn_about_recompiles();
-  void run_validation(data::Loader& loader, int64_t limit, bool sanity = false);
-  trainer::Metrics evaluation_loop(data::Loader& loader, int64_t limit, const std::string& stage);
   trainer::Metrics run_evaluation(std::shared_ptr<TrainModule> module, const DataSource& data,
                                   const std::string& stage, const std::string& ckpt_path);
   void log_to_loggers(const trainer::Metrics& metrics, int64_t step);
@@ -468,10 +455,6 @@ class Trainer {
   void log_step_metrics(bool stepped);
   std::string resolve_ckpt_path(const std::string& ckpt_path);
   void restore(const std::string& path, bool training);
-  /// The first epoch's resume position checked against its `batches`
-  /// (trainer_checkpoint.cpp: an out-of-range position is an error).
-  int64_t checked_resume_position(int64_t batches);
-  bool step_limit_reached() const;
   template <class Fn>
   void each_callback(Fn&& fn) {
     for (const auto& c : callbacks_) fn(*c);
@@ -487,36 +470,14 @@ class Trainer {
   bool owns_environment_ = false;
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<trainer::SchedulerConfig> schedulers_;
-  std::unique_ptr<trainer::detail::Results> results_;     // the training loop's
-  trainer::detail::Results* active_results_ = nullptr;    // an evaluation loop's, while it runs
+  std::unique_ptr<trainer::detail::FitLoop> fit_loop_;
+  std::unique_ptr<trainer::detail::EvaluationLoop> evaluation_loop_;
+  std::unique_ptr<trainer::detail::PredictLoop> predict_loop_;
   std::string stage_;
   bool validating_ = false;
   bool sanity_checking_ = false;
-  int64_t validations_run_ = 0;     // validations of this fit, not counting the sanity one
-  int64_t num_val_batches_ = 0;
-  bool batch_stepped_ = false;      // the running batch ended an accumulation (until its end)
-  bool stopped_inside_epoch_ = false;  // fit stopped before its epoch's last batch
-  int stop_signal_ = 0;                // Note [Stopping on a signal]
   std::vector<trainer::LoggerPtr> loggers_;  // options_.loggers, or none under fast_dev_run
-  bool in_training_step_ = false;
-  bool train_is_dataset_ = false;
-  int64_t epoch_ = 0;
-  int64_t global_step_ = 0;
-  int64_t batch_in_epoch_ = 0;
-  int64_t num_training_batches_ = 0;
-  int64_t max_epochs_ = 1000;
-  bool epoch_done_ = false;      // the current epoch finished (for checkpoints at its end)
-  int64_t resume_position_ = 0;  // batches of the first epoch a restored run skips
-  std::string resume_path_;      // the checkpoint it was restored from (for messages)
-  nlohmann::json resume_results_;  // that epoch's logged values so far (null: none)
-  double last_loss_ = std::numeric_limits<double>::quiet_NaN();
-  double last_loss_weighted_ = std::numeric_limits<double>::quiet_NaN();
-  at::Tensor step_loss_;
-  at::Tensor step_loss_weighted_;  // the step's loss, each micro-batch weighted by its share
-  at::Tensor finished_loss_;       // the last step's sums, read into last_loss_ once the step ended
-  at::Tensor finished_loss_weighted_;
-  int64_t compiles_seen_ = 0;      // the device's compiled programs at the last step's end
-  at::Tensor last_batch_loss_;
+  std::string resume_path_;  // the checkpoint fit restored (for messages)
   int64_t current_batch_size_ = 0;
   double current_share_ = 1.0;  // the running batch's Batch::share (1 outside steps)
   trainer::Metrics callback_metrics_;
