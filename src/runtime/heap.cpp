@@ -150,28 +150,14 @@ class TensorPool final : public c10::Allocator {
   }
 };
 
-// Whether the user tuned glibc's malloc through its environment variables:
-// then strata leaves its settings alone.
-bool user_tuned_malloc() {
-  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_"}) {
-    if (std::getenv(name) != nullptr) return true;
-  }
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  return tunables != nullptr && std::string(tunables).find("glibc.malloc.") != std::string::npos;
-}
-
-// Set by keep_large_blocks_in_heap (Note [Blocks above the mmap threshold]).
-std::atomic<bool> g_large_blocks_kept{false};
-
 void keep_glibc_heap(bool lean) {
-  if (user_tuned_malloc()) return;
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr || std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr) return;
   if (lean) {
     ::mallopt(M_MMAP_THRESHOLD, 128 << 10);
     ::mallopt(M_TRIM_THRESHOLD, 128 << 10);
   } else {
     ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    // -1: never trim (mallopt(3)), once large blocks live in the heap too.
-    ::mallopt(M_TRIM_THRESHOLD, g_large_blocks_kept.load() ? -1 : 1 << 30);
+    ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
 }
 
@@ -217,37 +203,6 @@ void apply_allocator_settings() {
     }
   });
 }
-
-// Note [Blocks above the mmap threshold]
-// glibc serves a request above its mmap threshold (which it lets reach 32
-// MiB at most) with a fresh mmap and unmaps it when it is freed, so every
-// page of such a block faults in, and the kernel clears it, each time. The
-// XLA CPU plugin allocates each execution's temporary arena (its buffer
-// assignment's temporaries: 119.5 MiB for GPT small's step) with
-// posix_memalign and frees it when the execution ends: every step faulted
-// the whole arena in again (18.9% of the step's perf samples were the
-// kernel's page faults and clears, docs/benchmarks.md). With the CPU
-// plugin the xla device therefore has glibc serve every block from its
-// heap (M_MMAP_MAX 0: requests a thread's arena cannot hold go to the main
-// heap) and never give the heap's top back (M_TRIM_THRESHOLD -1): the
-// arena's pages, once touched, stay mapped, and the next execution reuses
-// them. What it costs: freed memory stays with the process, as the kept
-// heap's already does below 1 GiB. Nothing changes under STRATA_HEAP=lean,
-// or when glibc's malloc was tuned in the environment (MALLOC_*_ or
-// GLIBC_TUNABLES' glibc.malloc), or under AddressSanitizer, whose
-// allocator is not glibc's.
-void keep_large_blocks_in_heap() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* heap = std::getenv("STRATA_HEAP");
-    if (kUnderAddressSanitizer || user_tuned_malloc() || (heap != nullptr && std::string(heap) == "lean")) return;
-    g_large_blocks_kept.store(true);
-    ::mallopt(M_MMAP_MAX, 0);
-    ::mallopt(M_TRIM_THRESHOLD, -1);
-  });
-}
-
-bool large_blocks_kept_in_heap() { return g_large_blocks_kept.load(); }
 
 void release_free_memory() {
   ::malloc_trim(0);

@@ -29,7 +29,6 @@
 
 #include "strata/core/error.h"
 #include "strata/core/log.h"
-#include "strata/runtime/process.h"
 #include "strata/xla_device/device.h"
 #include "strata/xla/error.h"
 #include "lazy_buffer.h"
@@ -282,9 +281,6 @@ void init() {
     s.plugin = Plugin::load(search.path);
     s.client = std::make_shared<Client>(Client::create(s.plugin));
     s.devices = s.client->addressable_devices();
-    // The CPU plugin's arena, allocated at each execution, stays mapped
-    // (Note [Blocks above the mmap threshold] in runtime/heap.cpp).
-    if (s.client->platform_name() == "cpu") runtime::keep_large_blocks_in_heap();
     STRATA_CHECK(!s.devices.empty(), ConfigError, "[xla] the PJRT plugin ", search.path,
                  " addresses no device from this process");
     for (size_t i = 0; i < s.devices.size(); ++i)

@@ -77,17 +77,6 @@ TensorHeapStats tensor_heap_stats();
 /// check, for code that places its buffers by it).
 bool tensor_pool_installed();
 
-/// Note [Blocks above the mmap threshold] (heap.cpp): glibc serves every
-/// block from its heap and keeps the heap's top, so a large block freed
-/// and allocated again (the XLA CPU plugin's temporary arena, each
-/// execution) reuses pages already mapped instead of faulting them in
-/// again. The xla device calls it when its plugin is the CPU's. Nothing
-/// under STRATA_HEAP=lean, AddressSanitizer, or glibc's malloc tuned in the
-/// environment. The first call decides.
-void keep_large_blocks_in_heap();
-/// Whether keep_large_blocks_in_heap changed glibc's settings.
-bool large_blocks_kept_in_heap();
-
 /// Hands the pages of the heap's free memory back to the kernel
 /// (glibc's malloc_trim), which the settings above otherwise keep: for
 /// after a phase that freed much that later phases will not allocate again
