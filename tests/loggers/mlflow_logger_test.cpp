@@ -427,8 +427,12 @@ MLFlowOptions unreachable_options(int port) {
 }
 
 // Fits with the logger while stderr is captured; what was printed.
-std::string fit_with_unreachable(const std::shared_ptr<MLFlowLogger>& logger, double& finalize_s) {
+// Stderr is captured from before the logger exists: its sender may warn
+// as soon as it starts, before the fit logs anything.
+std::string fit_with_unreachable(const MLFlowOptions& options, std::shared_ptr<MLFlowLogger>& logger,
+                                 double& finalize_s) {
   ::testing::internal::CaptureStderr();
+  logger = std::make_shared<MLFlowLogger>(options);
   fit_known({logger});
   // finalize again, timed: the fit's own finalize already ran.
   const auto start = std::chrono::steady_clock::now();
@@ -451,9 +455,9 @@ void expect_unsent(const std::string& err, const strata::trainer::MLFlowReport& 
 // Nothing listens on the port: fit completes, one warning, finalize returns
 // after its bound and says what was not sent.
 TEST(MLFlowLoggerTest, ServerDownDoesNotStopTraining) {
-  auto logger = std::make_shared<MLFlowLogger>(unreachable_options(free_port()));
+  std::shared_ptr<MLFlowLogger> logger;
   double finalize_s = 0;
-  const std::string err = fit_with_unreachable(logger, finalize_s);
+  const std::string err = fit_with_unreachable(unreachable_options(free_port()), logger, finalize_s);
   expect_unsent(err, logger->report());
   EXPECT_NE(logger->report().last_error.find("onnect"), std::string::npos) << logger->report().last_error;
   // A bound far above finalize_timeout_s: catches a hang, not a slow machine.
@@ -464,9 +468,9 @@ TEST(MLFlowLoggerTest, ServerDownDoesNotStopTraining) {
 // backlog) and never answers: every request runs into its timeout.
 TEST(MLFlowLoggerTest, ServerThatNeverAnswersDoesNotStopTraining) {
   LoopbackSocket silent(/*listening=*/true);
-  auto logger = std::make_shared<MLFlowLogger>(unreachable_options(silent.port));
+  std::shared_ptr<MLFlowLogger> logger;
   double finalize_s = 0;
-  const std::string err = fit_with_unreachable(logger, finalize_s);
+  const std::string err = fit_with_unreachable(unreachable_options(silent.port), logger, finalize_s);
   expect_unsent(err, logger->report());
   EXPECT_NE(logger->report().last_error.find("imeout"), std::string::npos) << logger->report().last_error;
   EXPECT_LT(finalize_s, 30.0);
