@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include <unistd.h>
 
@@ -189,34 +190,57 @@ Executor::Executor(std::shared_ptr<const Client> client, std::vector<Device> dev
   STRATA_CHECK(capacity_ >= 1, ConfigError, "[xla] the compile cache must hold at least 1 program, got ", capacity_);
 }
 
-std::shared_ptr<const LoadedExecutable> Executor::compiled(const std::string& text) {
+// Whether every program found by its structure is emitted too and checked
+// against the text it was compiled from (Note [Programs known by their
+// structure] in lazy_graph.h).
+bool check_structures() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_XLA_CHECK_KEYS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+std::shared_ptr<const LoadedExecutable> Executor::compiled(const Program& program, const uint64_t* structure) {
+  const auto looking = Clock::now();
   CompileOptions options;
   options.with_num_replicas(static_cast<int64_t>(devices_.size()));
   std::vector<std::vector<int64_t>> assignment;
   for (const Device& d : devices_) assignment.push_back({d.id});
   options.with_device_assignment(assignment);
-  const std::string key = options.serialize() + '\n' + text;
+  const std::string serialized = options.serialize();
+  const std::string key = serialized + '\n' + program.text;
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = index_.find(key);
+  const auto start = Clock::now();
+  metrics_.lookup_time += start - looking;
   if (found != index_.end()) {
     lru_.splice(lru_.begin(), lru_, found->second);
     ++metrics_.cache_hits;
+    if (structure != nullptr && by_structure_.emplace(*structure, found->second).second)
+      found->second->structures.push_back(*structure);
     return found->second->executable;
   }
-  const auto start = Clock::now();
-  auto executable = std::make_shared<const LoadedExecutable>(client_->compile(text, options));
+  auto executable = std::make_shared<const LoadedExecutable>(client_->compile(program.text, options));
   metrics_.compile_time += Clock::now() - start;
   ++metrics_.compiles;
-  metrics_.compile_reasons.push_back(explain_difference(last_compiled_, text));
+  metrics_.compile_reasons.push_back(explain_difference(last_compiled_, program.text));
   if (metrics_.compile_reasons.size() > kReasonsKept) metrics_.compile_reasons.erase(metrics_.compile_reasons.begin());
-  last_compiled_ = text;
-  lru_.push_front({key, executable});
+  last_compiled_ = program.text;
+  lru_.push_front({key, executable, serialized.size() + 1, {}, program.donated, program.collective});
   index_[key] = lru_.begin();
+  if (structure != nullptr && by_structure_.emplace(*structure, lru_.begin()).second)
+    lru_.front().structures.push_back(*structure);
+  evict_locked();
+  return executable;
+}
+
+void Executor::evict_locked() {
   while (lru_.size() > capacity_) {
+    for (uint64_t structure : lru_.back().structures) by_structure_.erase(structure);
     index_.erase(lru_.back().key);
     lru_.pop_back();
   }
-  return executable;
 }
 
 std::vector<Buffer> Executor::run(const std::vector<NodePtr>& outputs, const Donatable& donatable) {
@@ -245,32 +269,78 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
     if (r == 0) joint = mine;
     for (size_t i = 0; i < joint.size(); ++i) joint[i] = joint[i] && i < mine.size() && mine[i];
   }
-  std::vector<Program> programs;
-  programs.reserve(replicas);
-  for (size_t r = 0; r < replicas; ++r)
-    programs.push_back(detail::emit(std::move(walks[r]), outputs[r], joint, "strata_step", static_cast<int64_t>(replicas)));
-  for (size_t r = 1; r < replicas; ++r) {
-    if (programs[r].text == programs[0].text) continue;
-    const std::string how = explain_difference(programs[0].text, programs[r].text);
-    const bool collective = std::any_of(programs.begin(), programs.end(), [](const Program& p) { return p.collective; });
-    if (allow_independent && !collective) return {};
-    throw ConfigError("[xla] replica " + std::to_string(r) + " recorded another step than replica 0 (" + how +
-                      "): every device must record the same ops on the same shapes where the step holds a "
-                      "collective");
+  // Note [Programs known by their structure]: a structure every replica
+  // shares finds the program without emitting its text.
+  std::optional<uint64_t> structure =
+      detail::structure(walks[0], outputs[0], joint, "strata_step", static_cast<int64_t>(replicas));
+  for (size_t r = 1; r < replicas && structure; ++r)
+    if (detail::structure(walks[r], outputs[r], joint, "strata_step", static_cast<int64_t>(replicas)) != structure)
+      structure.reset();
+  std::shared_ptr<const LoadedExecutable> executable;
+  size_t donated = 0;
+  std::string known_text;  // the text it was compiled from, to check against
+  auto emit_took = Clock::now() - traced;  // emitting the text, or hashing the structure in its place
+  if (structure) {
+    const auto looking = Clock::now();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = by_structure_.find(*structure);
+    metrics_.lookup_time += Clock::now() - looking;
+    if (found != by_structure_.end()) {
+      lru_.splice(lru_.begin(), lru_, found->second);
+      executable = found->second->executable;
+      donated = found->second->donated;
+      ++metrics_.structure_hits;
+      ++metrics_.cache_hits;
+      if (check_structures()) known_text = found->second->key.substr(found->second->text_at);
+    }
   }
-  const auto emit_took = Clock::now() - traced;
-  std::unique_ptr<ProgramDump> dump = ProgramDump::begin(programs[0], replicas);
-  std::shared_ptr<const LoadedExecutable> executable = compiled(programs[0].text);
+  std::vector<std::vector<NodePtr>> parameters(replicas);
+  size_t ops = walks[0].order.size();
+  std::unique_ptr<ProgramDump> dump;
+  if (executable == nullptr || !known_text.empty()) {
+    std::vector<Program> programs;
+    programs.reserve(replicas);
+    for (size_t r = 0; r < replicas; ++r)
+      programs.push_back(detail::emit(std::move(walks[r]), outputs[r], joint, "strata_step", static_cast<int64_t>(replicas)));
+    for (size_t r = 1; r < replicas; ++r) {
+      if (programs[r].text == programs[0].text) continue;
+      const std::string how = explain_difference(programs[0].text, programs[r].text);
+      const bool collective = std::any_of(programs.begin(), programs.end(), [](const Program& p) { return p.collective; });
+      if (allow_independent && !collective) return {};
+      throw ConfigError("[xla] replica " + std::to_string(r) + " recorded another step than replica 0 (" + how +
+                        "): every device must record the same ops on the same shapes where the step holds a "
+                        "collective");
+    }
+    if (known_text.empty()) {  // a check's emission is not counted: the run needed none
+      std::lock_guard<std::mutex> lock(mutex_);
+      metrics_.programs_emitted += static_cast<int64_t>(replicas);
+    }
+    STRATA_CHECK(known_text.empty() || known_text == programs[0].text, Error,
+                 "[xla] a step of the same structure as a compiled program emitted another text (",
+                 explain_difference(known_text, programs[0].text),
+                 "): an op's identity leaves out an attribute its emitter bakes in (Note [Programs known by "
+                 "their structure])");
+    emit_took = Clock::now() - traced;
+    if (executable == nullptr) {
+      dump = ProgramDump::begin(programs[0], replicas);
+      executable = compiled(programs[0], structure ? &*structure : nullptr);
+    }
+    donated = programs[0].donated;
+    ops = programs[0].ops;
+    for (size_t r = 0; r < replicas; ++r) parameters[r] = std::move(programs[r].parameters);
+  } else {
+    for (size_t r = 0; r < replicas; ++r) parameters[r] = std::move(walks[r].parameters);
+  }
   // Host scalars are uploaded for this run, to each replica's device
   // (Note [Graph parameters]). The reserve keeps the pointers valid.
   size_t scalar_count = 0;
-  for (const Program& program : programs)
-    for (const NodePtr& p : program.parameters) scalar_count += p->kind() == Node::Kind::kHostScalar;
+  for (const std::vector<NodePtr>& mine : parameters)
+    for (const NodePtr& p : mine) scalar_count += p->kind() == Node::Kind::kHostScalar;
   std::vector<Buffer> uploaded;
   uploaded.reserve(scalar_count);
   std::vector<std::vector<const Buffer*>> arguments(replicas);
   for (size_t r = 0; r < replicas; ++r) {
-    for (const NodePtr& p : programs[r].parameters) {
+    for (const NodePtr& p : parameters[r]) {
       if (p->kind() == Node::Kind::kBuffer) {
         arguments[r].push_back(p->device_buffer().get());
         continue;
@@ -291,10 +361,8 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
     std::lock_guard<std::mutex> lock(mutex_);
     metrics_.execute_time += took;
     metrics_.emit_time += emit_took;
-    for (const Program& program : programs) {
-      metrics_.buffers_donated += static_cast<int64_t>(program.donated);
-      metrics_.ops_executed += static_cast<int64_t>(program.ops);
-    }
+    metrics_.buffers_donated += static_cast<int64_t>(donated * replicas);
+    metrics_.ops_executed += static_cast<int64_t>(ops * replicas);
     ++metrics_.executions;
     metrics_.host_scalars_fed += static_cast<int64_t>(scalar_count);
   }

@@ -3,6 +3,7 @@
 #include "strata/xla/lazy_graph.h"
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_set>
 
 #include "strata/core/error.h"
@@ -48,10 +49,78 @@ std::string without_spans(const std::string& text, const std::string& open, char
 
 }  // namespace
 
+namespace {
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A parameter's identity: its kind and type (never its value).
+uint64_t parameter_identity(const char* kind, const stablehlo::Type& type) {
+  Attributes a;
+  return a.add(std::string(kind)).add(type).hash();
+}
+
+}  // namespace
+
+Attributes& Attributes::mix(uint64_t v) {
+  h_ = splitmix(h_ ^ splitmix(v));
+  return *this;
+}
+
+Attributes& Attributes::add(double v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return mix(bits);
+}
+
+Attributes& Attributes::add(const std::vector<int64_t>& v) {
+  mix(v.size());
+  for (int64_t x : v) mix(static_cast<uint64_t>(x));
+  return *this;
+}
+
+Attributes& Attributes::add(const std::vector<double>& v) {
+  mix(v.size());
+  for (double x : v) add(x);
+  return *this;
+}
+
+Attributes& Attributes::add(const std::vector<std::vector<int64_t>>& v) {
+  mix(v.size());
+  for (const auto& x : v) add(x);
+  return *this;
+}
+
+Attributes& Attributes::add(const stablehlo::Type& t) {
+  mix(static_cast<uint64_t>(t.dtype));
+  return add(t.dims);
+}
+
+Attributes& Attributes::add(const std::string& s) { return add_bytes(s.data(), s.size()); }
+
+Attributes& Attributes::add_bytes(const void* data, size_t size) {
+  mix(size);
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes + i, 8);
+    mix(word);
+  }
+  uint64_t last = 0;
+  std::memcpy(&last, bytes + i, size - i);
+  return mix(last);
+}
+
 NodePtr Node::buffer(std::shared_ptr<const Buffer> buffer, stablehlo::Type type) {
   STRATA_CHECK(buffer != nullptr, ConfigError, "[xla] a graph parameter needs a device buffer, got null");
   auto node = std::shared_ptr<Node>(new Node());
   node->kind_ = Kind::kBuffer;
+  node->identity_ = parameter_identity("buffer", type);
   node->type_ = std::move(type);
   node->op_ = "parameter";
   node->buffer_ = std::move(buffer);
@@ -62,12 +131,13 @@ NodePtr Node::host_scalar(double value, ElementType dtype) {
   auto node = std::shared_ptr<Node>(new Node());
   node->kind_ = Kind::kHostScalar;
   node->type_ = stablehlo::Type{dtype, {}};
+  node->identity_ = parameter_identity("scalar", node->type_);
   node->op_ = "scalar";
   node->scalar_ = value;
   return node;
 }
 
-NodePtr Node::op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit) {
+std::shared_ptr<Node> Node::make(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit) {
   STRATA_CHECK(emit != nullptr, ConfigError, "[xla] op '", op, "' has no emitter");
   for (size_t i = 0; i < inputs.size(); ++i) {
     STRATA_CHECK(inputs[i] != nullptr, ConfigError, "[xla] op '", op, "': input ", i, " is null");
@@ -81,11 +151,24 @@ NodePtr Node::op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type ty
   return node;
 }
 
+NodePtr Node::op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit) {
+  return make(std::move(op), std::move(inputs), std::move(type), std::move(emit));
+}
+
+NodePtr Node::keyed(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit,
+                    uint64_t attributes) {
+  std::shared_ptr<Node> node = make(std::move(op), std::move(inputs), std::move(type), std::move(emit));
+  Attributes identity;
+  identity.add(node->op_).add(node->type_).add(static_cast<int64_t>(attributes));
+  node->identity_ = identity.hash() == 0 ? 1 : identity.hash();
+  return node;
+}
+
 namespace detail {
 
 Walk walk(const std::vector<NodePtr>& outputs) {
   Walk w;
-  std::unordered_set<const Node*> done;
+  auto& done = w.slot;
   struct Frame {
     const Node* node;
     size_t next_input;
@@ -108,7 +191,9 @@ Walk walk(const std::vector<NodePtr>& outputs) {
       }
       const Node* node = top.node;
       stack.pop_back();
-      if (!done.insert(node).second) continue;
+      const int64_t slot = node->kind() == Node::Kind::kOp ? -static_cast<int64_t>(w.order.size()) - 1
+                                                           : static_cast<int64_t>(w.parameters.size());
+      if (!done.emplace(node, slot).second) continue;
       if (node->kind() == Node::Kind::kOp) {
         w.order.push_back(node);
       } else {
@@ -143,6 +228,22 @@ void check_outputs(const std::vector<NodePtr>& outputs) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     STRATA_CHECK(outputs[i] != nullptr, ConfigError, "[xla] output ", i, " of the step is null");
   }
+}
+
+std::optional<uint64_t> structure(const Walk& w, const std::vector<NodePtr>& outputs, const std::vector<bool>& donate,
+                                  const std::string& name, int64_t num_replicas) {
+  Attributes h;
+  h.add(name).add(num_replicas).add(static_cast<int64_t>(w.parameters.size()));
+  for (size_t i = 0; i < w.parameters.size(); ++i)
+    h.add(static_cast<int64_t>(w.parameters[i]->identity())).add(static_cast<int64_t>(i < donate.size() && donate[i]));
+  for (const Node* node : w.order) {
+    if (node->identity() == 0) return std::nullopt;
+    h.add(static_cast<int64_t>(node->identity())).add(static_cast<int64_t>(node->inputs().size()));
+    for (const NodePtr& input : node->inputs()) h.add(w.slot.at(input.get()));
+  }
+  h.add(static_cast<int64_t>(outputs.size()));
+  for (const NodePtr& output : outputs) h.add(w.slot.at(output.get()));
+  return h.hash();
 }
 
 std::vector<bool> donations(const Walk& w, const Donatable& donatable) {
@@ -243,7 +344,7 @@ void check_dim(const char* what, const NodePtr& x, int64_t dim) {
 NodePtr all_reduce(const NodePtr& x, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups) {
   STRATA_CHECK(x != nullptr, ConfigError, "[xla] all_reduce of a null node");
   group_size("all_reduce", groups);
-  return Node::op("all_reduce", {x}, x->type(), [op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+  return Node::op("all_reduce", {x}, x->type(), Attributes{}.add(op).add(groups), [op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
     return f.all_reduce(in[0], op, groups);
   });
 }
@@ -252,7 +353,7 @@ NodePtr all_gather(const NodePtr& x, int64_t dim, const stablehlo::ReplicaGroups
   check_dim("all_gather", x, dim);
   stablehlo::Type type = x->type();
   type.dims[static_cast<size_t>(dim)] *= group_size("all_gather", groups);
-  return Node::op("all_gather", {x}, type, [dim, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+  return Node::op("all_gather", {x}, type, Attributes{}.add(dim).add(groups), [dim, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
     return f.all_gather(in[0], dim, groups);
   });
 }
@@ -266,7 +367,7 @@ NodePtr reduce_scatter(const NodePtr& x, int64_t dim, stablehlo::ReduceOp op, co
                ": ", size, " does not split into ", n, " equal parts; pad it to a multiple of the group size");
   type.dims[static_cast<size_t>(dim)] = size / n;
   return Node::op("reduce_scatter", {x}, type,
-                  [dim, op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+                  Attributes{}.add(dim).add(op).add(groups), [dim, op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
                     return f.reduce_scatter(in[0], dim, op, groups);
                   });
 }

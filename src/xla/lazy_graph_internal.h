@@ -2,6 +2,7 @@
 // lazy_executor.cpp compiles and runs them); private to src/xla/.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -16,11 +17,20 @@ struct Walk {
   std::vector<const Node*> order;
   std::vector<NodePtr> parameters;
   std::unordered_map<const Node*, size_t> argument_of;
+  /// Every node's place: a parameter's index, or -1 - an op's index in
+  /// `order`.
+  std::unordered_map<const Node*, int64_t> slot;
 };
 
 /// Post-order over the DAG of `outputs`, each node once, without recursion
 /// (a long chain of ops cannot overflow the stack).
 Walk walk(const std::vector<NodePtr>& outputs);
+
+/// The hash of the program `emit` would build from `w` (Note [Programs
+/// known by their structure] in lazy_graph.h); none when an op of the
+/// graph has no identity.
+std::optional<uint64_t> structure(const Walk& w, const std::vector<NodePtr>& outputs, const std::vector<bool>& donate,
+                                  const std::string& name, int64_t num_replicas);
 
 /// ConfigError for no output or a null one.
 void check_outputs(const std::vector<NodePtr>& outputs);

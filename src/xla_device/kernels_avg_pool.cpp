@@ -28,10 +28,10 @@ namespace {
 NodePtr along(Recorder& r, const std::vector<double>& values, ElementType dtype, const std::vector<int64_t>& dims,
               int64_t dim) {
   const shlo::Type type{dtype, {static_cast<int64_t>(values.size())}};
-  NodePtr c = r.op("constant", {}, type, [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+  NodePtr c = r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values), [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
     return f.constant(type, values);
   });
-  return r.op("broadcast", {c}, {dtype, dims}, [dims, dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
+  return r.op("broadcast", {c}, {dtype, dims}, lazy::Attributes{}.add(dims).add(dim), [dims, dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
     return f.broadcast_in_dim(in[0], dims, {dim});
   });
 }
@@ -222,14 +222,14 @@ NodePtr adaptive_products(Recorder& r, NodePtr x, size_t lead, const std::vector
     std::vector<double> sizes;
     const shlo::Type type{t, {to[k], from[k]}};
     const std::vector<double> values = adaptive_matrix(in_sizes[k], out_sizes[k], transposed, sizes);
-    NodePtr m = r.op("constant", {}, type, [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+    NodePtr m = r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values), [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
       return f.constant(type, values);
     });
     std::vector<int64_t> dims = x->type().dims;
     const int64_t contracted = static_cast<int64_t>(lead + k);
     dims.erase(dims.begin() + contracted);
     dims.push_back(to[k]);
-    x = r.op("dot", {x, m}, {t, dims}, [contracted](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    x = r.op("dot", {x, m}, {t, dims}, lazy::Attributes{}.add(contracted), [contracted](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.dot_general(in[0], in[1], shlo::DotDims{{}, {}, {contracted}, {1}});
     });
   }

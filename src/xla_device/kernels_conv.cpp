@@ -131,7 +131,7 @@ NodePtr conv_input_grad(Recorder& r, const NodePtr& gy, const NodePtr& w, const 
     space.push_back(static_cast<int64_t>(2 + i));
   }
   NodePtr swapped = r.reshape(r.transpose(r.reshape(w, split), perm), joined);
-  NodePtr flipped = r.op("reverse", {swapped}, swapped->type(), [space](shlo::Function& f, const std::vector<shlo::Value>& v) {
+  NodePtr flipped = r.op("reverse", {swapped}, swapped->type(), lazy::Attributes{}.add(space), [space](shlo::Function& f, const std::vector<shlo::Value>& v) {
     return f.reverse(v[0], space);
   });
   const std::vector<int64_t> out = spatial_sizes(gy);
@@ -227,7 +227,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
     if (has_bias) {
       if (bias->dim() != 1 || bias->size(0) != dims[1]) throw NotLowered{};
       NodePtr b = r.convert(r.tensor(*bias), t);
-      y = r.binary(Binary::kAdd, y, r.op("broadcast", {b}, {t, dims}, [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      y = r.binary(Binary::kAdd, y, r.op("broadcast", {b}, {t, dims}, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
                      return f.broadcast_in_dim(in[0], dims, {1});
                    }));
     }

@@ -50,7 +50,7 @@ std::pair<NodePtr, NodePtr> arg_extreme(Recorder& r, NodePtr x, int64_t dim, boo
   const ElementType t = x->type().dtype;
   auto both = [&](int which, ElementType dtype) {
     return r.op(which == 0 ? "argmax_value" : "argmax_index", {x}, {dtype, dims},
-                [dim, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                lazy::Attributes{}.add(dim).add(which), [dim, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
                   return f.argmax(in[0], dim)[static_cast<size_t>(which)];
                 });
   };
@@ -332,7 +332,7 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
     std::sort(along.begin(), along.end());
     if (std::adjacent_find(along.begin(), along.end()) != along.end()) throw NotLowered{};  // LibTorch refuses
     NodePtr x = r.tensor(self);
-    r.write(out, along.empty() ? x : r.op("reverse", {x}, x->type(), [along](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    r.write(out, along.empty() ? x : r.op("reverse", {x}, x->type(), lazy::Attributes{}.add(along), [along](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.reverse(in[0], along);
     }));
   };
@@ -356,7 +356,7 @@ at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, std::optional<at::Sc
     wide.insert(wide.begin() + d + 1, n);
     std::vector<int64_t> mapping;
     for (int64_t k = 0; k < static_cast<int64_t>(res.dims.size()); ++k) mapping.push_back(k <= d ? k : k + 1);
-    NodePtr spread = r.op("broadcast", {x}, {res.dtype, wide}, [wide, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    NodePtr spread = r.op("broadcast", {x}, {res.dtype, wide}, lazy::Attributes{}.add(wide).add(mapping), [wide, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.broadcast_in_dim(in[0], wide, mapping);
     });
     NodePtr keep = r.compare(r.iota(ElementType::kS64, wide, d), r.iota(ElementType::kS64, wide, d + 1),
@@ -378,7 +378,7 @@ std::pair<NodePtr, NodePtr> sorted(Recorder& r, const at::Tensor& self, int64_t 
   NodePtr index = r.iota(ElementType::kS64, dims, d);
   auto take = [&](int which, ElementType dtype) {
     return r.op(which == 0 ? "sort_values" : "sort_indices", {x, index}, {dtype, dims},
-                [d, descending, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                lazy::Attributes{}.add(d).add(descending).add(which), [d, descending, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
                   return f.sort(in, d, descending)[static_cast<size_t>(which)];
                 });
   };

@@ -73,7 +73,7 @@ NodePtr fmod(Recorder& r, const NodePtr& a, const NodePtr& b) {
 }
 NodePtr logical(Recorder& r, const char* name, const NodePtr& a, const NodePtr& b) {
   const std::string op = name;
-  return r.op(op, {a, b}, a->type(), [op](shlo::Function& f, const std::vector<shlo::Value>& in) {
+  return r.op(op, {a, b}, a->type(), lazy::Attributes{}.add(op), [op](shlo::Function& f, const std::vector<shlo::Value>& in) {
     if (op == "and") return f.logical_and(in[0], in[1]);
     if (op == "or") return f.logical_or(in[0], in[1]);
     return f.logical_xor(in[0], in[1]);

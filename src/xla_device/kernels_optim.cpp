@@ -133,13 +133,17 @@ using UpdateFn = std::function<std::vector<shlo::Value>(shlo::Function&, const s
 // `name` of `inputs`, whose emitter runs `update` for each of the n
 // parameters and returns every updated tensor flattened and joined, list
 // by list; each tensor of `lists` is then bound to its slice.
+// `hyper` names what `update` bakes into the text (Note [Programs known
+// by their structure] in strata/xla/lazy_graph.h).
 void record_fused(Recorder& r, const char* name, std::vector<NodePtr> inputs, const std::vector<at::TensorList>& lists,
-                  UpdateFn update) {
+                  lazy::Attributes hyper, UpdateFn update) {
   const size_t n = lists.front().size(), kinds = lists.size();
   int64_t total = 0;
   for (at::TensorList list : lists)
     for (const at::Tensor& t : list) total += t.numel();
-  NodePtr step = r.op(name, std::move(inputs), {ElementType::kF32, {total}},
+  for (at::TensorList list : lists)
+    for (const at::Tensor& t : list) hyper.add(t.numel());
+  NodePtr step = r.op(name, std::move(inputs), {ElementType::kF32, {total}}, hyper.add(n).add(kinds),
                       [n, kinds, update](shlo::Function& f, const std::vector<shlo::Value>& in) {
                         std::vector<std::vector<shlo::Value>> updated;
                         for (size_t i = 0; i < n; ++i) updated.push_back(update(f, in, i));
@@ -175,7 +179,9 @@ void record_adam(Recorder& r, const char* name, at::TensorList params, at::Tenso
   // moment, every second moment (and every maximum).
   std::vector<at::TensorList> lists{params, exp_avgs, exp_avg_sqs};
   if (h.amsgrad) lists.push_back(max_exp_avg_sqs);
-  record_fused(r, name, std::move(inputs), lists,
+  const lazy::Attributes hyper = lazy::Attributes{}.add(h.beta1).add(h.beta2).add(h.weight_decay).add(h.eps)
+                                     .add(h.amsgrad).add(h.maximize).add(h.decoupled).add(n).add(per);
+  record_fused(r, name, std::move(inputs), lists, hyper,
                [h, n, per](shlo::Function& f, const std::vector<shlo::Value>& in, size_t i) {
                  return adam_update(f, h, in[0], in[1 + i], in, 1 + n + i * per);
                });
@@ -267,7 +273,9 @@ void fused_sgd(at::TensorList self, at::TensorList grads, at::TensorList momentu
       }
       std::vector<at::TensorList> lists{self};
       if (with_buffers) lists.push_back(momentum_buffers);
-      record_fused(r, Op::name, std::move(inputs), lists,
+      const lazy::Attributes hyper = lazy::Attributes{}.add(h.weight_decay).add(h.momentum).add(h.dampening)
+                                         .add(h.nesterov).add(h.maximize).add(h.is_first_step).add(per);
+      record_fused(r, Op::name, std::move(inputs), lists, hyper,
                    [h, per](shlo::Function& f, const std::vector<shlo::Value>& in, size_t i) {
                      return sgd_update(f, h, in[0], in, 1 + i * per);
                    });

@@ -47,7 +47,7 @@ at::Tensor constant_pad_nd(const at::Tensor& self, c10::IntArrayRef pad, const a
     }
     NodePtr x = r.tensor(self);
     NodePtr fill = r.scalar(value, t);
-    NodePtr padded = r.op("pad", {x, fill}, {t, dims}, [low, high, interior](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    NodePtr padded = r.op("pad", {x, fill}, {t, dims}, lazy::Attributes{}.add(low).add(high).add(interior), [low, high, interior](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.pad(in[0], in[1], low, high, interior);
     });
     at::Tensor out = at::empty(dims, self.options());
@@ -80,7 +80,7 @@ std::vector<double> pad_sources(int64_t size, int64_t low, int64_t high, PadMode
 
 NodePtr index_constant(Recorder& r, const std::vector<double>& values) {
   const shlo::Type type{ElementType::kS64, {static_cast<int64_t>(values.size())}};
-  return r.op("constant", {}, type, [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+  return r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values), [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
     return f.constant(type, values);
   });
 }
@@ -112,7 +112,7 @@ at::Tensor pad_forward(const at::Tensor& self, c10::IntArrayRef padding) {
       std::vector<int64_t> dims = x->type().dims;
       dims[static_cast<size_t>(dim)] += low + high;
       const int64_t d = dim;
-      x = r.op("take_rows", {x, idx}, {x->type().dtype, dims}, [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      x = r.op("take_rows", {x, idx}, {x->type().dtype, dims}, lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
         return f.take_rows(in[0], in[1], d);
       });
     }
@@ -141,7 +141,7 @@ at::Tensor pad_backward(const at::Tensor& grad_output, const at::Tensor& self, c
       dims[static_cast<size_t>(dim)] = size;
       const int64_t d = dim;
       g = r.op("scatter_add_rows", {r.splat(0.0, t, dims), idx, g}, {t, dims},
-               [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+               lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
                  return f.scatter_add_rows(in[0], in[1], in[2], d);
                });
     }

@@ -46,7 +46,7 @@ std::pair<NodePtr, NodePtr> fresh_key(const c10::Device& device) {
 // THREE_FRY's state is {key, counter 0}.
 NodePtr uniform(Recorder& r, const std::pair<NodePtr, NodePtr>& key, const std::vector<int64_t>& dims) {
   return r.op("rng_uniform", {key.first, key.second}, {ElementType::kF32, dims},
-              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+              lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
                 const shlo::Type u64{ElementType::kU64, {}};
                 const shlo::Value high = f.convert(in[0], ElementType::kU64);
                 const shlo::Value low = f.convert(in[1], ElementType::kU64);

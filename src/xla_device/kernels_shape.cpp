@@ -52,7 +52,7 @@ at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& 
       r.write(out, parts[0]);
       return;
     }
-    r.write(out, r.op("concatenate", parts, {res.dtype, res.dims}, [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    r.write(out, r.op("concatenate", parts, {res.dtype, res.dims}, lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.concatenate(in, d);
     }));
   };
@@ -116,7 +116,7 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
     if (values.numel() != n) throw NotLowered{};
     const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + n);
     const shlo::Type type{t, dims};
-    r.write(out, r.op("constant", {}, type, [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+    r.write(out, r.op("constant", {}, type, lazy::Attributes{}.add(v), [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
       return f.constant(type, v);
     }));
   };
@@ -136,7 +136,7 @@ at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t
     const at::Tensor values = host.to(at::kDouble).contiguous();
     const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + steps);
     const shlo::Type type{t, {steps}};
-    r.write(out, r.op("constant", {}, type, [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+    r.write(out, r.op("constant", {}, type, lazy::Attributes{}.add(v), [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
       return f.constant(type, v);
     }));
   };
@@ -168,7 +168,7 @@ NodePtr take(Recorder& r, const at::Tensor& self, int64_t dim, const at::Tensor&
   NodePtr table = r.tensor(self), idx = r.reshape(r.tensor(index), {index.numel()});
   std::vector<int64_t> dims = vec(self.sizes());
   dims[static_cast<size_t>(d)] = index.numel();
-  return r.op("take_rows", {table, idx}, {table->type().dtype, dims}, [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+  return r.op("take_rows", {table, idx}, {table->type().dtype, dims}, lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
     return f.take_rows(in[0], in[1], d);
   });
 }
@@ -215,7 +215,7 @@ at::Tensor& index_add_out(const at::Tensor& self, int64_t dim, const at::Tensor&
     NodePtr src = r.scaled(alpha, r.convert(r.tensor(source), t));
     NodePtr base = r.convert(r.tensor(self), t);
     r.write(out, r.op("scatter_add_rows", {base, idx, src}, base->type(),
-                      [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                      lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
                         return f.scatter_add_rows(in[0], in[1], in[2], d);
                       }));
   };
@@ -236,7 +236,7 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Ten
     NodePtr g = r.reshape(r.tensor(grad_output), {n, width});
     if (padding_idx >= 0) {
       NodePtr keep = r.compare(idx, r.splat(static_cast<double>(padding_idx), ElementType::kS64, {n}), shlo::Direction::kNE);
-      NodePtr keep2 = r.op("broadcast", {keep}, {ElementType::kPred, {n, width}}, [n, width](shlo::Function& f, const std::vector<shlo::Value>& in) {
+      NodePtr keep2 = r.op("broadcast", {keep}, {ElementType::kPred, {n, width}}, lazy::Attributes{}.add(n).add(width), [n, width](shlo::Function& f, const std::vector<shlo::Value>& in) {
         return f.broadcast_in_dim(in[0], {n, width}, {0});
       });
       g = r.select(keep2, g, r.splat(0.0, t, {n, width}));

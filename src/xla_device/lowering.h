@@ -70,9 +70,18 @@ class Recorder {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, lazy::EmitFn emit) {
+  // Node::op's three forms (Note [Programs known by their structure] in
+  // strata/xla/lazy_graph.h): an emitter that captures plain values, one
+  // with its attributes named, or an EmitFn (no identity).
+  template <class F>
+  NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, F&& emit) {
     ++nodes_;
-    return Node::op(std::move(name), std::move(inputs), std::move(type), std::move(emit));
+    return Node::op(std::move(name), std::move(inputs), std::move(type), std::forward<F>(emit));
+  }
+  template <class F>
+  NodePtr op(std::string name, std::vector<NodePtr> inputs, shlo::Type type, lazy::Attributes attributes, F&& emit) {
+    ++nodes_;
+    return Node::op(std::move(name), std::move(inputs), std::move(type), std::move(attributes), std::forward<F>(emit));
   }
 
   // A 0-dim constant baked into the program.
@@ -80,7 +89,7 @@ class Recorder {
     if (dtype == ElementType::kF32) value = static_cast<float>(value);
     const shlo::Type type{dtype, {}};
     return op("constant", {}, type,
-              [type, value](shlo::Function& f, const std::vector<shlo::Value>&) { return f.constant(type, {value}); });
+              lazy::Attributes{}.add(type).add(value), [type, value](shlo::Function& f, const std::vector<shlo::Value>&) { return f.constant(type, {value}); });
   }
 
   // Note [Scalars in the graph]
@@ -94,7 +103,7 @@ class Recorder {
   NodePtr reshape(const NodePtr& x, const std::vector<int64_t>& dims) {
     if (x->type().dims == dims) return x;
     return op("reshape", {x}, {x->type().dtype, dims},
-              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.reshape(in[0], dims); });
+              lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.reshape(in[0], dims); });
   }
 
   NodePtr transpose(const NodePtr& x, const std::vector<int64_t>& perm) {
@@ -104,13 +113,13 @@ class Recorder {
     shlo::Type type{x->type().dtype, {}};
     for (int64_t p : perm) type.dims.push_back(x->type().dims[static_cast<size_t>(p)]);
     return op("transpose", {x}, type,
-              [perm](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.transpose(in[0], perm); });
+              lazy::Attributes{}.add(perm), [perm](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.transpose(in[0], perm); });
   }
 
   NodePtr convert(const NodePtr& x, ElementType dtype) {
     if (x->type().dtype == dtype) return x;
     return op("convert", {x}, {dtype, x->type().dims},
-              [dtype](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.convert(in[0], dtype); });
+              lazy::Attributes{}.add(dtype), [dtype](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.convert(in[0], dtype); });
   }
 
   // Numpy-style broadcast to `dims` (trailing dims aligned).
@@ -120,7 +129,7 @@ class Recorder {
     if (rank > dims.size()) throw NotLowered{};
     std::vector<int64_t> mapping(rank);
     std::iota(mapping.begin(), mapping.end(), static_cast<int64_t>(dims.size() - rank));
-    return op("broadcast", {x}, {x->type().dtype, dims}, [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return op("broadcast", {x}, {x->type().dtype, dims}, lazy::Attributes{}.add(dims).add(mapping), [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.broadcast_in_dim(in[0], dims, mapping);
     });
   }
@@ -131,7 +140,7 @@ class Recorder {
     if (!(a->type() == b->type())) throw NotLowered{};
     static const char* const kNames[] = {"add", "subtract", "multiply", "divide", "maximum", "minimum"};
     return op(kNames[static_cast<int>(kind)], {a, b}, a->type(),
-              [kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
+              lazy::Attributes{}.add(kind), [kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
                 switch (kind) {
                   case Binary::kAdd: return f.add(in[0], in[1]);
                   case Binary::kSubtract: return f.subtract(in[0], in[1]);
@@ -163,7 +172,7 @@ class Recorder {
   NodePtr compare(const NodePtr& a, const NodePtr& b, shlo::Direction direction) {
     if (!(a->type() == b->type())) throw NotLowered{};
     return op("compare", {a, b}, {ElementType::kPred, a->type().dims},
-              [direction](shlo::Function& f, const std::vector<shlo::Value>& in) {
+              lazy::Attributes{}.add(direction), [direction](shlo::Function& f, const std::vector<shlo::Value>& in) {
                 return f.compare(in[0], in[1], direction);
               });
   }
@@ -181,7 +190,7 @@ class Recorder {
     for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
       if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
     NodePtr start = constant(init, x->type().dtype);
-    return op("reduce", {x, start}, type, [dims, kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return op("reduce", {x, start}, type, lazy::Attributes{}.add(dims).add(kind), [dims, kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.reduce(in[0], in[1], dims, kind);
     });
   }
@@ -191,7 +200,7 @@ class Recorder {
     std::vector<int64_t> mapping;
     for (int64_t d = 0; d < static_cast<int64_t>(dims.size()); ++d)
       if (!std::binary_search(reduced.begin(), reduced.end(), d)) mapping.push_back(d);
-    return op("broadcast", {x}, {x->type().dtype, dims}, [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return op("broadcast", {x}, {x->type().dtype, dims}, lazy::Attributes{}.add(dims).add(mapping), [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.broadcast_in_dim(in[0], dims, mapping);
     });
   }
@@ -199,7 +208,7 @@ class Recorder {
   // 0, 1, 2, ... along `dim` of {dtype, dims}.
   NodePtr iota(ElementType dtype, const std::vector<int64_t>& dims, int64_t dim) {
     const shlo::Type type{dtype, dims};
-    return op("iota", {}, type, [type, dim](shlo::Function& f, const std::vector<shlo::Value>&) { return f.iota(type, dim); });
+    return op("iota", {}, type, lazy::Attributes{}.add(type).add(dim), [type, dim](shlo::Function& f, const std::vector<shlo::Value>&) { return f.iota(type, dim); });
   }
 
   NodePtr sum(const NodePtr& x, std::vector<int64_t> dims) {
@@ -209,7 +218,7 @@ class Recorder {
     for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
       if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
     NodePtr zero = constant(0.0, x->type().dtype);
-    return op("reduce_sum", {x, zero}, type, [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return op("reduce_sum", {x, zero}, type, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.reduce(in[0], in[1], dims, shlo::ReduceOp::kSum);
     });
   }
@@ -222,7 +231,7 @@ class Recorder {
       whole = whole && start[i] == 0 && limit[i] == x->type().dims[i];
     }
     if (whole) return x;
-    return op("slice", {x}, type, [start, limit](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return op("slice", {x}, type, lazy::Attributes{}.add(start).add(limit), [start, limit](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.slice(in[0], start, limit);
     });
   }
@@ -350,7 +359,7 @@ class Recorder {
     if (!b.broadcasts) return reshape(value, vec(t.sizes()));
     const std::vector<int64_t> dims = vec(t.sizes());
     const std::vector<int64_t> original = b.original;
-    return op("broadcast", {value}, {dtype, dims}, [dims, original](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return op("broadcast", {value}, {dtype, dims}, lazy::Attributes{}.add(dims).add(original), [dims, original](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.broadcast_in_dim(in[0], dims, original);
     });
   }
@@ -369,7 +378,7 @@ class Recorder {
     shlo::Type type = parts.at(0)->type();
     type.dims.at(static_cast<size_t>(dim)) = 0;
     for (const NodePtr& p : parts) type.dims[static_cast<size_t>(dim)] += p->type().dims.at(static_cast<size_t>(dim));
-    return op("concatenate", parts, type, [dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return op("concatenate", parts, type, lazy::Attributes{}.add(dim), [dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.concatenate(in, dim);
     });
   }
@@ -463,7 +472,7 @@ class Recorder {
       if (b.used > total) return nullptr;
       NodePtr box = reshape(slice(base, {0}, {b.used}), b.extents);
       NodePtr updated = op("dynamic_update_slice", {box, update}, box->type(),
-                           [start](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                           lazy::Attributes{}.add(start), [start](shlo::Function& f, const std::vector<shlo::Value>& in) {
                              std::vector<shlo::Value> at;
                              for (int64_t s : start) at.push_back(f.constant({ElementType::kS64, {}}, {static_cast<double>(s)}));
                              return f.dynamic_update_slice(in[0], in[1], at);

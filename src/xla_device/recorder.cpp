@@ -77,6 +77,9 @@ lazy::GraphMetrics summed_locked(Executors& e) {
     sum.compile_time += m.compile_time;
     sum.execute_time += m.execute_time;
     sum.emit_time += m.emit_time;
+    sum.lookup_time += m.lookup_time;
+    sum.structure_hits += m.structure_hits;
+    sum.programs_emitted += m.programs_emitted;
     sum.host_scalars_fed += m.host_scalars_fed;
     sum.buffers_donated += m.buffers_donated;
     sum.compile_reasons.insert(sum.compile_reasons.end(), m.compile_reasons.begin(), m.compile_reasons.end());
@@ -311,12 +314,16 @@ void graph_metrics(Metrics& out) {
   const lazy::GraphMetrics& base = e.baseline;
   out.compiles = now.compiles - base.compiles;
   out.cache_hits = now.cache_hits - base.cache_hits;
+  out.structure_hits = now.structure_hits - base.structure_hits;
+  out.programs_emitted = now.programs_emitted - base.programs_emitted;
   out.executions = now.executions - base.executions;
   out.nodes_executed = now.ops_executed - base.ops_executed;
   out.buffers_donated = now.buffers_donated - base.buffers_donated;
   out.compile_seconds = std::chrono::duration<double>(now.compile_time - base.compile_time).count();
   out.execute_seconds = std::chrono::duration<double>(now.execute_time - base.execute_time).count();
-  out.trace_seconds += std::chrono::duration<double>(now.emit_time - base.emit_time).count();
+  out.emit_seconds = std::chrono::duration<double>(now.emit_time - base.emit_time).count();
+  out.trace_seconds += out.emit_seconds;
+  out.lookup_seconds = std::chrono::duration<double>(now.lookup_time - base.lookup_time).count();
   // The reasons of the compiles since the reset, as far as they are kept.
   const size_t since = static_cast<size_t>(out.compiles);
   const size_t kept = std::min(since, now.compile_reasons.size());

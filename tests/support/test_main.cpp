@@ -49,6 +49,10 @@ int main(int argc, char** argv) {
   ::setenv("STRATA_BINARY_DIR", STRATA_TEST_BINARY_DIR, /*overwrite=*/0);
   ::setenv("STRATA_SOURCE_DIR", STRATA_TEST_SOURCE_DIR, 0);
   if (*STRATA_TEST_PYTHON) ::setenv("STRATA_PYTHON", STRATA_TEST_PYTHON, 0);
+  // Every xla program found by its graph's structure is emitted as well
+  // and checked against the text it was compiled from (Note [Programs
+  // known by their structure] in strata/xla/lazy_graph.h).
+  ::setenv("STRATA_XLA_CHECK_KEYS", "1", 0);
   int worker_rc = strata::testing::maybe_run_worker(argc, argv);
   if (worker_rc >= 0) return worker_rc;
   ::testing::InitGoogleTest(&argc, argv);

@@ -58,7 +58,8 @@ TEST(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
   torch::optim::AdamW xla_opt(xla_model->parameters(), options);
   strata::xla::mark_step();
   strata::xla::reset_metrics();
-  int64_t compiles_after_step_2 = -1;
+  int64_t compiles_after_step_2 = -1, emitted_after_step_2 = -1, executions_after_step_2 = -1,
+          structure_hits_after_step_2 = -1;
   double cpu_first = 0, xla_first = 0, cpu_last = 0, xla_last = 0, cpu_norm = 0, xla_norm = 0;
   for (int step = 0; step <= kSteps; ++step) {
     cpu_opt.zero_grad();
@@ -82,7 +83,13 @@ TEST(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
     if (step == 0) cpu_first = cpu_last, xla_first = xla_last;
     std::printf("step %d loss: xla %.9g cpu %.9g relative %.3g; norm xla %.7g cpu %.7g\n", step, xla_last,
                 cpu_last, relative(xla_last, cpu_last), xla_norm, cpu_norm);
-    if (step == 2) compiles_after_step_2 = metrics().compiles;
+    if (step == 2) {
+      const auto m = metrics();
+      compiles_after_step_2 = m.compiles;
+      emitted_after_step_2 = m.programs_emitted;
+      executions_after_step_2 = m.executions;
+      structure_hits_after_step_2 = m.structure_hits;
+    }
   }
   EXPECT_LE(relative(xla_first, cpu_first), 1e-5);
   EXPECT_LE(relative(xla_last, cpu_last), 1e-3);
@@ -103,6 +110,11 @@ TEST(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
   EXPECT_EQ(m.compiles, compiles_after_step_2) << "no compile after step 2";
   EXPECT_LE(m.compiles, 3) << "step 0's two programs (AdamW's state is made there) and step 1's AdamW";
   EXPECT_EQ(m.executions, 2 * (kSteps + 1)) << "two programs a step: up to clipping's .item(), then AdamW";
+  // Note [Programs known by their structure]: from step 3 on, every
+  // program is found by the graph's structure and no text is emitted (the
+  // test suite's STRATA_XLA_CHECK_KEYS=1 still emits each one to check it).
+  EXPECT_EQ(m.programs_emitted, emitted_after_step_2) << "no program text emitted after step 2";
+  EXPECT_EQ(m.structure_hits - structure_hits_after_step_2, m.executions - executions_after_step_2);
 }
 
 }  // namespace

@@ -26,6 +26,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -41,6 +43,56 @@ using NodePtr = std::shared_ptr<const Node>;
 /// result out.
 using EmitFn = std::function<stablehlo::Value(stablehlo::Function&, const std::vector<stablehlo::Value>&)>;
 
+/// Note [Programs known by their structure]
+/// A steady training loop records the same graph every step, and emitting
+/// its text to find the compiled program took most of the host's time
+/// (docs/benchmarks.md). So each op node carries its identity: a hash of
+/// its name, its result type, its emitter's type (which lambda, so which
+/// call site) and the attributes that emitter bakes into the text. A
+/// program's structure is then the hash of its walk: each node's identity
+/// and where its inputs are, the parameters' kinds and types, the outputs
+/// and the donations. The executor keeps, beside each compiled program,
+/// the structures it was found under, and a later step of the same
+/// structure runs it without emitting any text.
+///
+/// An identity is known, never guessed:
+/// - an emitter that captures only plain values (an enum, a double, a
+///   member-function pointer; a trivially copyable closure) is hashed with
+///   its bytes, so every value it captured is part of the identity;
+/// - one that captures a vector or a type names what it bakes in through
+///   Attributes (op(name, inputs, type, attributes, emit));
+/// - an op made from a std::function (EmitFn) has no identity, and a
+///   graph that holds one is looked up by its text, as before.
+/// A captured pointer would be hashed as an address, not as what it points
+/// to, so emitters capture values. With STRATA_XLA_CHECK_KEYS=1 (the test
+/// suite sets it), every program found by its structure is emitted as
+/// well and its text compared with the text it was compiled from; a
+/// difference is an Error naming both.
+
+/// The attributes an op's emitter bakes into the program text beyond its
+/// name, inputs and result type, hashed (Note [Programs known by their
+/// structure]).
+class Attributes {
+ public:
+  template <class T, std::enable_if_t<std::is_integral_v<T> || std::is_enum_v<T>, int> = 0>
+  Attributes& add(T v) {
+    return mix(static_cast<uint64_t>(v));
+  }
+  Attributes& add(double v);
+  Attributes& add(const std::vector<int64_t>& v);
+  Attributes& add(const std::vector<double>& v);
+  Attributes& add(const std::vector<std::vector<int64_t>>& v);
+  Attributes& add(const stablehlo::Type& t);
+  Attributes& add(const std::string& s);
+  /// `size` raw bytes (a trivially copyable emitter's captures).
+  Attributes& add_bytes(const void* data, size_t size);
+  uint64_t hash() const { return h_; }
+
+ private:
+  Attributes& mix(uint64_t v);
+  uint64_t h_ = 0x9e3779b97f4a7c15ull;
+};
+
 /// A value of the graph: a parameter (Note [Graph parameters]) or the
 /// result of an op.
 class Node {
@@ -55,6 +107,27 @@ class Node {
   /// applied to `inputs`, of `type`, emitted by `emit`. Throws ConfigError
   /// for a null input or emitter.
   static NodePtr op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit);
+  /// The same, with an identity (Note [Programs known by their
+  /// structure]): `emit` is a closure that captures only plain values.
+  template <class F, std::enable_if_t<std::is_class_v<std::decay_t<F>> &&
+                                          std::is_trivially_copyable_v<std::decay_t<F>>, int> = 0>
+  static NodePtr op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, F&& emit) {
+    Attributes attributes;
+    attributes.add_bytes(&emit, sizeof(emit));
+    return Node::op(std::move(op), std::move(inputs), std::move(type), std::move(attributes), std::forward<F>(emit));
+  }
+  /// The same, with an identity: `attributes` holds everything `emit`
+  /// bakes into the text beyond the name, the inputs and `type`.
+  template <class F>
+  static NodePtr op(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, Attributes attributes,
+                    F&& emit) {
+    attributes.add(static_cast<int64_t>(typeid(std::decay_t<F>).hash_code()));
+    return keyed(std::move(op), std::move(inputs), std::move(type), EmitFn(std::forward<F>(emit)), attributes.hash());
+  }
+
+  /// The hash of the op's name, type and attributes; 0 when unknown (an
+  /// op made from an EmitFn). A parameter's says its kind and type.
+  uint64_t identity() const { return identity_; }
 
   Kind kind() const { return kind_; }
   const stablehlo::Type& type() const { return type_; }
@@ -66,7 +139,11 @@ class Node {
 
  private:
   Node() = default;
+  static std::shared_ptr<Node> make(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit);
+  static NodePtr keyed(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit,
+                       uint64_t attributes);
   Kind kind_ = Kind::kOp;
+  uint64_t identity_ = 0;
   stablehlo::Type type_;
   std::string op_;
   std::vector<NodePtr> inputs_;
@@ -148,6 +225,13 @@ struct GraphMetrics {
   std::chrono::nanoseconds compile_time{0};
   std::chrono::nanoseconds execute_time{0};
   std::chrono::nanoseconds emit_time{0};  ///< building programs' text from the graph
+  std::chrono::nanoseconds lookup_time{0};  ///< finding programs in the compile cache (hits and misses)
+  /// Programs whose text a run needed (one per replica); not those
+  /// emitted only to check a structure (STRATA_XLA_CHECK_KEYS).
+  int64_t programs_emitted = 0;
+  /// Runs that found their program by its structure, emitting no text
+  /// (Note [Programs known by their structure]).
+  int64_t structure_hits = 0;
   int64_t host_scalars_fed = 0;
   int64_t ops_executed = 0;  ///< op nodes in the programs run (Program::ops)
   int64_t buffers_donated = 0;  ///< buffer parameters the programs run consumed
@@ -192,17 +276,27 @@ class Executor {
 
  private:
   struct Entry {
-    std::string key;
+    std::string key;  ///< the compile options, then the text from text_at on
     std::shared_ptr<const LoadedExecutable> executable;
+    size_t text_at = 0;
+    std::vector<uint64_t> structures;  ///< the structures it was found under
+    size_t donated = 0;                ///< buffer parameters it consumes
+    bool collective = false;
   };
-  std::shared_ptr<const LoadedExecutable> compiled(const std::string& text);
+  using EntryRef = std::list<Entry>::iterator;
+  /// The program of `program.text`, compiled where it is not cached;
+  /// known by `structure` from then on where one is given.
+  std::shared_ptr<const LoadedExecutable> compiled(const Program& program, const uint64_t* structure);
+  /// Drops the least recently used programs past the capacity. Locked.
+  void evict_locked();
 
   std::shared_ptr<const Client> client_;
   std::vector<Device> devices_;
   size_t capacity_;
   mutable std::mutex mutex_;
   std::list<Entry> lru_;  // most recent first
-  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  std::unordered_map<std::string, EntryRef> index_;
+  std::unordered_map<uint64_t, EntryRef> by_structure_;
   std::string last_compiled_;
   GraphMetrics metrics_;
 };

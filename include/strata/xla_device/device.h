@@ -99,6 +99,11 @@ struct Metrics {
   int64_t nodes_recorded = 0;  ///< graph nodes those kernels made
   int64_t compiles = 0;        ///< programs compiled (a new program text)
   int64_t cache_hits = 0;      ///< programs found compiled
+  /// Of the cache hits, those found by the graph's structure, without
+  /// emitting the program's text (Note [Programs known by their structure]
+  /// in strata/xla/lazy_graph.h).
+  int64_t structure_hits = 0;
+  int64_t programs_emitted = 0;  ///< programs whose text was built
   int64_t executions = 0;      ///< programs run (mark_step and syncs)
   int64_t nodes_executed = 0;  ///< op nodes in the programs run
   /// Buffers the programs consumed (their memory reused for the results):
@@ -108,8 +113,10 @@ struct Metrics {
   /// oldest first, the last 32 kept.
   std::vector<std::string> compile_reasons;
   /// Time in the lowered kernels recording the graph, and in emitting
-  /// each program's text from it (tracing).
+  /// each program's text from it (tracing): record + emit.
   double trace_seconds = 0;
+  double emit_seconds = 0;    ///< of trace_seconds, emitting programs' text
+  double lookup_seconds = 0;  ///< finding programs in the compile cache
   double compile_seconds = 0;  ///< compiling new programs
   double execute_seconds = 0;  ///< running programs
   /// Uploads and downloads of storages (host scalars fed to a program are
