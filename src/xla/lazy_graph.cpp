@@ -118,7 +118,7 @@ Attributes& Attributes::add_bytes(const void* data, size_t size) {
 
 NodePtr Node::buffer(std::shared_ptr<const Buffer> buffer, stablehlo::Type type) {
   STRATA_CHECK(buffer != nullptr, ConfigError, "[xla] a graph parameter needs a device buffer, got null");
-  auto node = std::shared_ptr<Node>(new Node());
+  auto node = std::make_shared<Node>(Private{});
   node->kind_ = Kind::kBuffer;
   node->identity_ = parameter_identity("buffer", type);
   node->type_ = std::move(type);
@@ -128,7 +128,7 @@ NodePtr Node::buffer(std::shared_ptr<const Buffer> buffer, stablehlo::Type type)
 }
 
 NodePtr Node::host_scalar(double value, ElementType dtype) {
-  auto node = std::shared_ptr<Node>(new Node());
+  auto node = std::make_shared<Node>(Private{});
   node->kind_ = Kind::kHostScalar;
   node->type_ = stablehlo::Type{dtype, {}};
   node->identity_ = parameter_identity("scalar", node->type_);
@@ -142,7 +142,7 @@ std::shared_ptr<Node> Node::make(std::string op, std::vector<NodePtr> inputs, st
   for (size_t i = 0; i < inputs.size(); ++i) {
     STRATA_CHECK(inputs[i] != nullptr, ConfigError, "[xla] op '", op, "': input ", i, " is null");
   }
-  auto node = std::shared_ptr<Node>(new Node());
+  auto node = std::make_shared<Node>(Private{});
   node->kind_ = Kind::kOp;
   node->type_ = std::move(type);
   node->op_ = std::move(op);
@@ -169,36 +169,33 @@ namespace detail {
 Walk walk(const std::vector<NodePtr>& outputs) {
   Walk w;
   auto& done = w.slot;
+  done.reserve(1024);
   struct Frame {
-    const Node* node;
+    const NodePtr* node;  // in its user's inputs, or in `outputs`: both outlive the walk
     size_t next_input;
   };
   std::vector<Frame> stack;
-  std::unordered_map<const Node*, NodePtr> owner;  // keeps a pointer for each parameter
   for (const NodePtr& output : outputs) {
     if (done.count(output.get())) continue;
-    owner.emplace(output.get(), output);
-    stack.push_back({output.get(), 0});
+    stack.push_back({&output, 0});
     while (!stack.empty()) {
       Frame& top = stack.back();
-      if (top.next_input < top.node->inputs().size()) {
-        const NodePtr& input = top.node->inputs()[top.next_input++];
-        if (!done.count(input.get())) {
-          owner.emplace(input.get(), input);
-          stack.push_back({input.get(), 0});
-        }
+      const Node& at = **top.node;
+      if (top.next_input < at.inputs().size()) {
+        const NodePtr& input = at.inputs()[top.next_input++];
+        if (!done.count(input.get())) stack.push_back({&input, 0});
         continue;
       }
-      const Node* node = top.node;
+      const NodePtr& node = *top.node;
       stack.pop_back();
       const int64_t slot = node->kind() == Node::Kind::kOp ? -static_cast<int64_t>(w.order.size()) - 1
                                                            : static_cast<int64_t>(w.parameters.size());
-      if (!done.emplace(node, slot).second) continue;
+      if (!done.emplace(node.get(), slot).second) continue;
       if (node->kind() == Node::Kind::kOp) {
-        w.order.push_back(node);
+        w.order.push_back(node.get());
       } else {
-        w.argument_of[node] = w.parameters.size();
-        w.parameters.push_back(owner.at(node));
+        w.argument_of[node.get()] = w.parameters.size();
+        w.parameters.push_back(node);
       }
     }
   }

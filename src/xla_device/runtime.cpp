@@ -17,6 +17,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -267,6 +269,42 @@ PluginSearch find_plugin() {
                     looked);
 }
 
+namespace {
+
+// Note [The CPU plugin's temporaries stay mapped]
+// The CPU plugin allocates each execution's temporary arena (119.5 MiB for
+// GPT small's step) with malloc on its own threads and frees it after. A
+// thread's malloc arena holds at most 64 MiB, so glibc maps every such
+// request with mmap and unmaps it on free, and each of its pages faults
+// in, and is cleared, at every execution (30,000 faults a step on GPT
+// small; docs/benchmarks.md). glibc's settings keep it only in the main
+// arena, which grows by brk without a bound: so before the plugin's
+// threads start, every thread is sent to the main arena (M_ARENA_MAX 1),
+// large requests are served from it (M_MMAP_MAX 0) and its top is not
+// returned (M_TRIM_THRESHOLD at its maximum). The arena's pages then stay
+// mapped from step to step. The cost: the process's freed memory is kept
+// for reuse rather than returned to the system, and its threads share
+// one arena's lock. Only for a CPU plugin (its file name says "cpu"),
+// whose executions use host memory; STRATA_XLA_HOST_MALLOC=system leaves
+// glibc's settings alone, =keep applies them for any plugin.
+void keep_host_arena(const std::string& plugin_path) {
+  const char* env = std::getenv("STRATA_XLA_HOST_MALLOC");
+  const std::string choice = env == nullptr ? "" : env;
+  STRATA_CHECK(choice.empty() || choice == "keep" || choice == "system", ConfigError,
+               "[xla] STRATA_XLA_HOST_MALLOC=", choice,
+               " is not a setting: 'keep' keeps the plugin's temporaries mapped between executions, 'system' "
+               "leaves glibc's malloc settings alone; unset, a CPU plugin keeps them");
+  const bool cpu = std::filesystem::path(plugin_path).filename().string().find("cpu") != std::string::npos;
+  if (choice == "system" || (choice.empty() && !cpu)) return;
+#if defined(__GLIBC__)
+  ::mallopt(M_ARENA_MAX, 1);
+  ::mallopt(M_MMAP_MAX, 0);
+  ::mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+#endif
+}
+
+}  // namespace
+
 void init() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -277,6 +315,7 @@ void init() {
                    name, "', so strata cannot register its xla device; use one out-of-tree device per process");
     }
     const PluginSearch search = find_plugin();
+    keep_host_arena(search.path);  // before the plugin's threads start
     auto& s = detail::state();
     s.plugin = Plugin::load(search.path);
     s.client = std::make_shared<Client>(Client::create(s.plugin));

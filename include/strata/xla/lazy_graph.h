@@ -125,6 +125,13 @@ class Node {
     return keyed(std::move(op), std::move(inputs), std::move(type), EmitFn(std::forward<F>(emit)), attributes.hash());
   }
 
+  /// Made by the factories above only (one allocation with its count).
+  class Private {
+    explicit Private() = default;
+    friend class Node;
+  };
+  explicit Node(Private) {}
+
   /// The hash of the op's name, type and attributes; 0 when unknown (an
   /// op made from an EmitFn). A parameter's says its kind and type.
   uint64_t identity() const { return identity_; }
@@ -138,7 +145,6 @@ class Node {
   const EmitFn& emitter() const { return emit_; }
 
  private:
-  Node() = default;
   static std::shared_ptr<Node> make(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit);
   static NodePtr keyed(std::string op, std::vector<NodePtr> inputs, stablehlo::Type type, EmitFn emit,
                        uint64_t attributes);
