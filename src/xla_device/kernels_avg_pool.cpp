@@ -76,7 +76,7 @@ NodePtr avg_pool_value(Recorder& r, const at::Tensor& self, const Pool& p, bool 
   NodePtr x = r.convert(r.tensor(self), t);
   const Window w = avg_window(p);
   NodePtr zero = r.constant(0.0, t);
-  NodePtr sum = r.op("reduce_window_sum", {x, zero}, {t, out}, [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
+  NodePtr sum = r.op("reduce_window_sum", {x, zero}, {t, out}, attributes_of(w), [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
     return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
   });
   return r.binary(Binary::kDivide, sum, avg_divisor(r, p, t, out, count_include_pad, divisor_override));
@@ -108,7 +108,7 @@ NodePtr avg_pool_grad(Recorder& r, const at::Tensor& grad_output, const at::Tens
   }
   NodePtr zero = r.constant(0.0, t);
   const std::vector<int64_t> dims = vec(self.sizes());
-  return r.op("reduce_window_sum", {g, zero}, {t, dims}, [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
+  return r.op("reduce_window_sum", {g, zero}, {t, dims}, attributes_of(w), [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
     return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
   });
 }

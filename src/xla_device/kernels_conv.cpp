@@ -77,7 +77,7 @@ NodePtr convolve(Recorder& r, const NodePtr& lhs, const NodePtr& rhs, const Conv
     out[static_cast<size_t>(dims.output_spatial[i])] = (base - span) / w.strides[i] + 1;
   }
   return r.op("convolution", {lhs, rhs}, {lhs->type().dtype, out},
-              [dims, w](shlo::Function& f, const std::vector<shlo::Value>& in) {
+              attributes_of(dims, w), [dims, w](shlo::Function& f, const std::vector<shlo::Value>& in) {
                 return f.convolution(in[0], in[1], dims, w);
               });
 }

@@ -288,7 +288,7 @@ at::Tensor& index_out(const at::Tensor& self, const c10::List<std::optional<at::
     std::vector<int64_t> sizes = vec(self.sizes());
     for (int64_t d : a.dims) sizes[static_cast<size_t>(d)] = 1;
     r.write(out, r.op("gather", {x, a.coordinates}, {x->type().dtype, res.dims},
-                      [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                      attributes_of(g, sizes), [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
                         return f.gather(in[0], in[1], g, sizes);
                       }));
   };
@@ -315,7 +315,7 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
     s.scatter_dims_to_operand_dims = a.dims;
     s.index_vector_dim = static_cast<int64_t>(a.batch.size());
     r.write(self, r.op(accumulate ? "scatter" : "scatter_replace", {x, a.coordinates, updates}, x->type(),
-                       [s, accumulate](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                       attributes_of(s, accumulate), [s, accumulate](shlo::Function& f, const std::vector<shlo::Value>& in) {
                          return accumulate ? f.scatter(in[0], in[1], in[2], s, shlo::ReduceOp::kSum)
                                            : f.scatter_replace(in[0], in[1], in[2], s);
                        }));

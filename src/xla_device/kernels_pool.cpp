@@ -104,7 +104,7 @@ NodePtr window_argmax(Recorder& r, const NodePtr& x, const NodePtr& index, const
                       const std::vector<int64_t>& out, size_t which) {
   const shlo::Type type{which == 0 ? x->type().dtype : index->type().dtype, out};
   return r.op(which == 0 ? "reduce_window_max" : "reduce_window_argmax", {x, index}, type,
-              [w, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+              attributes_of(w, which), [w, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
                 return f.reduce_window_argmax(in[0], in[1], w)[which];
               });
 }

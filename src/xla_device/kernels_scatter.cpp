@@ -45,7 +45,7 @@ at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& in
     g.start_index_map = g.collapsed_slice_dims;
     g.index_vector_dim = rank;
     const std::vector<int64_t> sizes(static_cast<size_t>(rank), 1);
-    r.write(out, r.op("gather", {x, at}, {x->type().dtype, res.dims}, [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    r.write(out, r.op("gather", {x, at}, {x->type().dtype, res.dims}, attributes_of(g, sizes), [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.gather(in[0], in[1], g, sizes);
     }));
   };
@@ -81,7 +81,7 @@ void scatter_combined(Recorder& r, Meta&& on_meta, const at::Tensor& self, int64
   NodePtr updates = r.convert(r.slice(r.tensor(src), zeros, vec(index.sizes())), res.stored);
   const shlo::ScatterDims s = elementwise_scatter(rank);
   auto scatter = [&](const NodePtr& base, const NodePtr& with, shlo::ReduceOp how) {
-    return r.op("scatter", {base, at, with}, base->type(), [s, how](shlo::Function& f, const std::vector<shlo::Value>& in) {
+    return r.op("scatter", {base, at, with}, base->type(), attributes_of(s, how), [s, how](shlo::Function& f, const std::vector<shlo::Value>& in) {
       return f.scatter(in[0], in[1], in[2], s, how);
     });
   };
@@ -148,7 +148,7 @@ at::Tensor& scatter_put(const char* name, const at::Tensor& self, int64_t dim, c
                         : r.broadcast(r.scalar(*value, res.stored), vec(index.sizes()));
   const shlo::ScatterDims s = elementwise_scatter(self.dim());
   r.write(out, r.op("scatter_replace", {x, at, updates}, x->type(),
-                    [s](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                    attributes_of(s), [s](shlo::Function& f, const std::vector<shlo::Value>& in) {
                       return f.scatter_replace(in[0], in[1], in[2], s);
                     }));
   return out;
