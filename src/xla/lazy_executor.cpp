@@ -174,6 +174,17 @@ class ProgramDump {
   std::string name_;
 };
 
+// Whether every program found by its structure is emitted too and checked
+// against the text it was compiled from (Note [Programs known by their
+// structure] in lazy_graph.h).
+bool check_structures() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_XLA_CHECK_KEYS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 }  // namespace
 
 Executor::Executor(std::shared_ptr<const Client> client, Device device, size_t capacity)
@@ -188,17 +199,6 @@ Executor::Executor(std::shared_ptr<const Client> client, std::vector<Device> dev
       STRATA_CHECK(devices_[i].id != devices_[j].id, ConfigError, "[xla] device ", devices_[i].id,
                    " is given for replicas ", j, " and ", i, "; each replica needs a device of its own");
   STRATA_CHECK(capacity_ >= 1, ConfigError, "[xla] the compile cache must hold at least 1 program, got ", capacity_);
-}
-
-// Whether every program found by its structure is emitted too and checked
-// against the text it was compiled from (Note [Programs known by their
-// structure] in lazy_graph.h).
-bool check_structures() {
-  static const bool on = [] {
-    const char* v = std::getenv("STRATA_XLA_CHECK_KEYS");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
 }
 
 std::shared_ptr<const LoadedExecutable> Executor::compiled(const Program& program, const uint64_t* structure) {
@@ -227,7 +227,7 @@ std::shared_ptr<const LoadedExecutable> Executor::compiled(const Program& progra
   metrics_.compile_reasons.push_back(explain_difference(last_compiled_, program.text));
   if (metrics_.compile_reasons.size() > kReasonsKept) metrics_.compile_reasons.erase(metrics_.compile_reasons.begin());
   last_compiled_ = program.text;
-  lru_.push_front({key, executable, serialized.size() + 1, {}, program.donated, program.collective});
+  lru_.push_front({key, executable, serialized.size() + 1, {}, program.donated});
   index_[key] = lru_.begin();
   if (structure != nullptr && by_structure_.emplace(*structure, lru_.begin()).second)
     lru_.front().structures.push_back(*structure);
@@ -295,7 +295,7 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
     }
   }
   std::vector<std::vector<NodePtr>> parameters(replicas);
-  size_t ops = walks[0].order.size();
+  const size_t ops = walks[0].order.size();
   std::unique_ptr<ProgramDump> dump;
   if (executable == nullptr || !known_text.empty()) {
     std::vector<Program> programs;
@@ -326,7 +326,6 @@ std::vector<std::vector<Buffer>> Executor::run_replicated(const std::vector<std:
       executable = compiled(programs[0], structure ? &*structure : nullptr);
     }
     donated = programs[0].donated;
-    ops = programs[0].ops;
     for (size_t r = 0; r < replicas; ++r) parameters[r] = std::move(programs[r].parameters);
   } else {
     for (size_t r = 0; r < replicas; ++r) parameters[r] = std::move(walks[r].parameters);

@@ -194,7 +194,6 @@ Walk walk(const std::vector<NodePtr>& outputs) {
       if (node->kind() == Node::Kind::kOp) {
         w.order.push_back(node.get());
       } else {
-        w.argument_of[node.get()] = w.parameters.size();
         w.parameters.push_back(node);
       }
     }
@@ -257,7 +256,7 @@ Program emit(Walk w, const std::vector<NodePtr>& outputs, const std::vector<bool
   for (const NodePtr& p : w.parameters) types.push_back(p->type());
   stablehlo::Function function("main", types);
   std::unordered_map<const Node*, stablehlo::Value> value_of;
-  for (const auto& [node, index] : w.argument_of) value_of.emplace(node, function.arg(index));
+  for (size_t i = 0; i < w.parameters.size(); ++i) value_of.emplace(w.parameters[i].get(), function.arg(i));
   for (const Node* node : w.order) {
     std::vector<stablehlo::Value> in;
     in.reserve(node->inputs().size());
@@ -341,18 +340,20 @@ void check_dim(const char* what, const NodePtr& x, int64_t dim) {
 NodePtr all_reduce(const NodePtr& x, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups) {
   STRATA_CHECK(x != nullptr, ConfigError, "[xla] all_reduce of a null node");
   group_size("all_reduce", groups);
-  return Node::op("all_reduce", {x}, x->type(), Attributes{}.add(op).add(groups), [op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
-    return f.all_reduce(in[0], op, groups);
-  });
+  return Node::op("all_reduce", {x}, x->type(), Attributes{}.add(op).add(groups),
+                  [op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+                    return f.all_reduce(in[0], op, groups);
+                  });
 }
 
 NodePtr all_gather(const NodePtr& x, int64_t dim, const stablehlo::ReplicaGroups& groups) {
   check_dim("all_gather", x, dim);
   stablehlo::Type type = x->type();
   type.dims[static_cast<size_t>(dim)] *= group_size("all_gather", groups);
-  return Node::op("all_gather", {x}, type, Attributes{}.add(dim).add(groups), [dim, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
-    return f.all_gather(in[0], dim, groups);
-  });
+  return Node::op("all_gather", {x}, type, Attributes{}.add(dim).add(groups),
+                  [dim, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+                    return f.all_gather(in[0], dim, groups);
+                  });
 }
 
 NodePtr reduce_scatter(const NodePtr& x, int64_t dim, stablehlo::ReduceOp op, const stablehlo::ReplicaGroups& groups) {
@@ -364,7 +365,8 @@ NodePtr reduce_scatter(const NodePtr& x, int64_t dim, stablehlo::ReduceOp op, co
                ": ", size, " does not split into ", n, " equal parts; pad it to a multiple of the group size");
   type.dims[static_cast<size_t>(dim)] = size / n;
   return Node::op("reduce_scatter", {x}, type,
-                  Attributes{}.add(dim).add(op).add(groups), [dim, op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
+                  Attributes{}.add(dim).add(op).add(groups),
+                  [dim, op, groups](stablehlo::Function& f, const std::vector<stablehlo::Value>& in) {
                     return f.reduce_scatter(in[0], dim, op, groups);
                   });
 }

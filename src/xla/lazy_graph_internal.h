@@ -16,9 +16,8 @@ namespace strata::xla::lazy::detail {
 struct Walk {
   std::vector<const Node*> order;
   std::vector<NodePtr> parameters;
-  std::unordered_map<const Node*, size_t> argument_of;
-  /// Every node's place: a parameter's index, or -1 - an op's index in
-  /// `order`.
+  /// Every node's place: a parameter's index (its argument), or -1 - an
+  /// op's index in `order`.
   std::unordered_map<const Node*, int64_t> slot;
 };
 

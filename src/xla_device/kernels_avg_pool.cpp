@@ -28,12 +28,14 @@ namespace {
 NodePtr along(Recorder& r, const std::vector<double>& values, ElementType dtype, const std::vector<int64_t>& dims,
               int64_t dim) {
   const shlo::Type type{dtype, {static_cast<int64_t>(values.size())}};
-  NodePtr c = r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values), [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
-    return f.constant(type, values);
-  });
-  return r.op("broadcast", {c}, {dtype, dims}, lazy::Attributes{}.add(dims).add(dim), [dims, dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    return f.broadcast_in_dim(in[0], dims, {dim});
-  });
+  NodePtr c = r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values),
+                   [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+                     return f.constant(type, values);
+                   });
+  return r.op("broadcast", {c}, {dtype, dims}, lazy::Attributes{}.add(dims).add(dim),
+              [dims, dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.broadcast_in_dim(in[0], dims, {dim});
+              });
 }
 
 // What LibTorch divides each window's sum by: divisor_override, else the
@@ -76,9 +78,10 @@ NodePtr avg_pool_value(Recorder& r, const at::Tensor& self, const Pool& p, bool 
   NodePtr x = r.convert(r.tensor(self), t);
   const Window w = avg_window(p);
   NodePtr zero = r.constant(0.0, t);
-  NodePtr sum = r.op("reduce_window_sum", {x, zero}, {t, out}, attributes_of(w), [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
-  });
+  NodePtr sum = r.op("reduce_window_sum", {x, zero}, {t, out}, attributes_of(w),
+                     [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                       return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
+                     });
   return r.binary(Binary::kDivide, sum, avg_divisor(r, p, t, out, count_include_pad, divisor_override));
 }
 
@@ -108,9 +111,10 @@ NodePtr avg_pool_grad(Recorder& r, const at::Tensor& grad_output, const at::Tens
   }
   NodePtr zero = r.constant(0.0, t);
   const std::vector<int64_t> dims = vec(self.sizes());
-  return r.op("reduce_window_sum", {g, zero}, {t, dims}, attributes_of(w), [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
-  });
+  return r.op("reduce_window_sum", {g, zero}, {t, dims}, attributes_of(w),
+              [w](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.reduce_window(in[0], in[1], w, shlo::ReduceOp::kSum);
+              });
 }
 
 at::Tensor avg_pool(const char* op, const at::Tensor& self, size_t spatial, c10::IntArrayRef kernel,
@@ -222,16 +226,18 @@ NodePtr adaptive_products(Recorder& r, NodePtr x, size_t lead, const std::vector
     std::vector<double> sizes;
     const shlo::Type type{t, {to[k], from[k]}};
     const std::vector<double> values = adaptive_matrix(in_sizes[k], out_sizes[k], transposed, sizes);
-    NodePtr m = r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values), [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
-      return f.constant(type, values);
-    });
+    NodePtr m = r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values),
+                     [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+                       return f.constant(type, values);
+                     });
     std::vector<int64_t> dims = x->type().dims;
     const int64_t contracted = static_cast<int64_t>(lead + k);
     dims.erase(dims.begin() + contracted);
     dims.push_back(to[k]);
-    x = r.op("dot", {x, m}, {t, dims}, lazy::Attributes{}.add(contracted), [contracted](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.dot_general(in[0], in[1], shlo::DotDims{{}, {}, {contracted}, {1}});
-    });
+    x = r.op("dot", {x, m}, {t, dims}, lazy::Attributes{}.add(contracted),
+             [contracted](shlo::Function& f, const std::vector<shlo::Value>& in) {
+               return f.dot_general(in[0], in[1], shlo::DotDims{{}, {}, {contracted}, {1}});
+             });
   }
   std::vector<int64_t> perm;
   for (size_t d = 0; d < lead; ++d) perm.push_back(static_cast<int64_t>(d));

@@ -131,9 +131,10 @@ NodePtr conv_input_grad(Recorder& r, const NodePtr& gy, const NodePtr& w, const 
     space.push_back(static_cast<int64_t>(2 + i));
   }
   NodePtr swapped = r.reshape(r.transpose(r.reshape(w, split), perm), joined);
-  NodePtr flipped = r.op("reverse", {swapped}, swapped->type(), lazy::Attributes{}.add(space), [space](shlo::Function& f, const std::vector<shlo::Value>& v) {
-    return f.reverse(v[0], space);
-  });
+  NodePtr flipped = r.op("reverse", {swapped}, swapped->type(), lazy::Attributes{}.add(space),
+                         [space](shlo::Function& f, const std::vector<shlo::Value>& v) {
+                           return f.reverse(v[0], space);
+                         });
   const std::vector<int64_t> out = spatial_sizes(gy);
   ConvWindow win = unit_window(p.spatial);
   win.lhs_dilation = p.stride;
@@ -227,9 +228,11 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const 
     if (has_bias) {
       if (bias->dim() != 1 || bias->size(0) != dims[1]) throw NotLowered{};
       NodePtr b = r.convert(r.tensor(*bias), t);
-      y = r.binary(Binary::kAdd, y, r.op("broadcast", {b}, {t, dims}, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-                     return f.broadcast_in_dim(in[0], dims, {1});
-                   }));
+      NodePtr spread = r.op("broadcast", {b}, {t, dims}, lazy::Attributes{}.add(dims),
+                            [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                              return f.broadcast_in_dim(in[0], dims, {1});
+                            });
+      y = r.binary(Binary::kAdd, y, spread);
     }
     at::Tensor out = at::empty(dims, input.options());
     r.write(out, y);

@@ -88,9 +88,10 @@ NodePtr transformed(Recorder& r, NodePtr x, const std::vector<int64_t>& dims, Ff
       result.dtype = complex_part(moved->type().dtype);
       result.dims.back() = last_length;
     }
-    const NodePtr done = r.op("fft", {moved}, result, lazy::Attributes{}.add(type).add(lengths), [type, lengths](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.fft(in[0], type, lengths);
-    });
+    const NodePtr done = r.op("fft", {moved}, result, lazy::Attributes{}.add(type).add(lengths),
+                              [type, lengths](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                                return f.fft(in[0], type, lengths);
+                              });
     x = r.transpose(done, back);
   }
   return x;

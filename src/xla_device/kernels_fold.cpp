@@ -73,7 +73,8 @@ at::Tensor& im2col_out(const at::Tensor& self, c10::IntArrayRef kernel_size, c10
     const std::vector<int64_t> low{0, 0, d[0].padding, d[1].padding}, interior(4, 0);
     const std::vector<int64_t> padded_dims{n, c, d[0].padded(), d[1].padded()};
     NodePtr zero = r.constant(0.0, t);
-    NodePtr xp = r.op("pad", {x, zero}, {t, padded_dims}, lazy::Attributes{}.add(low).add(interior), [low, interior](shlo::Function& f,
+    NodePtr xp = r.op("pad", {x, zero}, {t, padded_dims}, lazy::Attributes{}.add(low).add(interior),
+                      [low, interior](shlo::Function& f,
                                                                          const std::vector<shlo::Value>& in) {
       return f.pad(in[0], in[1], low, low, interior);
     });
@@ -85,7 +86,8 @@ at::Tensor& im2col_out(const at::Tensor& self, c10::IntArrayRef kernel_size, c10
         const std::vector<int64_t> limit{n, c, d[0].end(ki), d[1].end(kj)};
         const std::vector<int64_t> strides{1, 1, d[0].stride, d[1].stride};
         NodePtr window = r.op("slice", {xp}, {t, {n, c, d[0].blocks(), d[1].blocks()}},
-                              lazy::Attributes{}.add(start).add(limit).add(strides), [start, limit, strides](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                              lazy::Attributes{}.add(start).add(limit).add(strides),
+                              [start, limit, strides](shlo::Function& f, const std::vector<shlo::Value>& in) {
                                 return f.slice(in[0], start, limit, strides);
                               });
         rows.push_back(r.reshape(window, {n, c, 1, blocks}));
@@ -131,7 +133,8 @@ at::Tensor& col2im_out(const at::Tensor& self, c10::IntArrayRef output_size, c10
         const std::vector<int64_t> high{0, 0, d[0].padded() - d[0].end(ki), d[1].padded() - d[1].end(kj)};
         const std::vector<int64_t> interior{0, 0, d[0].stride - 1, d[1].stride - 1};
         NodePtr placed = r.op("pad", {blocks, zero}, {t, padded_dims},
-                              lazy::Attributes{}.add(low).add(high).add(interior), [low, high, interior](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                              lazy::Attributes{}.add(low).add(high).add(interior),
+                              [low, high, interior](shlo::Function& f, const std::vector<shlo::Value>& in) {
                                 return f.pad(in[0], in[1], low, high, interior);
                               });
         sum = rounded(r, r.binary(Binary::kAdd, sum, placed), stored);

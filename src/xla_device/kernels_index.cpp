@@ -50,7 +50,8 @@ std::pair<NodePtr, NodePtr> arg_extreme(Recorder& r, NodePtr x, int64_t dim, boo
   const ElementType t = x->type().dtype;
   auto both = [&](int which, ElementType dtype) {
     return r.op(which == 0 ? "argmax_value" : "argmax_index", {x}, {dtype, dims},
-                lazy::Attributes{}.add(dim).add(which), [dim, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                lazy::Attributes{}.add(dim).add(which),
+                [dim, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
                   return f.argmax(in[0], dim)[static_cast<size_t>(which)];
                 });
   };
@@ -288,7 +289,8 @@ at::Tensor& index_out(const at::Tensor& self, const c10::List<std::optional<at::
     std::vector<int64_t> sizes = vec(self.sizes());
     for (int64_t d : a.dims) sizes[static_cast<size_t>(d)] = 1;
     r.write(out, r.op("gather", {x, a.coordinates}, {x->type().dtype, res.dims},
-                      attributes_of(g, sizes), [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                      attributes_of(g, sizes),
+                      [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
                         return f.gather(in[0], in[1], g, sizes);
                       }));
   };
@@ -315,7 +317,8 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
     s.scatter_dims_to_operand_dims = a.dims;
     s.index_vector_dim = static_cast<int64_t>(a.batch.size());
     r.write(self, r.op(accumulate ? "scatter" : "scatter_replace", {x, a.coordinates, updates}, x->type(),
-                       attributes_of(s, accumulate), [s, accumulate](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                       attributes_of(s, accumulate),
+                       [s, accumulate](shlo::Function& f, const std::vector<shlo::Value>& in) {
                          return accumulate ? f.scatter(in[0], in[1], in[2], s, shlo::ReduceOp::kSum)
                                            : f.scatter_replace(in[0], in[1], in[2], s);
                        }));
@@ -332,9 +335,10 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef dims) {
     std::sort(along.begin(), along.end());
     if (std::adjacent_find(along.begin(), along.end()) != along.end()) throw NotLowered{};  // LibTorch refuses
     NodePtr x = r.tensor(self);
-    r.write(out, along.empty() ? x : r.op("reverse", {x}, x->type(), lazy::Attributes{}.add(along), [along](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.reverse(in[0], along);
-    }));
+    r.write(out, along.empty() ? x : r.op("reverse", {x}, x->type(), lazy::Attributes{}.add(along),
+                                          [along](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                                            return f.reverse(in[0], along);
+                                          }));
   };
   STRATA_LOWER("aten::flip", flip, self, dims);
 }
@@ -356,9 +360,10 @@ at::Tensor& cumsum_out(const at::Tensor& self, int64_t dim, std::optional<at::Sc
     wide.insert(wide.begin() + d + 1, n);
     std::vector<int64_t> mapping;
     for (int64_t k = 0; k < static_cast<int64_t>(res.dims.size()); ++k) mapping.push_back(k <= d ? k : k + 1);
-    NodePtr spread = r.op("broadcast", {x}, {res.dtype, wide}, lazy::Attributes{}.add(wide).add(mapping), [wide, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.broadcast_in_dim(in[0], wide, mapping);
-    });
+    NodePtr spread = r.op("broadcast", {x}, {res.dtype, wide}, lazy::Attributes{}.add(wide).add(mapping),
+                          [wide, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                            return f.broadcast_in_dim(in[0], wide, mapping);
+                          });
     NodePtr keep = r.compare(r.iota(ElementType::kS64, wide, d), r.iota(ElementType::kS64, wide, d + 1),
                              shlo::Direction::kLE);
     NodePtr masked = r.select(keep, spread, r.splat(0.0, res.dtype, wide));
@@ -378,7 +383,8 @@ std::pair<NodePtr, NodePtr> sorted(Recorder& r, const at::Tensor& self, int64_t 
   NodePtr index = r.iota(ElementType::kS64, dims, d);
   auto take = [&](int which, ElementType dtype) {
     return r.op(which == 0 ? "sort_values" : "sort_indices", {x, index}, {dtype, dims},
-                lazy::Attributes{}.add(d).add(descending).add(which), [d, descending, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                lazy::Attributes{}.add(d).add(descending).add(which),
+                [d, descending, which](shlo::Function& f, const std::vector<shlo::Value>& in) {
                   return f.sort(in, d, descending)[static_cast<size_t>(which)];
                 });
   };

@@ -73,11 +73,12 @@ NodePtr fmod(Recorder& r, const NodePtr& a, const NodePtr& b) {
 }
 NodePtr logical(Recorder& r, const char* name, const NodePtr& a, const NodePtr& b) {
   const std::string op = name;
-  return r.op(op, {a, b}, a->type(), lazy::Attributes{}.add(op), [op](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    if (op == "and") return f.logical_and(in[0], in[1]);
-    if (op == "or") return f.logical_or(in[0], in[1]);
-    return f.logical_xor(in[0], in[1]);
-  });
+  return r.op(op, {a, b}, a->type(), lazy::Attributes{}.add(op),
+              [op](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                if (op == "and") return f.logical_and(in[0], in[1]);
+                if (op == "or") return f.logical_or(in[0], in[1]);
+                return f.logical_xor(in[0], in[1]);
+              });
 }
 // x rounded toward zero.
 NodePtr trunc(Recorder& r, const NodePtr& x) { return r.select(less_than_zero(r, x), ceil(r, x), floor(r, x)); }

@@ -294,9 +294,10 @@ Picked pick(Recorder& r, const at::Tensor& self, const at::Tensor& target, const
   const ElementType t = opmath(element_type(self.scalar_type()));
   const std::vector<int64_t> dims = vec(self.sizes()), rows = {self.size(0)};
   NodePtr tgt = r.convert(r.tensor(target), ElementType::kS64);
-  NodePtr tgt2 = r.op("broadcast", {tgt}, {ElementType::kS64, dims}, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    return f.broadcast_in_dim(in[0], dims, {0});
-  });
+  NodePtr tgt2 = r.op("broadcast", {tgt}, {ElementType::kS64, dims}, lazy::Attributes{}.add(dims),
+                      [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                        return f.broadcast_in_dim(in[0], dims, {0});
+                      });
   NodePtr onehot = r.compare(r.iota(ElementType::kS64, dims, 1), tgt2, Direction::kEQ);
   NodePtr w = r.splat(1.0, t, rows);
   if (weight && weight->defined()) {
@@ -351,9 +352,10 @@ at::Tensor& nll_loss_backward_out(const at::Tensor& grad_output, const at::Tenso
     NodePtr per_row = r.unary("negate", mul(r, p.weight, g), &shlo::Function::negate);
     if (reduction == 1)
       per_row = r.binary(Binary::kDivide, per_row, r.broadcast(r.reshape(r.convert(r.tensor(total_weight), t), {}), rows));
-    NodePtr spread = r.op("broadcast", {per_row}, {t, dims}, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.broadcast_in_dim(in[0], dims, {0});
-    });
+    NodePtr spread = r.op("broadcast", {per_row}, {t, dims}, lazy::Attributes{}.add(dims),
+                          [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                            return f.broadcast_in_dim(in[0], dims, {0});
+                          });
     r.write(out, r.select(p.onehot, spread, r.splat(0.0, t, dims)));
     return out;
   } catch (const NotLowered&) {

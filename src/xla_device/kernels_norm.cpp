@@ -31,9 +31,10 @@ NodePtr times(Recorder& r, double k, const NodePtr& x) { return mul(r, r.splat(k
 
 // A per-channel value ([C]) broadcast along dim 1 of `dims`.
 NodePtr per_channel(Recorder& r, const NodePtr& v, const std::vector<int64_t>& dims) {
-  return r.op("broadcast", {v}, {v->type().dtype, dims}, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    return f.broadcast_in_dim(in[0], dims, {1});
-  });
+  return r.op("broadcast", {v}, {v->type().dtype, dims}, lazy::Attributes{}.add(dims),
+              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.broadcast_in_dim(in[0], dims, {1});
+              });
 }
 
 // The dims batch norm reduces over: all but the channels (dim 1).
@@ -210,9 +211,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
     const std::vector<int64_t> dims = {N, group, D, HxW}, sums = {2, 3};
     auto stat = [&](const at::Tensor& s) {
       NodePtr v = r.reshape(r.convert(r.tensor(s), t), {N, group});
-      return r.op("broadcast", {v}, {t, dims}, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-        return f.broadcast_in_dim(in[0], dims, {0, 1});
-      });
+      return r.op("broadcast", {v}, {t, dims}, lazy::Attributes{}.add(dims),
+                  [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                    return f.broadcast_in_dim(in[0], dims, {0, 1});
+                  });
     };
     NodePtr x = r.reshape(r.convert(r.tensor(input), t), dims), dy = r.reshape(r.convert(r.tensor(grad_out), t), dims);
     NodePtr s = stat(rstd);
@@ -220,9 +222,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
     NodePtr g = dy;
     if (given(weight)) {
       NodePtr w = r.reshape(r.convert(r.tensor(*weight), t), {group, D});
-      g = mul(r, dy, r.op("broadcast", {w}, {t, dims}, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-                return f.broadcast_in_dim(in[0], dims, {1, 2});
-              }));
+      NodePtr spread = r.op("broadcast", {w}, {t, dims}, lazy::Attributes{}.add(dims),
+                            [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                              return f.broadcast_in_dim(in[0], dims, {1, 2});
+                            });
+      g = mul(r, dy, spread);
     }
     at::Tensor dx, dw, db;
     if (output_mask[0]) {

@@ -47,9 +47,10 @@ at::Tensor constant_pad_nd(const at::Tensor& self, c10::IntArrayRef pad, const a
     }
     NodePtr x = r.tensor(self);
     NodePtr fill = r.scalar(value, t);
-    NodePtr padded = r.op("pad", {x, fill}, {t, dims}, lazy::Attributes{}.add(low).add(high).add(interior), [low, high, interior](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.pad(in[0], in[1], low, high, interior);
-    });
+    NodePtr padded = r.op("pad", {x, fill}, {t, dims}, lazy::Attributes{}.add(low).add(high).add(interior),
+                          [low, high, interior](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                            return f.pad(in[0], in[1], low, high, interior);
+                          });
     at::Tensor out = at::empty(dims, self.options());
     r.write(out, padded);
     return out;
@@ -80,9 +81,10 @@ std::vector<double> pad_sources(int64_t size, int64_t low, int64_t high, PadMode
 
 NodePtr index_constant(Recorder& r, const std::vector<double>& values) {
   const shlo::Type type{ElementType::kS64, {static_cast<int64_t>(values.size())}};
-  return r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values), [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
-    return f.constant(type, values);
-  });
+  return r.op("constant", {}, type, lazy::Attributes{}.add(type).add(values),
+              [type, values](shlo::Function& f, const std::vector<shlo::Value>&) {
+                return f.constant(type, values);
+              });
 }
 
 // The padded dims of a `rank`-d tensor and their (low, high) paddings.
@@ -112,9 +114,10 @@ at::Tensor pad_forward(const at::Tensor& self, c10::IntArrayRef padding) {
       std::vector<int64_t> dims = x->type().dims;
       dims[static_cast<size_t>(dim)] += low + high;
       const int64_t d = dim;
-      x = r.op("take_rows", {x, idx}, {x->type().dtype, dims}, lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
-        return f.take_rows(in[0], in[1], d);
-      });
+      x = r.op("take_rows", {x, idx}, {x->type().dtype, dims}, lazy::Attributes{}.add(d),
+               [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                 return f.take_rows(in[0], in[1], d);
+               });
     }
     at::Tensor out = at::empty(x->type().dims, self.options());
     r.write(out, x);

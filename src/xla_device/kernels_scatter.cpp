@@ -45,9 +45,10 @@ at::Tensor& gather_out(const at::Tensor& self, int64_t dim, const at::Tensor& in
     g.start_index_map = g.collapsed_slice_dims;
     g.index_vector_dim = rank;
     const std::vector<int64_t> sizes(static_cast<size_t>(rank), 1);
-    r.write(out, r.op("gather", {x, at}, {x->type().dtype, res.dims}, attributes_of(g, sizes), [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.gather(in[0], in[1], g, sizes);
-    }));
+    r.write(out, r.op("gather", {x, at}, {x->type().dtype, res.dims}, attributes_of(g, sizes),
+                      [g, sizes](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                        return f.gather(in[0], in[1], g, sizes);
+                      }));
   };
   STRATA_LOWER("aten::gather.out", gather_out, self, dim, index, sparse_grad, out);
 }
@@ -81,9 +82,10 @@ void scatter_combined(Recorder& r, Meta&& on_meta, const at::Tensor& self, int64
   NodePtr updates = r.convert(r.slice(r.tensor(src), zeros, vec(index.sizes())), res.stored);
   const shlo::ScatterDims s = elementwise_scatter(rank);
   auto scatter = [&](const NodePtr& base, const NodePtr& with, shlo::ReduceOp how) {
-    return r.op("scatter", {base, at, with}, base->type(), attributes_of(s, how), [s, how](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.scatter(in[0], in[1], in[2], s, how);
-    });
+    return r.op("scatter", {base, at, with}, base->type(), attributes_of(s, how),
+                [s, how](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                  return f.scatter(in[0], in[1], in[2], s, how);
+                });
   };
   NodePtr combined = scatter(x, updates, kind);
   const bool extreme = kind == shlo::ReduceOp::kMax || kind == shlo::ReduceOp::kMin;

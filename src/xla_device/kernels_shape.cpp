@@ -52,9 +52,10 @@ at::Tensor& cat_out(const at::ITensorListRef& tensors, int64_t dim, at::Tensor& 
       r.write(out, parts[0]);
       return;
     }
-    r.write(out, r.op("concatenate", parts, {res.dtype, res.dims}, lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.concatenate(in, d);
-    }));
+    r.write(out, r.op("concatenate", parts, {res.dtype, res.dims}, lazy::Attributes{}.add(d),
+                      [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                        return f.concatenate(in, d);
+                      }));
   };
   STRATA_LOWER("aten::cat.out", cat_out, tensors, dim, out);
 }
@@ -116,9 +117,10 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
     if (values.numel() != n) throw NotLowered{};
     const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + n);
     const shlo::Type type{t, dims};
-    r.write(out, r.op("constant", {}, type, lazy::Attributes{}.add(v), [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
-      return f.constant(type, v);
-    }));
+    r.write(out, r.op("constant", {}, type, lazy::Attributes{}.add(v),
+                      [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+                        return f.constant(type, v);
+                      }));
   };
   STRATA_LOWER("aten::arange.start_out", arange_start_out, start, end, step, out);
 }
@@ -136,9 +138,10 @@ at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t
     const at::Tensor values = host.to(at::kDouble).contiguous();
     const std::vector<double> v(values.data_ptr<double>(), values.data_ptr<double>() + steps);
     const shlo::Type type{t, {steps}};
-    r.write(out, r.op("constant", {}, type, lazy::Attributes{}.add(v), [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
-      return f.constant(type, v);
-    }));
+    r.write(out, r.op("constant", {}, type, lazy::Attributes{}.add(v),
+                      [type, v](shlo::Function& f, const std::vector<shlo::Value>&) {
+                        return f.constant(type, v);
+                      }));
   };
   STRATA_LOWER("aten::linspace.out", linspace_out, start, end, steps, out);
 }
@@ -168,9 +171,10 @@ NodePtr take(Recorder& r, const at::Tensor& self, int64_t dim, const at::Tensor&
   NodePtr table = r.tensor(self), idx = r.reshape(r.tensor(index), {index.numel()});
   std::vector<int64_t> dims = vec(self.sizes());
   dims[static_cast<size_t>(d)] = index.numel();
-  return r.op("take_rows", {table, idx}, {table->type().dtype, dims}, lazy::Attributes{}.add(d), [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
-    return f.take_rows(in[0], in[1], d);
-  });
+  return r.op("take_rows", {table, idx}, {table->type().dtype, dims}, lazy::Attributes{}.add(d),
+              [d](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.take_rows(in[0], in[1], d);
+              });
 }
 
 // Out-of-range indices are clamped by XLA, where LibTorch raises: callers
@@ -236,9 +240,10 @@ at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Ten
     NodePtr g = r.reshape(r.tensor(grad_output), {n, width});
     if (padding_idx >= 0) {
       NodePtr keep = r.compare(idx, r.splat(static_cast<double>(padding_idx), ElementType::kS64, {n}), shlo::Direction::kNE);
-      NodePtr keep2 = r.op("broadcast", {keep}, {ElementType::kPred, {n, width}}, lazy::Attributes{}.add(n).add(width), [n, width](shlo::Function& f, const std::vector<shlo::Value>& in) {
-        return f.broadcast_in_dim(in[0], {n, width}, {0});
-      });
+      NodePtr keep2 = r.op("broadcast", {keep}, {ElementType::kPred, {n, width}}, lazy::Attributes{}.add(n).add(width),
+                           [n, width](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                             return f.broadcast_in_dim(in[0], {n, width}, {0});
+                           });
       g = r.select(keep2, g, r.splat(0.0, t, {n, width}));
     }
     NodePtr zeros = r.splat(0.0, t, {num_weights, width});

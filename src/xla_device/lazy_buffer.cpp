@@ -191,9 +191,10 @@ lazy::NodePtr LazyBuffer::value_node_locked(ElementType type) const {
     if (!value->node) value->node = lazy::Node::buffer(value->buffer, want);
     return value->node;
   }
-  return lazy::Node::op("zeros", {}, want, lazy::Attributes{}.add(want), [want](stablehlo::Function& f, const std::vector<stablehlo::Value>&) {
-    return f.constant(want, {0.0});
-  });
+  return lazy::Node::op("zeros", {}, want, lazy::Attributes{}.add(want),
+                        [want](stablehlo::Function& f, const std::vector<stablehlo::Value>&) {
+                          return f.constant(want, {0.0});
+                        });
 }
 
 void LazyBuffer::set_pending(lazy::NodePtr node) {

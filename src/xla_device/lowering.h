@@ -58,40 +58,6 @@ inline ElementType opmath(ElementType t) {
 }
 inline bool reduced_float(ElementType t) { return opmath(t) != t; }
 
-// The attributes of the emitters that capture StableHLO's dimension and
-// window structs (Note [Programs known by their structure] in
-// strata/xla/lazy_graph.h): every field, in order.
-inline lazy::Attributes& add(lazy::Attributes& a, const shlo::GatherDims& g) {
-  return a.add(g.offset_dims).add(g.collapsed_slice_dims).add(g.operand_batching_dims).add(g.start_indices_batching_dims)
-      .add(g.start_index_map).add(g.index_vector_dim);
-}
-inline lazy::Attributes& add(lazy::Attributes& a, const shlo::ScatterDims& s) {
-  return a.add(s.update_window_dims).add(s.inserted_window_dims).add(s.input_batching_dims)
-      .add(s.scatter_indices_batching_dims).add(s.scatter_dims_to_operand_dims).add(s.index_vector_dim);
-}
-inline lazy::Attributes& add(lazy::Attributes& a, const shlo::Function::Window& w) {
-  return a.add(w.dimensions).add(w.strides).add(w.base_dilations).add(w.window_dilations).add(w.padding_low)
-      .add(w.padding_high);
-}
-inline lazy::Attributes& add(lazy::Attributes& a, const shlo::Function::ConvDims& d) {
-  return a.add(d.input_batch).add(d.input_feature).add(d.input_spatial).add(d.kernel_output_feature)
-      .add(d.kernel_input_feature).add(d.kernel_spatial).add(d.output_batch).add(d.output_feature).add(d.output_spatial);
-}
-inline lazy::Attributes& add(lazy::Attributes& a, const shlo::Function::ConvWindow& w) {
-  return a.add(w.strides).add(w.padding_low).add(w.padding_high).add(w.lhs_dilation).add(w.rhs_dilation)
-      .add(w.feature_group_count).add(w.batch_group_count);
-}
-template <class T>
-lazy::Attributes& add(lazy::Attributes& a, const T& v) {
-  return a.add(v);
-}
-template <class... T>
-lazy::Attributes attributes_of(const T&... values) {
-  lazy::Attributes a;
-  (add(a, values), ...);
-  return a;
-}
-
 // The nodes one kernel call makes, and the helpers that make them.
 class Recorder {
  public:
@@ -123,7 +89,8 @@ class Recorder {
     if (dtype == ElementType::kF32) value = static_cast<float>(value);
     const shlo::Type type{dtype, {}};
     return op("constant", {}, type,
-              lazy::Attributes{}.add(type).add(value), [type, value](shlo::Function& f, const std::vector<shlo::Value>&) { return f.constant(type, {value}); });
+              lazy::Attributes{}.add(type).add(value),
+              [type, value](shlo::Function& f, const std::vector<shlo::Value>&) { return f.constant(type, {value}); });
   }
 
   // Note [Scalars in the graph]
@@ -137,7 +104,8 @@ class Recorder {
   NodePtr reshape(const NodePtr& x, const std::vector<int64_t>& dims) {
     if (x->type().dims == dims) return x;
     return op("reshape", {x}, {x->type().dtype, dims},
-              lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.reshape(in[0], dims); });
+              lazy::Attributes{}.add(dims),
+              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.reshape(in[0], dims); });
   }
 
   NodePtr transpose(const NodePtr& x, const std::vector<int64_t>& perm) {
@@ -147,13 +115,15 @@ class Recorder {
     shlo::Type type{x->type().dtype, {}};
     for (int64_t p : perm) type.dims.push_back(x->type().dims[static_cast<size_t>(p)]);
     return op("transpose", {x}, type,
-              lazy::Attributes{}.add(perm), [perm](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.transpose(in[0], perm); });
+              lazy::Attributes{}.add(perm),
+              [perm](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.transpose(in[0], perm); });
   }
 
   NodePtr convert(const NodePtr& x, ElementType dtype) {
     if (x->type().dtype == dtype) return x;
     return op("convert", {x}, {dtype, x->type().dims},
-              lazy::Attributes{}.add(dtype), [dtype](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.convert(in[0], dtype); });
+              lazy::Attributes{}.add(dtype),
+              [dtype](shlo::Function& f, const std::vector<shlo::Value>& in) { return f.convert(in[0], dtype); });
   }
 
   // Numpy-style broadcast to `dims` (trailing dims aligned).
@@ -163,9 +133,10 @@ class Recorder {
     if (rank > dims.size()) throw NotLowered{};
     std::vector<int64_t> mapping(rank);
     std::iota(mapping.begin(), mapping.end(), static_cast<int64_t>(dims.size() - rank));
-    return op("broadcast", {x}, {x->type().dtype, dims}, lazy::Attributes{}.add(dims).add(mapping), [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.broadcast_in_dim(in[0], dims, mapping);
-    });
+    return op("broadcast", {x}, {x->type().dtype, dims}, lazy::Attributes{}.add(dims).add(mapping),
+              [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.broadcast_in_dim(in[0], dims, mapping);
+              });
   }
 
   enum class Binary { kAdd, kSubtract, kMultiply, kDivide, kMaximum, kMinimum };
@@ -206,7 +177,8 @@ class Recorder {
   NodePtr compare(const NodePtr& a, const NodePtr& b, shlo::Direction direction) {
     if (!(a->type() == b->type())) throw NotLowered{};
     return op("compare", {a, b}, {ElementType::kPred, a->type().dims},
-              lazy::Attributes{}.add(direction), [direction](shlo::Function& f, const std::vector<shlo::Value>& in) {
+              lazy::Attributes{}.add(direction),
+              [direction](shlo::Function& f, const std::vector<shlo::Value>& in) {
                 return f.compare(in[0], in[1], direction);
               });
   }
@@ -224,9 +196,10 @@ class Recorder {
     for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
       if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
     NodePtr start = constant(init, x->type().dtype);
-    return op("reduce", {x, start}, type, lazy::Attributes{}.add(dims).add(kind), [dims, kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.reduce(in[0], in[1], dims, kind);
-    });
+    return op("reduce", {x, start}, type, lazy::Attributes{}.add(dims).add(kind),
+              [dims, kind](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.reduce(in[0], in[1], dims, kind);
+              });
   }
 
   // A reduction's result `x` over `reduced` (sorted) broadcast back to `dims`.
@@ -234,15 +207,17 @@ class Recorder {
     std::vector<int64_t> mapping;
     for (int64_t d = 0; d < static_cast<int64_t>(dims.size()); ++d)
       if (!std::binary_search(reduced.begin(), reduced.end(), d)) mapping.push_back(d);
-    return op("broadcast", {x}, {x->type().dtype, dims}, lazy::Attributes{}.add(dims).add(mapping), [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.broadcast_in_dim(in[0], dims, mapping);
-    });
+    return op("broadcast", {x}, {x->type().dtype, dims}, lazy::Attributes{}.add(dims).add(mapping),
+              [dims, mapping](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.broadcast_in_dim(in[0], dims, mapping);
+              });
   }
 
   // 0, 1, 2, ... along `dim` of {dtype, dims}.
   NodePtr iota(ElementType dtype, const std::vector<int64_t>& dims, int64_t dim) {
     const shlo::Type type{dtype, dims};
-    return op("iota", {}, type, lazy::Attributes{}.add(type).add(dim), [type, dim](shlo::Function& f, const std::vector<shlo::Value>&) { return f.iota(type, dim); });
+    return op("iota", {}, type, lazy::Attributes{}.add(type).add(dim),
+              [type, dim](shlo::Function& f, const std::vector<shlo::Value>&) { return f.iota(type, dim); });
   }
 
   NodePtr sum(const NodePtr& x, std::vector<int64_t> dims) {
@@ -252,9 +227,10 @@ class Recorder {
     for (int64_t d = 0; d < static_cast<int64_t>(x->type().dims.size()); ++d)
       if (!std::binary_search(dims.begin(), dims.end(), d)) type.dims.push_back(x->type().dims[static_cast<size_t>(d)]);
     NodePtr zero = constant(0.0, x->type().dtype);
-    return op("reduce_sum", {x, zero}, type, lazy::Attributes{}.add(dims), [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.reduce(in[0], in[1], dims, shlo::ReduceOp::kSum);
-    });
+    return op("reduce_sum", {x, zero}, type, lazy::Attributes{}.add(dims),
+              [dims](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.reduce(in[0], in[1], dims, shlo::ReduceOp::kSum);
+              });
   }
 
   NodePtr slice(const NodePtr& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit) {
@@ -265,9 +241,10 @@ class Recorder {
       whole = whole && start[i] == 0 && limit[i] == x->type().dims[i];
     }
     if (whole) return x;
-    return op("slice", {x}, type, lazy::Attributes{}.add(start).add(limit), [start, limit](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.slice(in[0], start, limit);
-    });
+    return op("slice", {x}, type, lazy::Attributes{}.add(start).add(limit),
+              [start, limit](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.slice(in[0], start, limit);
+              });
   }
 
   // Note [Strided views as slices]
@@ -393,9 +370,10 @@ class Recorder {
     if (!b.broadcasts) return reshape(value, vec(t.sizes()));
     const std::vector<int64_t> dims = vec(t.sizes());
     const std::vector<int64_t> original = b.original;
-    return op("broadcast", {value}, {dtype, dims}, lazy::Attributes{}.add(dims).add(original), [dims, original](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.broadcast_in_dim(in[0], dims, original);
-    });
+    return op("broadcast", {value}, {dtype, dims}, lazy::Attributes{}.add(dims).add(original),
+              [dims, original](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.broadcast_in_dim(in[0], dims, original);
+              });
   }
 
   // An operand of an element-wise op: an xla tensor or a 0-dim CPU tensor
@@ -412,9 +390,10 @@ class Recorder {
     shlo::Type type = parts.at(0)->type();
     type.dims.at(static_cast<size_t>(dim)) = 0;
     for (const NodePtr& p : parts) type.dims[static_cast<size_t>(dim)] += p->type().dims.at(static_cast<size_t>(dim));
-    return op("concatenate", parts, type, lazy::Attributes{}.add(dim), [dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
-      return f.concatenate(in, dim);
-    });
+    return op("concatenate", parts, type, lazy::Attributes{}.add(dim),
+              [dim](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                return f.concatenate(in, dim);
+              });
   }
 
   // Rebinds `out` (resized to `dims` first, as an out= kernel does) to
@@ -506,7 +485,8 @@ class Recorder {
       if (b.used > total) return nullptr;
       NodePtr box = reshape(slice(base, {0}, {b.used}), b.extents);
       NodePtr updated = op("dynamic_update_slice", {box, update}, box->type(),
-                           lazy::Attributes{}.add(start), [start](shlo::Function& f, const std::vector<shlo::Value>& in) {
+                           lazy::Attributes{}.add(start),
+                           [start](shlo::Function& f, const std::vector<shlo::Value>& in) {
                              std::vector<shlo::Value> at;
                              for (int64_t s : start) at.push_back(f.constant({ElementType::kS64, {}}, {static_cast<double>(s)}));
                              return f.dynamic_update_slice(in[0], in[1], at);

@@ -15,6 +15,40 @@
 
 namespace strata::xla::detail::lowering {
 
+// The attributes of the emitters that capture StableHLO's dimension and
+// window structs (Note [Programs known by their structure] in
+// strata/xla/lazy_graph.h): every field, in order.
+inline lazy::Attributes& add(lazy::Attributes& a, const shlo::GatherDims& g) {
+  return a.add(g.offset_dims).add(g.collapsed_slice_dims).add(g.operand_batching_dims).add(g.start_indices_batching_dims)
+      .add(g.start_index_map).add(g.index_vector_dim);
+}
+inline lazy::Attributes& add(lazy::Attributes& a, const shlo::ScatterDims& s) {
+  return a.add(s.update_window_dims).add(s.inserted_window_dims).add(s.input_batching_dims)
+      .add(s.scatter_indices_batching_dims).add(s.scatter_dims_to_operand_dims).add(s.index_vector_dim);
+}
+inline lazy::Attributes& add(lazy::Attributes& a, const shlo::Function::Window& w) {
+  return a.add(w.dimensions).add(w.strides).add(w.base_dilations).add(w.window_dilations).add(w.padding_low)
+      .add(w.padding_high);
+}
+inline lazy::Attributes& add(lazy::Attributes& a, const shlo::Function::ConvDims& d) {
+  return a.add(d.input_batch).add(d.input_feature).add(d.input_spatial).add(d.kernel_output_feature)
+      .add(d.kernel_input_feature).add(d.kernel_spatial).add(d.output_batch).add(d.output_feature).add(d.output_spatial);
+}
+inline lazy::Attributes& add(lazy::Attributes& a, const shlo::Function::ConvWindow& w) {
+  return a.add(w.strides).add(w.padding_low).add(w.padding_high).add(w.lhs_dilation).add(w.rhs_dilation)
+      .add(w.feature_group_count).add(w.batch_group_count);
+}
+template <class T>
+lazy::Attributes& add(lazy::Attributes& a, const T& v) {
+  return a.add(v);
+}
+template <class... T>
+lazy::Attributes attributes_of(const T&... values) {
+  lazy::Attributes a;
+  (add(a, values), ...);
+  return a;
+}
+
 // `x` (computed in f32) rounded to `stored` (bf16, f16) and back, where a
 // LibTorch CPU kernel stores or computes an intermediate in that dtype
 // (Note [bf16 computes in f32]); `x` itself for any other dtype.

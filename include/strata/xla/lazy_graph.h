@@ -287,7 +287,6 @@ class Executor {
     size_t text_at = 0;
     std::vector<uint64_t> structures;  ///< the structures it was found under
     size_t donated = 0;                ///< buffer parameters it consumes
-    bool collective = false;
   };
   using EntryRef = std::list<Entry>::iterator;
   /// The program of `program.text`, compiled where it is not cached;
