@@ -140,6 +140,25 @@ TEST_F(XlaLazyTest, LoweredOpsRecordAndMatchTheCpu) {
   EXPECT_TRUE(torch::equal(torch::isnan(torch::clamp_max(on(k), 1.0).cpu()), torch::isnan(k)));
 }
 
+// Note [A reshape of a reshape] in lowering.h: a value read back from the
+// storage an op wrote is the op's result itself, so each op of a chain
+// adds one node to the program (its own), not the write's reshape to one
+// dimension and the reads' reshapes back.
+TEST_F(XlaLazyTest, EachOpOfAChainAddsOneNodeNotItsReshapes) {
+  const at::Tensor x_cpu = torch::randn({4, 5});
+  auto chain_nodes = [&](int links) {
+    at::Tensor y = on(x_cpu);
+    strata::xla::mark_step();
+    const int64_t before = metrics().nodes_executed;
+    for (int i = 0; i < links; ++i) y = y + y;
+    strata::xla::mark_step();
+    EXPECT_TRUE(close(y, x_cpu * static_cast<float>(1 << links), 1e-6));
+    return metrics().nodes_executed - before;
+  };
+  const int64_t four = chain_nodes(4), eight = chain_nodes(8);
+  EXPECT_EQ(eight - four, 4) << "4 more adds, " << four << " nodes for 4, " << eight << " for 8";
+}
+
 TEST_F(XlaLazyTest, ItemMidStepRunsTheWholeGraphOnceAndNothingTwice) {
   const at::Tensor x_cpu = torch::randn({4, 5}), w_cpu = torch::randn({5, 3});
   at::Tensor x = on(x_cpu), w = on(w_cpu);
