@@ -161,7 +161,7 @@ class GPT(nn.Module):
 
     def forward(self, idx):
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T, dtype=torch.long))
+        x = self.wte(idx) + self.wpe(torch.arange(T, dtype=torch.long, device=idx.device))
         for b in self.blocks:
             x = b(x)
         return F.linear(self.ln_f(x), self.wte.weight)
