@@ -156,7 +156,8 @@ def fabric(args, device):
 # clipping. Rank r trains on rows [r * batch, (r + 1) * batch) of each
 # batch of the pool (bench/ddp_peer.py's make_data), and "loss_after_k" is
 # the mean over ranks of the last step's loss, as bench_ddp prints it. Each
-# replica writes its times to a file in --out-dir; the parent joins them.
+# replica writes its times to a file in a temporary folder; the parent joins
+# them.
 def ddp_replica(index, args):
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
