@@ -16,8 +16,9 @@
 #     train, seed 11, 40 steps, --lr 2e-3 and 3e-3) and prints the worst
 #     relative loss difference: the world-size check on another CPU;
 #  2c. with --xla-probe, trains on JAX's CUDA plugin from the same build
-#     (scripts/xla-gpu-probe.sh steps 4 and 5: bench_xla beside CUDA
-#     eager, then the xla and xla_fsdp strategies at world 1);
+#     (scripts/xla-gpu-probe.sh steps 4 and 5: bench_xla and CUDA
+#     eager in two processes, GPT small and medium, then the xla and
+#     xla_fsdp strategies at world 1);
 #  3. benchmarks GPT medium and large on the GPU: strata single-device, DDP
 #     and FSDP at world size 1 (bench/bench_gpu.cpp) beside PyTorch (plain,
 #     DDP, FSDP2) and Lightning Fabric (DDP, FSDP) on the same GPU
@@ -66,7 +67,7 @@ while [ $# -gt 0 ]; do
     --xla-probe) xla_probe=1; shift ;;
     --bench-only) bench_only=1; shift ;;
     --out) out_dir="${2:?--out needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "[gpu-check] unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done

@@ -13,9 +13,12 @@
 #  3. runs the probe with preallocate=false, writing the JSON report, then
 #     again as one client across two processes (--num-nodes 2, node ids
 #     0 and 1, exchanging their devices through files in OUT_DIR/kv);
-#  4. trains GPT small 30 steps on the plugin's device beside LibTorch's
-#     CUDA eager, from the same weights and batches (bench_xla
-#     --eager-device cuda), printing both step times and the compiles;
+#  4. trains GPT small and medium 30 steps on the plugin's device and on
+#     LibTorch's CUDA eager, each side in a process of its own (bench_xla
+#     --sides xla|eager: one process with both asserts in LibTorch's
+#     autograd), from the same weights and batches, and prints one table:
+#     step times, their ratio, the xla step's host and execute time, and
+#     both sides' losses;
 #  5. trains GPT small with the `xla` and `xla_fsdp` strategies at world 1
 #     on the plugin's device (bench_ddp --strategy xla|xla_fsdp --devices
 #     1), printing each one's result line.
@@ -28,12 +31,14 @@
 #   STRATA_XLA_PROBE_RUN=0 (skip steps 2 and 3: scripts/gpu-check.sh ran
 #   the probe already and trains from its own build), TRAIN_TIMEOUT
 #   (seconds for each training run; default 150),
-#   TRAIN_STEPS (default 30), TRAIN_EAGER_DEVICE (default cuda; cpu checks
+#   TRAIN_STEPS (default 30), TRAIN_SIZES (GPT presets; default "small
+#   medium"), TRAIN_EAGER_DEVICE (default cuda; cpu checks
 #   step 4 on a machine without a GPU, with the CPU plugin as
 #   STRATA_PJRT_PLUGIN).
 # Output in OUT_DIR: xla-gpu-probe.json, probe.log, env.txt,
 # xla-gpu-probe-node{0,1}.json and probe-node{0,1}.log, and from step
-# 4 xla-gpu-train.json, train.log, bench-build.log, and from step 5
+# 4 xla-gpu-train-SIZE-{eager,xla}.json, train-SIZE-{eager,xla}.log,
+# bench-build.log, and from step 5
 # train-xla.log, train-xla_fsdp.log.
 # Exit status: the probe's (0 when every case that ran matched its loop
 # reference), else 1 when the training failed, or 2 when something needed
@@ -190,22 +195,46 @@ if [ "${STRATA_XLA_PROBE_RUN:-1}" != 0 ]; then
   done
 fi
 
-# 4. Train: GPT small on xla:0 (this plugin; XLA_FLAGS above reach it)
-# beside LibTorch's eager on $eager_device, the two sides taking turns step by step.
+# 4. Train: GPT small and medium on xla:0 (this plugin; XLA_FLAGS above
+# reach it) and on LibTorch's eager $eager_device, each side in a process of
+# its own (bench_xla --sides): LibTorch's autograd engine asserts in a
+# process whose backward meets both CUDA and the xla device (docs/xla.md,
+# "The GPU probe"). Both sides start from the same weights and batches, so
+# their losses agree; the table joins the two processes' JSON.
 train_status=0
 if [ -n "$bench_pid" ]; then
   if wait "$bench_pid"; then
     log "bench_xla built after $(( $(date +%s) - start ))s"
-    STRATA_PJRT_PLUGIN="$plugin" timeout "${TRAIN_TIMEOUT:-150}" "$bench_build/bench/bench_xla" --model-size small \
-      --steps "${TRAIN_STEPS:-30}" --eager-device "$eager_device" --json "$out_dir/xla-gpu-train.json" \
-      > "$out_dir/train.log" 2>&1 || train_status=1
-    if [ "$train_status" = 0 ]; then
-      # The table: both step times, the ratio, the compiles, the xla step's split.
-      sed -n '1,/^| step | xla ms/p' "$out_dir/train.log" | head -n -1 >&2
-    else
-      tail -n 20 "$out_dir/train.log" >&2
-      log "training failed (log $out_dir/train.log)"
-    fi
+    for size in ${TRAIN_SIZES:-small medium}; do
+      for side in eager xla; do
+        STRATA_PJRT_PLUGIN="$plugin" timeout "${TRAIN_TIMEOUT:-150}" "$bench_build/bench/bench_xla" --model-size "$size" \
+          --steps "${TRAIN_STEPS:-30}" --eager-device "$eager_device" --optimizer fused --sides "$side" \
+          --json "$out_dir/xla-gpu-train-$size-$side.json" > "$out_dir/train-$size-$side.log" 2>&1 || {
+          tail -n 20 "$out_dir/train-$size-$side.log" >&2
+          log "GPT $size, $side side: failed (log $out_dir/train-$size-$side.log)"
+          train_status=1
+        }
+      done
+    done
+    # The table: each size's step times, their ratio, the xla step's split,
+    # and whether the two processes trained alike.
+    "$python" - "$out_dir" ${TRAIN_SIZES:-small medium} <<'PY' >&2 || true
+import json, sys
+out, sizes = sys.argv[1], sys.argv[2:]
+print("| model | eager ms | xla ms | xla / eager | xla host ms | xla execute ms | loss at step 0 (eager, xla) | last loss (eager, xla) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for size in sizes:
+    try:
+        e = json.load(open(f"{out}/xla-gpu-train-{size}-eager.json"))["eager"]
+        x = json.load(open(f"{out}/xla-gpu-train-{size}-xla.json"))["xla"]
+    except (OSError, ValueError, KeyError) as error:
+        print(f"| gpt-{size} | missing: {error} | | | | | | |")
+        continue
+    t = x["per_timed_step_mean"]
+    print(f"| gpt-{size} | {e['step_ms_median']:.2f} | {x['step_ms_median']:.2f} | "
+          f"{x['step_ms_median'] / e['step_ms_median']:.2f} | {t['host_ms']:.2f} | {t['execute_ms']:.2f} | "
+          f"{e['loss'][0]:.6f}, {x['loss'][0]:.6f} | {e['loss'][-1]:.6f}, {x['loss'][-1]:.6f} |")
+PY
     # 5. The seeds' strategies on one device of the plugin.
     for strategy in xla xla_fsdp; do
       if STRATA_PJRT_PLUGIN="$plugin" timeout "${TRAIN_TIMEOUT:-120}" "$bench_build/bench/bench_ddp" --model gpt --size small \
