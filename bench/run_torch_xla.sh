@@ -54,17 +54,26 @@ fi
 
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
+# Made and stamped as scripts/install-deps.sh makes the project's venv: a
+# venv whose stamp is missing (a half-made one) or stale is installed into
+# again, and made anew only when it has no Python.
 venv="${STRATA_TORCH_XLA_VENV:-$strata_cache/venv-py311-torch_xla2.9.0}"
-requirements="bench/requirements-torch-xla.txt"
-stamp="$(sha256sum "$requirements" | cut -d' ' -f1)"
-if [ "$(cat "$venv/.requirements-sha256" 2>/dev/null)" != "$stamp" ]; then
-  echo "[bench] making torch_xla's venv in $venv (torch 2.9.0 with its CUDA wheels: a few minutes, about 6 GB)" >&2
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
-  echo "$stamp" > "$venv/.requirements-sha256"
-fi
 peer_python="$venv/bin/python"
+requirements="bench/requirements-torch-xla.txt"
+stamp="$venv/.strata-requirements.sha256"
+want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+if [ ! -x "$peer_python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[bench] making torch_xla's venv in $venv (torch 2.9.0 with its CUDA wheels: a few minutes, about 7 GB)" >&2
+  rm -f "$stamp"
+  if [ ! -x "$peer_python" ]; then
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv"
+  fi
+  "$peer_python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+  "$peer_python" -c 'import torch_xla, lightning; assert torch_xla.__version__.startswith("2.9.0"), torch_xla.__version__'
+  echo "$want" > "$stamp"
+fi
 
 results="$(mktemp -d)"
 trap 'rm -rf "$results"' EXIT
