@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <unordered_set>
 
 #include "strata/core/error.h"
@@ -166,31 +167,58 @@ NodePtr Node::keyed(std::string op, std::vector<NodePtr> inputs, stablehlo::Type
 
 namespace detail {
 
+int64_t NodeSlots::at(const Node* node) const {
+  const int64_t* slot = find(node);
+  if (slot == nullptr) throw std::out_of_range("[xla] a node outside the walk");
+  return *slot;
+}
+
+bool NodeSlots::insert(const Node* node, int64_t slot) {
+  for (size_t i = home(node);; i = (i + 1) & mask()) {
+    Entry& e = entries_[i];
+    if (e.node == node) return false;
+    if (e.node != nullptr) continue;
+    e = {node, slot};
+    if (++size_ * 2 > entries_.size()) grow();
+    return true;
+  }
+}
+
+void NodeSlots::grow() {
+  std::vector<Entry> old(entries_.size() * 2);
+  old.swap(entries_);
+  for (const Entry& e : old) {
+    if (e.node == nullptr) continue;
+    size_t i = home(e.node);
+    while (entries_[i].node != nullptr) i = (i + 1) & mask();
+    entries_[i] = e;
+  }
+}
+
 Walk walk(const std::vector<NodePtr>& outputs) {
   Walk w;
   auto& done = w.slot;
-  done.reserve(1024);
   struct Frame {
     const NodePtr* node;  // in its user's inputs, or in `outputs`: both outlive the walk
     size_t next_input;
   };
   std::vector<Frame> stack;
   for (const NodePtr& output : outputs) {
-    if (done.count(output.get())) continue;
+    if (done.contains(output.get())) continue;
     stack.push_back({&output, 0});
     while (!stack.empty()) {
       Frame& top = stack.back();
       const Node& at = **top.node;
       if (top.next_input < at.inputs().size()) {
         const NodePtr& input = at.inputs()[top.next_input++];
-        if (!done.count(input.get())) stack.push_back({&input, 0});
+        if (!done.contains(input.get())) stack.push_back({&input, 0});
         continue;
       }
       const NodePtr& node = *top.node;
       stack.pop_back();
       const int64_t slot = node->kind() == Node::Kind::kOp ? -static_cast<int64_t>(w.order.size()) - 1
                                                            : static_cast<int64_t>(w.parameters.size());
-      if (!done.emplace(node.get(), slot).second) continue;
+      if (!done.insert(node.get(), slot)) continue;
       if (node->kind() == Node::Kind::kOp) {
         w.order.push_back(node.get());
       } else {
