@@ -55,6 +55,7 @@
 #include "strata/core/error.h"
 #include "strata/models/gpt.h"
 #include "strata/optim/fused.h"
+#include "strata/runtime/process.h"
 #include "strata/xla_device/device.h"
 
 namespace {
@@ -281,6 +282,7 @@ nlohmann::json run(const BenchConfig& c) {
                         {"optimizer", c.optimizer},
                         {"lr", c.lr},
                         {"cpu", cpu_model()},
+                        {"malloc", strata::runtime::process_malloc()},
                         {"torch_threads", at::get_num_threads()},
                         {"load_before", load_before},
                         {"load_after", load_average()},
@@ -360,8 +362,9 @@ void print_table(const nlohmann::json& r) {
               static_cast<long long>(r["batch"].get<int64_t>()), static_cast<long long>(r["seq_len"].get<int64_t>()),
               static_cast<long long>(r["steps"].get<int64_t>()), r["optimizer"].get<std::string>().c_str(),
               r["clip"].get<double>());
-  std::printf("cpu: %s; torch threads %d; load average before %s, after %s\n", r["cpu"].get<std::string>().c_str(),
-              r["torch_threads"].get<int>(), r["load_before"].get<std::string>().c_str(),
+  std::printf("cpu: %s; torch threads %d; malloc %s; load average before %s, after %s\n",
+              r["cpu"].get<std::string>().c_str(), r["torch_threads"].get<int>(),
+              r["malloc"].get<std::string>().c_str(), r["load_before"].get<std::string>().c_str(),
               r["load_after"].get<std::string>().c_str());
   if (r.contains("xla")) {
     std::printf("plugin: %s; XLA_FLAGS: %s\n", r["plugin"].get<std::string>().c_str(),
@@ -438,6 +441,12 @@ void print_table(const nlohmann::json& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  try {
+    strata::runtime::apply_process_malloc();  // STRATA_MALLOC=mimalloc starts the bench again on mimalloc
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << std::endl;
+    return 1;
+  }
   BenchConfig c;
   CLI::App app{"The example GPT trained with AdamW and gradient clipping on one xla device (PJRT) beside a "
                "LibTorch eager device, from the same weights and batches; prints a table"};

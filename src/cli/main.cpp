@@ -9,9 +9,16 @@
 #include "cli/commands.h"
 #include "strata/core/error.h"
 #include "strata/core/interrupted.h"
+#include "strata/runtime/process.h"
 #include "strata/runtime/torchelastic.h"
 
 int main(int argc, char** argv) {
+  try {
+    strata::runtime::apply_process_malloc();  // first: it may start the program again
+  } catch (const strata::Error& e) {
+    std::cerr << "strata: error: " << e.what() << "\n";
+    return 1;
+  }
   CLI::App app{"strata: data-parallel and fully-sharded training for LibTorch in C++"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");

@@ -3,11 +3,18 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -182,7 +189,132 @@ void install_tensor_pool(bool asked) {
   g_pool_installed.store(true, std::memory_order_release);
 }
 
+// Note [The process's malloc]
+// The tensor pool above serves LibTorch's tensors only. Everything else a
+// step allocates (autograd's nodes, TensorImpls, the xla device's graph
+// nodes and its plugin's buffers) goes through glibc's malloc, which on
+// the xla step's host side is a third of the recording thread's time:
+// GPT tiny on the CPU plugin made about 12,000 mallocs a step on that
+// thread (docs/benchmarks.md). malloc cannot be replaced once a process
+// runs, so STRATA_MALLOC=mimalloc starts the program again with
+// libmimalloc preloaded (LD_PRELOAD): exec keeps the process id, the
+// arguments, open descriptors and the environment, and what it runs is
+// the same program from main() on. The variable STRATA_MALLOC_EXEC marks
+// the second start, so a preload the dynamic loader ignored warns once
+// instead of looping. Two options keep a step's memory mapped from one
+// step to the next: MIMALLOC_RESERVE_OS_MEMORY reserves address space
+// (not memory) from which mimalloc serves large blocks, where it would
+// otherwise map and unmap each of the CPU plugin's per-execution arenas
+// (4,400 page faults a step on GPT tiny without it, 71 with it); and the
+// pool's decommit delay (2 s). A child started by the launcher gets the
+// same variables. Opt-in: the default stays glibc's, whose settings the
+// rest of this file and the xla device's Note [The CPU plugin's
+// temporaries stay mapped] tune.
+constexpr const char* kExecMark = "STRATA_MALLOC_EXEC";
+
+std::string malloc_choice() {
+  const char* env = std::getenv("STRATA_MALLOC");
+  const std::string choice = env != nullptr ? env : "";
+  STRATA_CHECK(choice.empty() || choice == "system" || choice == "mimalloc", ConfigError, "[runtime] STRATA_MALLOC is '",
+               choice.substr(0, 64),
+               "'; use system (glibc's malloc, the default) or mimalloc (the whole process on libmimalloc, "
+               "preloaded: faster host-side allocation)");
+  return choice.empty() ? "system" : choice;
+}
+
+std::string mimalloc_library() {
+  const char* chosen = std::getenv("STRATA_MIMALLOC");
+  return chosen != nullptr && *chosen != '\0' ? chosen : "libmimalloc.so.2";
+}
+
+bool preloads(const std::string& library) {
+  const char* preload = std::getenv("LD_PRELOAD");
+  if (preload == nullptr) return false;
+  const std::string list = preload;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t end = list.find_first_of(": ", at);
+    if (list.substr(at, end == std::string::npos ? std::string::npos : end - at) == library) return true;
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return false;
+}
+
+// The program's arguments as the kernel holds them.
+std::vector<std::string> own_arguments() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  size_t at = 0;
+  while (at < all.size()) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return args;
+}
+
 }  // namespace
+
+std::string process_malloc() {
+  void* serving = ::dlsym(RTLD_DEFAULT, "malloc");
+  Dl_info info{};
+  if (serving == nullptr || ::dladdr(serving, &info) == 0 || info.dli_fname == nullptr) return "glibc";
+  return std::strstr(info.dli_fname, "mimalloc") != nullptr ? "mimalloc" : "glibc";
+}
+
+std::map<std::string, std::string> process_malloc_environment() {
+  if (malloc_choice() != "mimalloc") return {};
+  if (kUnderAddressSanitizer) {
+    log::warning("[runtime] STRATA_MALLOC=mimalloc is ignored under AddressSanitizer, which checks glibc's malloc");
+    return {};
+  }
+  const std::string library = mimalloc_library();
+  if (process_malloc() == "mimalloc" && preloads(library)) return {};  // children inherit it
+  void* handle = ::dlopen(library.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* error = ::dlerror();
+    throw ConfigError("[runtime] STRATA_MALLOC=mimalloc needs libmimalloc, which cannot be loaded (" +
+                      (error != nullptr ? std::string(error).substr(0, 512) : library + ": not found") +
+                      "); install it (Debian: apt-get install libmimalloc2.0, which scripts/install-deps.sh does), "
+                      "point STRATA_MIMALLOC at a build of it, or unset STRATA_MALLOC");
+  }
+  const char* preload = std::getenv("LD_PRELOAD");
+  std::map<std::string, std::string> vars;
+  vars["LD_PRELOAD"] = preload != nullptr && *preload != '\0' ? library + ":" + preload : library;
+  auto option = [&](const char* name, const char* value) {
+    const char* set = std::getenv(name);
+    vars[name] = set != nullptr ? set : value;
+  };
+  option("MIMALLOC_RESERVE_OS_MEMORY", "4GiB");
+  option("MIMALLOC_DECOMMIT_DELAY", "2000");
+  option("MIMALLOC_PURGE_DELAY", "2000");
+  return vars;
+}
+
+void apply_process_malloc() {
+  const std::map<std::string, std::string> vars = process_malloc_environment();
+  if (vars.empty() || process_malloc() == "mimalloc") return;
+  if (std::getenv(kExecMark) != nullptr) {
+    log::warning("[runtime] STRATA_MALLOC=mimalloc: the program started again with ", vars.at("LD_PRELOAD"),
+                 " preloaded, yet malloc is still glibc's; it stays so");
+    return;
+  }
+  const std::vector<std::string> args = own_arguments();
+  STRATA_CHECK(!args.empty(), ConfigError, "[runtime] STRATA_MALLOC=mimalloc: cannot read this program's arguments "
+                                           "(/proc/self/cmdline) to start it again with mimalloc");
+  for (const auto& [name, value] : vars) ::setenv(name.c_str(), value.c_str(), 1);
+  ::setenv(kExecMark, "1", 1);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv("/proc/self/exe", argv.data());
+  const int error = errno;
+  throw ConfigError("[runtime] STRATA_MALLOC=mimalloc: cannot start this program again with mimalloc preloaded (" +
+                    std::string(std::strerror(error)) + "); unset STRATA_MALLOC");
+}
 
 void apply_allocator_settings() {
   const char* heap = std::getenv("STRATA_HEAP");

@@ -149,6 +149,9 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
   if (std::getenv("OMP_NUM_THREADS") == nullptr && !options.extra_env.contains("OMP_NUM_THREADS")) {
     omp_threads = std::to_string(threads_per_worker(usable_cores(), options.nproc_per_node));
   }
+  // Note [The process's malloc] (heap.cpp): workers start on the malloc
+  // STRATA_MALLOC asks for.
+  const std::map<std::string, std::string> malloc_vars = process_malloc_environment();
   try {
     for (int local = options.first_local_rank; local < options.nproc_per_node; ++local) {
       Worker& w = workers[local - options.first_local_rank];
@@ -164,6 +167,7 @@ LaunchResult launch_workers(const std::vector<std::string>& argv, const LaunchOp
       }
       for (const auto& [name, value] : options.extra_env) vars[name] = value;
       if (omp_threads) vars["OMP_NUM_THREADS"] = *omp_threads;
+      for (const auto& [name, value] : malloc_vars) vars[name] = value;
       // Note [Redraws through the launcher] (supervisor.cpp)
       vars[kEnvLauncherTty] = terminal ? "1" : "0";
       vars[kEnvLauncherPrefix] = options.prefix_output ? "1" : "0";  // strata/core/log.cpp

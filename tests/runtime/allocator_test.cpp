@@ -4,6 +4,7 @@
 // STRATA_HEAP=lean, and a bad value refused with the variable's name.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <malloc.h>
 
 #include <ATen/ATen.h>
@@ -68,6 +69,29 @@ STRATA_WORKER(tensor_heap) {
             << "decommit delay: " << (std::getenv("MIMALLOC_DECOMMIT_DELAY") ? std::getenv("MIMALLOC_DECOMMIT_DELAY") : "unset")
             << "\n"
             << "sum: " << sum << std::endl;
+  return 0;
+}
+
+// Which malloc serves the worker after apply_process_malloc (Note [The
+// process's malloc]), whether it started again to get it, and whether a
+// block it allocates lies in mimalloc's heap. With an argument "ask", the
+// worker itself sets STRATA_MALLOC=mimalloc first, as a program whose
+// environment asks for it when it starts.
+STRATA_WORKER(process_malloc) {
+  if (!args.empty() && args[0] == "ask") ::setenv("STRATA_MALLOC", "mimalloc", 1);
+  strata::runtime::apply_process_malloc();
+  auto* volatile block = static_cast<char*>(std::malloc(4096));  // volatile: the pair must not be elided
+  block[0] = 1;
+  using InHeap = bool (*)(const void*);
+  auto owned = reinterpret_cast<InHeap>(::dlsym(RTLD_DEFAULT, "mi_check_owned"));
+  const bool mimalloc_block = owned != nullptr && owned(block);
+  std::free(block);
+  const char* mark = std::getenv("STRATA_MALLOC_EXEC");
+  std::cout << "malloc: " << strata::runtime::process_malloc() << "\n"
+            << "started again: " << (mark != nullptr ? "yes" : "no") << "\n"
+            << "block in mimalloc's heap: " << (mimalloc_block ? "yes" : "no") << "\n"
+            << "reserve: " << (std::getenv("MIMALLOC_RESERVE_OS_MEMORY") ? std::getenv("MIMALLOC_RESERVE_OS_MEMORY") : "unset")
+            << std::endl;
   return 0;
 }
 
@@ -168,6 +192,59 @@ TEST(AllocatorTest, AnUnknownHeapModeIsAConfigErrorNamingTheVariable) {
                            "lean (freed blocks of 128 KB or more go back to the kernel: lowest peak, slower "
                            "steps)");
   }
+}
+
+TEST(AllocatorTest, StrataMallocMimallocStartsWorkersOnItAndAProgramAskingForItStartsAgain) {
+  // Unset: glibc's, and nothing started again.
+  {
+    auto run = strata::testing::run_workers(1, "process_malloc");
+    ASSERT_TRUE(run.ok()) << run.launch.summary << "\n" << run.output;
+    EXPECT_TRUE(has(run.output, "malloc: glibc\n")) << run.output;
+    EXPECT_TRUE(has(run.output, "started again: no\n")) << run.output;
+    EXPECT_TRUE(has(run.output, "block in mimalloc's heap: no\n")) << run.output;
+  }
+  // Asked of the launcher: the worker starts preloaded, with the options
+  // that keep large blocks mapped.
+  ::setenv("STRATA_MALLOC", "mimalloc", 1);
+  auto launched = strata::testing::run_workers(1, "process_malloc");
+  ::unsetenv("STRATA_MALLOC");
+  ASSERT_TRUE(launched.ok()) << launched.launch.summary << "\n" << launched.output;
+  EXPECT_TRUE(has(launched.output, "malloc: mimalloc\n")) << launched.output;
+  EXPECT_TRUE(has(launched.output, "started again: no\n")) << launched.output;
+  EXPECT_TRUE(has(launched.output, "block in mimalloc's heap: yes\n")) << launched.output;
+  EXPECT_TRUE(has(launched.output, "reserve: 4GiB\n")) << launched.output;
+  // Asked by the program itself: it starts again, the same process, on
+  // mimalloc.
+  auto asked = strata::testing::run_workers(1, "process_malloc", {"ask"});
+  ASSERT_TRUE(asked.ok()) << asked.launch.summary << "\n" << asked.output;
+  EXPECT_TRUE(has(asked.output, "malloc: mimalloc\n")) << asked.output;
+  EXPECT_TRUE(has(asked.output, "started again: yes\n")) << asked.output;
+  EXPECT_TRUE(has(asked.output, "block in mimalloc's heap: yes\n")) << asked.output;
+}
+
+TEST(AllocatorTest, AnUnknownMallocOrAMissingMimallocIsAConfigErrorSayingWhatToDo) {
+  auto error_of = [] {
+    try {
+      (void)strata::runtime::process_malloc_environment();
+    } catch (const strata::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ::setenv("STRATA_MALLOC", "jemalloc", 1);
+  const std::string unknown = error_of();
+  ::setenv("STRATA_MALLOC", "mimalloc", 1);
+  ::setenv("STRATA_MIMALLOC", "/nonexistent/libmimalloc.so.2", 1);
+  const std::string missing = error_of();
+  ::unsetenv("STRATA_MALLOC");
+  ::unsetenv("STRATA_MIMALLOC");
+  EXPECT_EQ(unknown, "[runtime] STRATA_MALLOC is 'jemalloc'; use system (glibc's malloc, the default) or mimalloc "
+                     "(the whole process on libmimalloc, preloaded: faster host-side allocation)");
+  EXPECT_EQ(missing, "[runtime] STRATA_MALLOC=mimalloc needs libmimalloc, which cannot be loaded "
+                     "(/nonexistent/libmimalloc.so.2: cannot open shared object file: No such file or directory); "
+                     "install it (Debian: apt-get install libmimalloc2.0, which scripts/install-deps.sh does), point "
+                     "STRATA_MIMALLOC at a build of it, or unset STRATA_MALLOC");
+  EXPECT_TRUE(strata::runtime::process_malloc_environment().empty());  // unset: glibc's, nothing to pass on
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <string>
 
 #include "strata/runtime/env.h"
@@ -61,6 +62,28 @@ void apply_worker_threads(const Environment& env);
 /// ConfigError naming STRATA_HEAP for any other value. The first call
 /// decides; later calls only check the value.
 void apply_allocator_settings();
+
+/// Note [The process's malloc] (heap.cpp): with STRATA_MALLOC=mimalloc,
+/// runs this program again from its start (exec: the same process id,
+/// arguments and environment) with libmimalloc preloaded as the whole
+/// process's malloc (LD_PRELOAD), unless it already is. Call it first in
+/// main(), before any thread starts: the `strata` command and bench_xla
+/// do. Unset or "system": glibc's malloc, nothing done. Throws
+/// ConfigError for another value, or for mimalloc where libmimalloc
+/// (STRATA_MIMALLOC names another build) cannot be loaded. Under
+/// AddressSanitizer it warns and keeps glibc's malloc, which ASan checks.
+void apply_process_malloc();
+
+/// The variables a child process needs to start with the malloc
+/// STRATA_MALLOC asks for (LD_PRELOAD and mimalloc's options); none for
+/// glibc's, or where this process's LD_PRELOAD already carries them. The
+/// launcher adds them to its workers' environment. Throws as
+/// apply_process_malloc does.
+std::map<std::string, std::string> process_malloc_environment();
+
+/// "mimalloc" when libmimalloc serves this process's malloc (preloaded),
+/// otherwise "glibc".
+std::string process_malloc();
 
 /// What the worker's tensor heap holds.
 struct TensorHeapStats {
