@@ -40,6 +40,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -117,6 +118,16 @@ int64_t minor_faults() {
   return usage.ru_minflt;
 }
 
+/// The malloc calls counted so far (main thread's, or all threads'), where
+/// bench/malloc_count.cc is preloaded and serves malloc; -1 otherwise.
+int64_t mallocs(bool main_only) {
+  using Count = long (*)(int);
+  static const auto count = reinterpret_cast<Count>(::dlsym(RTLD_DEFAULT, "strata_bench_malloc_count"));
+  if (count == nullptr) return -1;
+  const long n = count(main_only ? 1 : 0);
+  return n > 0 ? n : -1;  // none counted: another preloaded malloc serves the process
+}
+
 /// What strata::xla::metrics() counted during one step (Note [Where an xla
 /// step's time is counted]).
 struct XlaStep {
@@ -128,6 +139,7 @@ struct XlaStep {
   int64_t nodes_recorded = 0, nodes_executed = 0;
   double first_execute_ms = 0;  ///< of execute_ms, the program clipping's .item() ran
   int64_t minor_faults = 0;     ///< the process's minor page faults during the step (getrusage)
+  int64_t mallocs_main = -1, mallocs_all = -1;  ///< malloc calls, with bench/malloc_count.cc preloaded
 
   double rest_ms() const { return ms - trace_ms - lookup_ms - compile_ms - execute_ms - transfer_ms; }
   /// The host's own time: recording, emitting, the lookup and the rest
@@ -264,10 +276,15 @@ nlohmann::json run(const BenchConfig& c) {
       }
       const strata::xla::Metrics before = strata::xla::metrics();
       const int64_t faults_before = minor_faults();
+      const int64_t main_before = mallocs(true), all_before = mallocs(false);
       train_step(side, x, y, c.clip);
       const strata::xla::Metrics after = strata::xla::metrics();
       xla_steps.push_back(difference(after, before, side.step_ms.back()));
       xla_steps.back().minor_faults = minor_faults() - faults_before;
+      if (main_before >= 0) {
+        xla_steps.back().mallocs_main = mallocs(true) - main_before;
+        xla_steps.back().mallocs_all = mallocs(false) - all_before;
+      }
       xla_steps.back().first_execute_ms = side.to_clip_execute_ms.back() - 1e3 * before.execute_seconds;
       if (step < 2) compile_reasons = after.compile_reasons;
     }
@@ -335,7 +352,9 @@ nlohmann::json run(const BenchConfig& c) {
         {"executions", mean_of(t, [](const XlaStep& s) { return s.executions; })},
         {"nodes_recorded", mean_of(t, [](const XlaStep& s) { return s.nodes_recorded; })},
         {"nodes_executed", mean_of(t, [](const XlaStep& s) { return s.nodes_executed; })},
-        {"minor_page_faults", mean_of(t, [](const XlaStep& s) { return s.minor_faults; })}};
+        {"minor_page_faults", mean_of(t, [](const XlaStep& s) { return s.minor_faults; })},
+        {"mallocs_main_thread", mean_of(t, [](const XlaStep& s) { return s.mallocs_main; })},
+        {"mallocs_all_threads", mean_of(t, [](const XlaStep& s) { return s.mallocs_all; })}};
     nlohmann::json rows = nlohmann::json::array();
     for (const XlaStep& s : xla_steps) {
       rows.push_back({{"ms", s.ms}, {"trace_ms", s.trace_ms}, {"compile_ms", s.compile_ms},
@@ -412,6 +431,10 @@ void print_table(const nlohmann::json& r) {
   part("transfer", "transfer_ms");
   part("step", "step_ms");
   std::printf("\nminor page faults per step (mean): %.0f\n", m["minor_page_faults"].get<double>());
+  if (m["mallocs_main_thread"].get<double>() >= 0) {
+    std::printf("mallocs per step (mean, bench/malloc_count.cc): %.0f on the main thread, %.0f in all threads\n",
+                m["mallocs_main_thread"].get<double>(), m["mallocs_all_threads"].get<double>());
+  }
   std::printf("\n| phase (median of steps 2..%lld) | eager ms | xla ms | xla execute ms (mean) |\n"
               "| --- | --- | --- | --- |\n",
               static_cast<long long>(r["steps"].get<int64_t>() - 1));

@@ -18,6 +18,11 @@
 # scripts/install-deps.sh): $STRATA_TORCH_XLA_VENV, by default beside the
 # project's venv (scripts/env.sh). It takes a few minutes and about 7 GB.
 #
+# With STRATA_MALLOC=mimalloc, bench_xla runs on a preloaded libmimalloc
+# (Note [The process's malloc] in src/runtime/heap.cpp) and so do both
+# peers, with the same preload and mimalloc options, so every row has the
+# same malloc.
+#
 # Builds nothing: expects ./build (BUILD_DIR=...) with bench_xla built:
 #   cmake --build build --target bench_xla
 # Usage: bench/run_torch_xla.sh [-r REPEATS] [-s "tiny small"] [-n STEPS] [-o DIR]
@@ -39,7 +44,7 @@ while [ $# -gt 0 ]; do
     -s) sizes="$2"; shift 2 ;;
     -n) steps="$2"; shift 2 ;;
     -o) out_dir="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "[bench] unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -75,9 +80,21 @@ if [ ! -x "$peer_python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The peers' malloc: what bench_xla's STRATA_MALLOC gives it.
+peer_env=()
+case "${STRATA_MALLOC:-system}" in
+  system) ;;
+  mimalloc)
+    preload="${STRATA_MIMALLOC:-libmimalloc.so.2}${LD_PRELOAD:+:$LD_PRELOAD}"
+    peer_env=("LD_PRELOAD=$preload" "MIMALLOC_RESERVE_OS_MEMORY=${MIMALLOC_RESERVE_OS_MEMORY:-4GiB}"
+              "MIMALLOC_DECOMMIT_DELAY=${MIMALLOC_DECOMMIT_DELAY:-2000}" "MIMALLOC_PURGE_DELAY=${MIMALLOC_PURGE_DELAY:-2000}") ;;
+  *) echo "[bench] STRATA_MALLOC=$STRATA_MALLOC: use system or mimalloc" >&2; exit 2 ;;
+esac
+
 results="$(mktemp -d)"
 trap 'rm -rf "$results"' EXIT
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "malloc: ${STRATA_MALLOC:-system} on every row"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for size in $sizes; do
   for ((r = 1; r <= repeats; r++)); do
@@ -85,7 +102,7 @@ for size in $sizes; do
     timeout 900 "$bench" --model-size "$size" --steps "$steps" --optimizer fused \
       --json "$results/strata-$size-$r.json" > /dev/null
     for peer in torch-xla fabric-xla; do
-      timeout 900 "$peer_python" bench/xla_peer.py --peer "$peer" --model-size "$size" --steps "$steps" --foreach \
+      env ${peer_env[@]+"${peer_env[@]}"} timeout 900 "$peer_python" bench/xla_peer.py --peer "$peer" --model-size "$size" --steps "$steps" --foreach \
         2> "$results/$peer-$size-$r.err" | tail -n 1 > "$results/$peer-$size-$r.json" ||
         { echo "[bench] $peer failed:" >&2; tail -n 20 "$results/$peer-$size-$r.err" >&2; }
     done
