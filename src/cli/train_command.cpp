@@ -2,6 +2,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/train_job.h"
+#include "strata/runtime/process.h"
 
 #include <memory>
 
@@ -130,6 +131,10 @@ Command make_train_command() {
     return sub;
   };
   command.run = [config, numbers, strategy_flag] {
+    // Note [The process's malloc] (src/runtime/heap.cpp): an xla step's
+    // host side allocates a great deal, so the job prefers mimalloc there
+    // (STRATA_MALLOC=system keeps glibc's). It may start the command again.
+    if (config->accelerator == "xla") strata::runtime::apply_process_malloc("mimalloc");
     numbers->apply();
     // --strategy's default is ddp; on xla it is single_device on one device
     // and xla on several (ranks as threads: Note [The Trainer's ranks as

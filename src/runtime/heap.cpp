@@ -294,8 +294,30 @@ std::map<std::string, std::string> process_malloc_environment() {
   return vars;
 }
 
-void apply_process_malloc() {
+void apply_process_malloc(const std::string& preferred) {
+  STRATA_CHECK(preferred == "system" || preferred == "mimalloc", ConfigError,
+               "[runtime] apply_process_malloc: '", preferred, "' is not a malloc; use system or mimalloc");
+  const char* asked = std::getenv("STRATA_MALLOC");
+  if ((asked == nullptr || *asked == '\0') && preferred == "mimalloc") {
+    // A default, not a demand: glibc's stays where mimalloc cannot serve.
+    if (kUnderAddressSanitizer) return;
+    void* handle = ::dlopen(mimalloc_library().c_str(), RTLD_LAZY | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* error = ::dlerror();
+      log::warning("[runtime] this program prefers mimalloc as its malloc, which cannot be loaded (",
+                   error != nullptr ? std::string(error).substr(0, 512) : mimalloc_library(),
+                   "): it runs on glibc's. Install libmimalloc2.0 (Debian), or set STRATA_MALLOC=system to "
+                   "choose glibc's and silence this warning");
+      return;
+    }
+    ::setenv("STRATA_MALLOC", "mimalloc", 1);
+  }
   const std::map<std::string, std::string> vars = process_malloc_environment();
+  if (process_malloc() == "mimalloc" && std::getenv(kExecMark) != nullptr && malloc_choice() == "mimalloc") {
+    static std::once_flag said;
+    std::call_once(said, [] { log::info("[runtime] this process runs on mimalloc (STRATA_MALLOC=mimalloc)"); });
+    return;
+  }
   if (vars.empty() || process_malloc() == "mimalloc") return;
   if (std::getenv(kExecMark) != nullptr) {
     log::warning("[runtime] STRATA_MALLOC=mimalloc: the program started again with ", vars.at("LD_PRELOAD"),

@@ -428,9 +428,14 @@ TEST_F(TrainCliTest, OneXlaDeviceTrainsAndItsCheckpointsResumeOnTheCpuAndBack) {
   if (xla.output.find("no PJRT plugin") != std::string::npos) GTEST_SKIP() << xla.output;
   ASSERT_EQ(xla.exit_code, 0) << xla.output;
   EXPECT_NE(xla.output.find("with single_device on 1 worker(s)"), std::string::npos) << xla.output;
+  // Note [The process's malloc]: an xla job prefers mimalloc, a CPU one
+  // keeps glibc's.
+  const std::string on_mimalloc = "[runtime] this process runs on mimalloc (STRATA_MALLOC=mimalloc)";
+  EXPECT_NE(xla.output.find(on_mimalloc), std::string::npos) << xla.output;
   CommandResult cpu = run_strata(base + " --strategy single_device --max-steps 6 --ckpt-dir " + path("cpu") +
                                  " --metrics-file " + path("cpu.jsonl"));
   ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  EXPECT_EQ(cpu.output.find(on_mimalloc), std::string::npos) << cpu.output;
   const std::vector<double> on_xla = losses(path("xla.jsonl")), on_cpu = losses(path("cpu.jsonl"));
   ASSERT_EQ(on_xla.size(), 6u);
   ASSERT_EQ(on_cpu.size(), 6u);

@@ -68,11 +68,15 @@ void apply_allocator_settings();
 /// arguments and environment) with libmimalloc preloaded as the whole
 /// process's malloc (LD_PRELOAD), unless it already is. Call it first in
 /// main(), before any thread starts: the `strata` command and bench_xla
-/// do. Unset or "system": glibc's malloc, nothing done. Throws
-/// ConfigError for another value, or for mimalloc where libmimalloc
-/// (STRATA_MIMALLOC names another build) cannot be loaded. Under
-/// AddressSanitizer it warns and keeps glibc's malloc, which ASan checks.
-void apply_process_malloc();
+/// do. "system": glibc's malloc, nothing done. Unset: `preferred`, a
+/// default rather than a demand (`strata train --accelerator xla` prefers
+/// mimalloc): where libmimalloc cannot be loaded it warns and keeps
+/// glibc's. Throws ConfigError for another value, or for mimalloc asked
+/// for where libmimalloc (STRATA_MIMALLOC names another build) cannot be
+/// loaded. Under AddressSanitizer it keeps glibc's malloc, which ASan
+/// checks (with a warning when STRATA_MALLOC asked for mimalloc). The
+/// program started again logs "[runtime] this process runs on mimalloc".
+void apply_process_malloc(const std::string& preferred = "system");
 
 /// The variables a child process needs to start with the malloc
 /// STRATA_MALLOC asks for (LD_PRELOAD and mimalloc's options); none for
