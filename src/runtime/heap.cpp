@@ -207,9 +207,11 @@ void install_tensor_pool(bool asked) {
 // otherwise map and unmap each of the CPU plugin's per-execution arenas
 // (4,400 page faults a step on GPT tiny without it, 71 with it); and the
 // pool's decommit delay (2 s). A child started by the launcher gets the
-// same variables. Opt-in: the default stays glibc's, whose settings the
-// rest of this file and the xla device's Note [The CPU plugin's
-// temporaries stay mapped] tune.
+// same variables. `strata train --accelerator xla` prefers mimalloc when
+// STRATA_MALLOC is unset (measured there: docs/benchmarks.md, "The
+// process's malloc on the xla step"); everything else keeps glibc's by
+// default, whose settings the rest of this file and the xla device's
+// Note [The CPU plugin's temporaries stay mapped] tune.
 constexpr const char* kExecMark = "STRATA_MALLOC_EXEC";
 
 std::string malloc_choice() {
