@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -334,6 +335,7 @@ void apply_process_malloc(const std::string& preferred) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::fflush(nullptr);  // what the first start printed is not lost with it
   ::execv("/proc/self/exe", argv.data());
   const int error = errno;
   throw ConfigError("[runtime] STRATA_MALLOC=mimalloc: cannot start this program again with mimalloc preloaded (" +
