@@ -7,6 +7,7 @@
 #include <torch/nn/init.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_set>
@@ -253,10 +254,32 @@ at::Tensor GPTImpl::generate(const at::Tensor& prompt, int64_t max_new_tokens, d
   } restore{this, is_training()};
   eval();
   auto idx = prompt.dim() == 1 ? prompt.unsqueeze(0) : prompt;
+  // Note [Generating on a lazy device]
+  // A lazy device (the xla device) compiles a program for each new shape,
+  // and a context that grows by a token a step is a new shape every step:
+  // a 200-token sample compiled 200 programs. There the context is a
+  // window of block_size tokens instead, the last ones so far left-aligned
+  // and the rest padding, kept on the host and uploaded each step, and the
+  // logits are read at the last real position through an index uploaded
+  // too, so every step runs the same program. Causal attention keeps the
+  // padding out of every earlier position: the logits are the growing
+  // context's.
+  const c10::Device device = idx.device();
+  const bool lazy = !device.is_cpu() && !device.is_cuda();
+  if (lazy) idx = idx.cpu();
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     const int64_t T = idx.size(1);
-    auto ctx = T > config_.block_size ? idx.narrow(1, T - config_.block_size, config_.block_size) : idx;
-    auto logits = forward(ctx).select(1, -1).to(at::kFloat);  // [B, V]
+    at::Tensor logits;  // [B, V]
+    if (lazy) {
+      const int64_t n = std::min(T, config_.block_size);
+      at::Tensor window = at::zeros({idx.size(0), config_.block_size}, idx.options());
+      window.narrow(1, 0, n).copy_(idx.narrow(1, T - n, n));
+      const at::Tensor last = at::full({1}, n - 1, idx.options()).to(device);
+      logits = forward(window.to(device)).index_select(1, last).squeeze(1).to(at::kFloat);
+    } else {
+      auto ctx = T > config_.block_size ? idx.narrow(1, T - config_.block_size, config_.block_size) : idx;
+      logits = forward(ctx).select(1, -1).to(at::kFloat);
+    }
     at::Tensor next;
     if (temperature == 0.0) {
       next = logits.argmax(-1, /*keepdim=*/true);
@@ -268,8 +291,9 @@ at::Tensor GPTImpl::generate(const at::Tensor& prompt, int64_t max_new_tokens, d
       }
       next = at::multinomial(at::softmax(logits, -1), 1, /*replacement=*/false, generator);
     }
-    idx = at::cat({idx, next}, 1);
+    idx = at::cat({idx, lazy ? next.cpu() : next}, 1);
   }
+  if (lazy) idx = idx.to(device);
   return prompt.dim() == 1 ? idx.squeeze(0) : idx;
 }
 

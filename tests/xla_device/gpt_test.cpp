@@ -117,4 +117,48 @@ TEST(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
   EXPECT_EQ(m.structure_hits - structure_hits_after_step_2, m.executions - executions_after_step_2);
 }
 
+// Note [Generating on a lazy device] (src/models/gpt.cpp): sampling on
+// xla:0 as the Sample callback samples (temperature, top-k and a seeded
+// generator: the draw, multinomial, takes the CPU fallback and so reads
+// each token's probabilities) runs every token, past the context length
+// too, through one program, and draws the CPU's tokens. Before, each
+// token's longer context was a new program: 20 compiles for 20 tokens.
+TEST(XlaGptTest, SamplingRunsOneProgramForEveryTokenAndDrawsTheCpusTokens) {
+  try {
+    strata::xla::find_plugin();
+  } catch (const strata::ConfigError& e) {
+    GTEST_SKIP() << "no PJRT plugin for the xla device: " << e.what();
+  }
+  strata::xla::init();
+  const c10::Device device = strata::xla::device(0);
+  torch::manual_seed(11);
+  auto config = strata::models::GPTConfig::preset("tiny");
+  config.block_size = 16;
+  strata::models::GPT cpu_model(config), xla_model(config);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = cpu_model->parameters();
+    auto to = xla_model->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  xla_model->to(device);
+  const at::Tensor prompt = torch::randint(config.vocab_size, {2, 5}, torch::kLong);
+  // 25 tokens in the end: past block_size, so the window slides.
+  const at::Tensor expected =
+      cpu_model->generate(prompt, 20, /*temperature=*/1.0, /*top_k=*/5, at::detail::createCPUGenerator(7));
+  strata::xla::mark_step();
+  strata::xla::reset_metrics();
+  const at::Tensor drawn =
+      xla_model->generate(prompt.to(device), 20, /*temperature=*/1.0, /*top_k=*/5, at::detail::createCPUGenerator(7));
+  const at::Tensor on_host = drawn.cpu();
+  const auto m = metrics();
+  EXPECT_EQ(drawn.device(), device);
+  EXPECT_TRUE(at::equal(on_host, expected)) << on_host << "\n" << expected;
+  EXPECT_EQ(m.compiles, 1) << "one program for all 20 tokens";
+  EXPECT_EQ(m.executions, 20) << "one execution a token: the draw reads its probabilities";
+  ASSERT_EQ(m.fallbacks.size(), 1u);
+  EXPECT_EQ(m.fallbacks.begin()->first, "aten::multinomial");
+  EXPECT_EQ(m.fallbacks.begin()->second, 20);
+}
+
 }  // namespace
