@@ -1,8 +1,9 @@
 // The example GPT (tiny) trained 20 AdamW steps with gradient clipping by
 // norm on xla:0 beside the CPU, from the same weights and batches: the
 // losses agree, the ops without a lowering are exactly the listed ones, and
-// no graph is compiled after step 2. Skips, saying so, without the CPU PJRT
-// plugin of the project's environment.
+// no graph is compiled after step 2; and sampled on xla:0, one program for
+// every token, drawing the CPU's tokens. Skips, saying so, without the CPU
+// PJRT plugin of the project's environment.
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim.h>
@@ -22,30 +23,36 @@ using strata::xla::metrics;
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
+// Skips, saying why, without the CPU PJRT plugin; device_ is xla:0.
+class XlaGptTest : public strata::testing::XlaDeviceFixture {};
+
+// A model of `config` (made after `cpu`, as the seed goes) holding `cpu`'s
+// weights, moved to `device`.
+strata::models::GPT twin_on(c10::Device device, const strata::models::GPT& cpu,
+                            const strata::models::GPTConfig& config) {
+  strata::models::GPT twin(config);
+  {
+    torch::NoGradGuard no_grad;
+    auto from = cpu->parameters();
+    auto to = twin->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  twin->to(device);
+  return twin;
+}
+
 // Note [GPT tolerances]
 // XLA's CPU kernels fuse element-wise ops and order sums, matrix products
 // and the softmax's reductions their own way, so each step differs from
 // LibTorch's by f32 rounding; AdamW then amplifies those differences. The
 // issue's bounds: step 0's loss within 1e-5 relative, step 20's loss and
 // the parameters within 1e-3.
-TEST(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
-  try {
-    strata::xla::find_plugin();
-  } catch (const strata::ConfigError& e) {
-    GTEST_SKIP() << "no PJRT plugin for the xla device: " << e.what();
-  }
-  strata::xla::init();
-  const c10::Device device = strata::xla::device(0);
+TEST_F(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
+  const c10::Device device = device_;
   torch::manual_seed(5);
   const auto config = strata::models::GPTConfig::preset("tiny");
-  strata::models::GPT cpu_model(config), xla_model(config);
-  {
-    torch::NoGradGuard no_grad;
-    auto from = cpu_model->parameters();
-    auto to = xla_model->parameters();
-    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
-  xla_model->to(device);
+  strata::models::GPT cpu_model(config);
+  strata::models::GPT xla_model = twin_on(device, cpu_model, config);
   constexpr int kSteps = 20;
   constexpr int64_t kBatch = 4, kSeq = 32;
   std::vector<at::Tensor> xs, ys;
@@ -122,26 +129,14 @@ TEST(XlaGptTest, TinyGptTrainsTwentyClippedAdamWStepsLikeTheCpu) {
 // generator: the draw, multinomial, takes the CPU fallback and so reads
 // each token's probabilities) runs every token, past the context length
 // too, through one program, and draws the CPU's tokens. Before, each
-// token's longer context was a new program: 20 compiles for 20 tokens.
-TEST(XlaGptTest, SamplingRunsOneProgramForEveryTokenAndDrawsTheCpusTokens) {
-  try {
-    strata::xla::find_plugin();
-  } catch (const strata::ConfigError& e) {
-    GTEST_SKIP() << "no PJRT plugin for the xla device: " << e.what();
-  }
-  strata::xla::init();
-  const c10::Device device = strata::xla::device(0);
+// token's longer context was a new program: 21 compiles for 20 tokens.
+TEST_F(XlaGptTest, SamplingRunsOneProgramForEveryTokenAndDrawsTheCpusTokens) {
+  const c10::Device device = device_;
   torch::manual_seed(11);
   auto config = strata::models::GPTConfig::preset("tiny");
   config.block_size = 16;
-  strata::models::GPT cpu_model(config), xla_model(config);
-  {
-    torch::NoGradGuard no_grad;
-    auto from = cpu_model->parameters();
-    auto to = xla_model->parameters();
-    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
-  xla_model->to(device);
+  strata::models::GPT cpu_model(config);
+  strata::models::GPT xla_model = twin_on(device, cpu_model, config);
   const at::Tensor prompt = torch::randint(config.vocab_size, {2, 5}, torch::kLong);
   // 25 tokens in the end: past block_size, so the window slides.
   const at::Tensor expected =
