@@ -255,17 +255,17 @@ at::Tensor GPTImpl::generate(const at::Tensor& prompt, int64_t max_new_tokens, d
   eval();
   auto idx = prompt.dim() == 1 ? prompt.unsqueeze(0) : prompt;
   // Note [Generating on a lazy device]
-  // A lazy device (the xla device) compiles a program for each new shape,
-  // and a context that grows by a token a step is a new shape every step:
-  // a 200-token sample compiled 200 programs. There the context is a
-  // window of block_size tokens instead, the last ones so far left-aligned
-  // and the rest padding, kept on the host and uploaded each step, and the
-  // logits are read at the last real position through an index uploaded
-  // too, so every step runs the same program. Causal attention keeps the
-  // padding out of every earlier position: the logits are the growing
-  // context's.
+  // A lazy device (strata's xla device, torch_xla's, LibTorch's lazy
+  // tensors) compiles a program for each new shape, and a context that
+  // grows by a token a step is a new shape every step: a 200-token sample
+  // compiled 200 programs. There the context is a window of block_size
+  // tokens instead, the last ones so far left-aligned and the rest
+  // padding, kept on the host and uploaded each step, and the logits are
+  // read at the last real position through an index uploaded too, so
+  // every step runs the same program. Causal attention keeps the padding
+  // out of every earlier position: the logits are the growing context's.
   const c10::Device device = idx.device();
-  const bool lazy = !device.is_cpu() && !device.is_cuda();
+  const bool lazy = device.is_privateuseone() || device.is_xla() || device.type() == c10::DeviceType::Lazy;
   if (lazy) idx = idx.cpu();
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     const int64_t T = idx.size(1);

@@ -114,16 +114,30 @@ constexpr bool kUnderAddressSanitizer = false;
 constexpr bool kUnderAddressSanitizer = false;
 #endif
 
-// Opens libmimalloc (STRATA_MIMALLOC names another build of it) and finds
-// the functions the pool calls; "" on success, otherwise why not.
-std::string open_mimalloc(Mimalloc& mi) {
+// The libmimalloc to load: STRATA_MIMALLOC names another build of it.
+std::string mimalloc_library() {
   const char* chosen = std::getenv("STRATA_MIMALLOC");
-  const std::string name = chosen != nullptr && *chosen != '\0' ? chosen : "libmimalloc.so.2";
-  void* handle = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  return chosen != nullptr && *chosen != '\0' ? chosen : "libmimalloc.so.2";
+}
+
+// Loads libmimalloc (a library loaded once stays); its handle, or nullptr
+// with why not in `why`.
+void* load_mimalloc(std::string& why, int mode = RTLD_LAZY) {
+  const std::string name = mimalloc_library();
+  void* handle = ::dlopen(name.c_str(), mode | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* error = ::dlerror();
-    return error != nullptr ? std::string(error).substr(0, 512) : name + ": not found";
+    why = error != nullptr ? std::string(error).substr(0, 512) : name + ": not found";
   }
+  return handle;
+}
+
+// Opens libmimalloc and finds the functions the pool calls; "" on success,
+// otherwise why not.
+std::string open_mimalloc(Mimalloc& mi) {
+  std::string why;
+  void* handle = load_mimalloc(why, RTLD_NOW);
+  if (handle == nullptr) return why;
   auto find = [&](const char* symbol, auto& slot) {
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(::dlsym(handle, symbol));
     return slot != nullptr;
@@ -225,11 +239,6 @@ std::string malloc_choice() {
   return choice.empty() ? "system" : choice;
 }
 
-std::string mimalloc_library() {
-  const char* chosen = std::getenv("STRATA_MIMALLOC");
-  return chosen != nullptr && *chosen != '\0' ? chosen : "libmimalloc.so.2";
-}
-
 bool preloads(const std::string& library) {
   const char* preload = std::getenv("LD_PRELOAD");
   if (preload == nullptr) return false;
@@ -276,11 +285,9 @@ std::map<std::string, std::string> process_malloc_environment() {
   }
   const std::string library = mimalloc_library();
   if (process_malloc() == "mimalloc" && preloads(library)) return {};  // children inherit it
-  void* handle = ::dlopen(library.c_str(), RTLD_LAZY | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* error = ::dlerror();
-    throw ConfigError("[runtime] STRATA_MALLOC=mimalloc needs libmimalloc, which cannot be loaded (" +
-                      (error != nullptr ? std::string(error).substr(0, 512) : library + ": not found") +
+  std::string why;
+  if (load_mimalloc(why) == nullptr) {
+    throw ConfigError("[runtime] STRATA_MALLOC=mimalloc needs libmimalloc, which cannot be loaded (" + why +
                       "); install it (Debian: apt-get install libmimalloc2.0, which scripts/install-deps.sh does), "
                       "point STRATA_MIMALLOC at a build of it, or unset STRATA_MALLOC");
   }
@@ -304,24 +311,25 @@ void apply_process_malloc(const std::string& preferred) {
   if ((asked == nullptr || *asked == '\0') && preferred == "mimalloc") {
     // A default, not a demand: glibc's stays where mimalloc cannot serve.
     if (kUnderAddressSanitizer) return;
-    void* handle = ::dlopen(mimalloc_library().c_str(), RTLD_LAZY | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* error = ::dlerror();
-      log::warning("[runtime] this program prefers mimalloc as its malloc, which cannot be loaded (",
-                   error != nullptr ? std::string(error).substr(0, 512) : mimalloc_library(),
+    std::string why;
+    if (load_mimalloc(why) == nullptr) {
+      log::warning("[runtime] this program prefers mimalloc as its malloc, which cannot be loaded (", why,
                    "): it runs on glibc's. Install libmimalloc2.0 (Debian), or set STRATA_MALLOC=system to "
                    "choose glibc's and silence this warning");
       return;
     }
     ::setenv("STRATA_MALLOC", "mimalloc", 1);
   }
-  const std::map<std::string, std::string> vars = process_malloc_environment();
-  if (process_malloc() == "mimalloc" && std::getenv(kExecMark) != nullptr && malloc_choice() == "mimalloc") {
-    static std::once_flag said;
-    std::call_once(said, [] { log::info("[runtime] this process runs on mimalloc (STRATA_MALLOC=mimalloc)"); });
+  if (malloc_choice() != "mimalloc") return;
+  if (process_malloc() == "mimalloc") {
+    if (std::getenv(kExecMark) != nullptr) {
+      static std::once_flag said;
+      std::call_once(said, [] { log::info("[runtime] this process runs on mimalloc (STRATA_MALLOC=mimalloc)"); });
+    }
     return;
   }
-  if (vars.empty() || process_malloc() == "mimalloc") return;
+  const std::map<std::string, std::string> vars = process_malloc_environment();
+  if (vars.empty()) return;  // under AddressSanitizer
   if (std::getenv(kExecMark) != nullptr) {
     log::warning("[runtime] STRATA_MALLOC=mimalloc: the program started again with ", vars.at("LD_PRELOAD"),
                  " preloaded, yet malloc is still glibc's; it stays so");

@@ -76,10 +76,11 @@ STRATA_WORKER(tensor_heap) {
 // process's malloc]), whether it started again to get it, and whether a
 // block it allocates lies in mimalloc's heap. With an argument "ask", the
 // worker itself sets STRATA_MALLOC=mimalloc first, as a program whose
-// environment asks for it when it starts.
+// environment asks for it when it starts; with "prefer", it prefers
+// mimalloc, as `strata train --accelerator xla` does.
 STRATA_WORKER(process_malloc) {
   if (!args.empty() && args[0] == "ask") ::setenv("STRATA_MALLOC", "mimalloc", 1);
-  strata::runtime::apply_process_malloc();
+  strata::runtime::apply_process_malloc(!args.empty() && args[0] == "prefer" ? "mimalloc" : "system");
   auto* volatile block = static_cast<char*>(std::malloc(4096));  // volatile: the pair must not be elided
   block[0] = 1;
   using InHeap = bool (*)(const void*);
@@ -220,6 +221,33 @@ TEST(AllocatorTest, StrataMallocMimallocStartsWorkersOnItAndAProgramAskingForItS
   EXPECT_TRUE(has(asked.output, "malloc: mimalloc\n")) << asked.output;
   EXPECT_TRUE(has(asked.output, "started again: yes\n")) << asked.output;
   EXPECT_TRUE(has(asked.output, "block in mimalloc's heap: yes\n")) << asked.output;
+}
+
+TEST(AllocatorTest, APreferredMimallocStartsTheProgramOnItOrWarnsAndKeepsGlibcsWhereItIsMissing) {
+  auto preferred = strata::testing::run_workers(1, "process_malloc", {"prefer"});
+  ASSERT_TRUE(preferred.ok()) << preferred.launch.summary << "\n" << preferred.output;
+  EXPECT_TRUE(has(preferred.output, "malloc: mimalloc\n")) << preferred.output;
+  EXPECT_TRUE(has(preferred.output, "started again: yes\n")) << preferred.output;
+  EXPECT_TRUE(has(preferred.output, "[runtime] this process runs on mimalloc (STRATA_MALLOC=mimalloc)"))
+      << preferred.output;
+  // Missing: a warning, glibc's malloc, and the program goes on.
+  ::setenv("STRATA_MIMALLOC", "/nonexistent/libmimalloc.so.2", 1);
+  auto missing = strata::testing::run_workers(1, "process_malloc", {"prefer"});
+  ::unsetenv("STRATA_MIMALLOC");
+  ASSERT_TRUE(missing.ok()) << missing.launch.summary << "\n" << missing.output;
+  EXPECT_TRUE(has(missing.output, "malloc: glibc\n")) << missing.output;
+  EXPECT_TRUE(has(missing.output, "started again: no\n")) << missing.output;
+  EXPECT_TRUE(has(missing.output, "[runtime] this program prefers mimalloc as its malloc, which cannot be loaded "
+                                  "(/nonexistent/libmimalloc.so.2: cannot open shared object file: No such file or "
+                                  "directory): it runs on glibc's. Install libmimalloc2.0 (Debian), or set "
+                                  "STRATA_MALLOC=system to choose glibc's and silence this warning"))
+      << missing.output;
+  // STRATA_MALLOC=system wins over the preference.
+  ::setenv("STRATA_MALLOC", "system", 1);
+  auto system = strata::testing::run_workers(1, "process_malloc", {"prefer"});
+  ::unsetenv("STRATA_MALLOC");
+  ASSERT_TRUE(system.ok()) << system.launch.summary << "\n" << system.output;
+  EXPECT_TRUE(has(system.output, "malloc: glibc\n")) << system.output;
 }
 
 TEST(AllocatorTest, AnUnknownMallocOrAMissingMimallocIsAConfigErrorSayingWhatToDo) {
